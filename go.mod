@@ -1,0 +1,3 @@
+module github.com/elastic-training/elastic-training
+
+go 1.26

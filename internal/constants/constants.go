@@ -1,0 +1,127 @@
+// Package constants is the contract between the job chart, the admission
+// webhook and the rendezvous sidecar: every label, annotation, env var name,
+// path and port that more than one of them uses is defined here, once.
+// docs/contract.md explains the same contract for people.
+package constants
+
+// Domain prefixes every label and annotation we own.
+const Domain = "elastic-training.io"
+
+// Labels the chart puts on every pod it renders. The webhook's objectSelector
+// keys on LabelJob, so a pod without it is never sent to the webhook.
+const (
+	// LabelJob names the training job (the chart's fullname). Its presence is
+	// what makes a pod a training pod.
+	LabelJob = Domain + "/job"
+	// LabelRole is the pod's role in the job: one of the Role* values.
+	LabelRole = Domain + "/role"
+	// LabelGroup is the worker group (a Job or StatefulSet of the chart).
+	LabelGroup = Domain + "/group"
+	// LabelRdzvServer is set to "true" by the webhook on the one pod that
+	// serves the rendezvous; the <job>-rdzv Service selects on it.
+	LabelRdzvServer = Domain + "/rdzv-server"
+)
+
+// Roles (values of LabelRole).
+const (
+	RoleWorker    = "worker"    // a training member (torchrun agent, MPI worker, MXNet worker)
+	RoleLauncher  = "launcher"  // the MPI launcher: runs mpirun, not in the hostfile
+	RoleScheduler = "scheduler" // the MXNet scheduler
+	RoleServer    = "server"    // an MXNet parameter server
+	RoleRdzv      = "rdzv"      // a dedicated rendezvous pod: rendered complete by the chart, never mutated
+)
+
+// Frameworks (values of AnnotationFramework).
+const (
+	FrameworkPyTorch = "pytorch"
+	FrameworkMPI     = "mpi"
+	FrameworkMXNet   = "mxnet"
+	FrameworkCustom  = "custom"
+)
+
+// Annotations the chart puts on pod templates: the job's settings. The chart
+// writes job-wide values (sums over groups); the webhook computes per-pod ones.
+const (
+	AnnotationFramework = Domain + "/framework"
+	// AnnotationMinNodes and AnnotationMaxNodes: job-wide member counts (torchrun --nnodes=min:max).
+	AnnotationMinNodes = Domain + "/min-nodes"
+	AnnotationMaxNodes = Domain + "/max-nodes"
+	// AnnotationRunID is unique per job install (generated once by the chart and kept across upgrades).
+	AnnotationRunID = Domain + "/run-id"
+	// AnnotationRdzvBackend: one of the Backend* values.
+	AnnotationRdzvBackend = Domain + "/rdzv-backend"
+	// AnnotationRdzvHost: "true" on the group whose index-0 pod serves the rendezvous.
+	AnnotationRdzvHost = Domain + "/rdzv-host"
+	// AnnotationRdzvService overrides the rendezvous Service name (default naming.RendezvousService).
+	AnnotationRdzvService = Domain + "/rdzv-service"
+	// Timeouts in whole seconds.
+	AnnotationRdzvJoinTimeout     = Domain + "/rdzv-join-timeout"
+	AnnotationRdzvLastCallTimeout = Domain + "/rdzv-last-call-timeout"
+	AnnotationRdzvCloseTimeout    = Domain + "/rdzv-close-timeout"
+	AnnotationMaxRestarts         = Domain + "/max-restarts"
+	AnnotationMonitorInterval     = Domain + "/monitor-interval"
+	// AnnotationRdzvTLSSecret names a Secret (tls.crt, tls.key, ca.crt) for rendezvous TLS; empty = plain HTTP.
+	AnnotationRdzvTLSSecret = Domain + "/rdzv-tls-secret"
+	// AnnotationSlots overrides the slot count the webhook computes from accelerators.
+	AnnotationSlots = Domain + "/slots"
+	// AnnotationContainer names the training container (default: kubectl.kubernetes.io/default-container, else the first).
+	AnnotationContainer = Domain + "/container"
+	// AnnotationMPIFlavour: one of the Flavour* values.
+	AnnotationMPIFlavour = Domain + "/mpi-flavour"
+	// AnnotationNumServers and AnnotationNumWorkers: MXNet job-wide counts (DMLC_NUM_SERVER, DMLC_NUM_WORKER).
+	AnnotationNumServers = Domain + "/num-servers"
+	AnnotationNumWorkers = Domain + "/num-workers"
+	// AnnotationPSPort is the MXNet scheduler port (DMLC_PS_ROOT_PORT).
+	AnnotationPSPort = Domain + "/ps-port"
+	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
+	AnnotationMutated = Domain + "/mutated"
+)
+
+// Rendezvous backends (values of AnnotationRdzvBackend).
+const (
+	BackendEtcdV2 = "etcd-v2" // default
+	BackendEtcd   = "etcd"
+	BackendC10d   = "c10d"
+)
+
+// MPI flavours (values of AnnotationMPIFlavour and of the sidecar's --hostfile-flavour).
+const (
+	FlavourOpenMPI  = "openmpi"
+	FlavourMPICH    = "mpich"
+	FlavourIntelMPI = "intelmpi"
+)
+
+// Ports.
+const (
+	RdzvClientPort    = 2379  // sidecar serve: etcd v3 + v2 keys API
+	SidecarHealthPort = 2381  // sidecar (both modes): /healthz /readyz /metrics
+	C10dPort          = 29400 // torch c10d rendezvous on the index-0 worker
+	DefaultPSPort     = 9091  // MXNet scheduler
+)
+
+// Shared volume between the sidecar and the training containers.
+const (
+	SidecarContainerName = "rdzv-sidecar"
+	FilesVolumeName      = "elastic-training"
+	FilesDir             = "/etc/elastic-training" // mounted read-only in training containers
+	HostfileName         = "hostfile"
+	DiscoverHostsName    = "discover_hosts.sh"
+	// SidecarBinaryName: the sidecar copies itself into FilesDir so launchers can run
+	// `/etc/elastic-training/rdzv-sidecar wait --members=N` in any image.
+	SidecarBinaryName = "rdzv-sidecar"
+	DataVolumeName    = "elastic-training-data" // serve mode's etcd data (emptyDir)
+	DataDir           = "/var/lib/elastic-training"
+)
+
+// MembersPrefix is the etcd v3 key prefix under which join registers members.
+const MembersPrefix = "/elastic-training/members/"
+
+// Env vars the webhook sets in training containers besides the frameworks' own.
+const (
+	EnvJob           = "ET_JOB"
+	EnvSlots         = "ET_SLOTS"
+	EnvHostfile      = "ET_HOSTFILE"
+	EnvDiscoverHosts = "ET_DISCOVER_HOSTS"
+	EnvRdzvEndpoint  = "ET_RDZV_ENDPOINT"
+	EnvMemberHost    = "ET_MEMBER_HOST" // this pod's stable FQDN
+)

@@ -1,0 +1,39 @@
+// Package naming holds the pure naming rules shared by the chart's tests, the
+// webhook and the sidecar, so that the DNS names one part writes are the ones
+// another part resolves.
+package naming
+
+import "fmt"
+
+// DefaultClusterDomain is Kubernetes' default cluster DNS domain.
+const DefaultClusterDomain = "cluster.local"
+
+// HeadlessService is the headless Service that gives every pod of job a stable DNS name.
+func HeadlessService(job string) string { return job }
+
+// RendezvousService is the Service in front of the pod that serves the rendezvous.
+func RendezvousService(job string) string { return job + "-rdzv" }
+
+// Workload is the name of the Job or StatefulSet of one group.
+func Workload(job, group string) string { return job + "-" + group }
+
+// PodFQDN is the stable DNS name of a pod that has hostname and subdomain set.
+func PodFQDN(hostname, subdomain, namespace, clusterDomain string) string {
+	if clusterDomain == "" {
+		clusterDomain = DefaultClusterDomain
+	}
+	return fmt.Sprintf("%s.%s.%s.svc.%s", hostname, subdomain, namespace, clusterDomain)
+}
+
+// ServiceFQDN is the DNS name of a Service.
+func ServiceFQDN(service, namespace, clusterDomain string) string {
+	if clusterDomain == "" {
+		clusterDomain = DefaultClusterDomain
+	}
+	return fmt.Sprintf("%s.%s.svc.%s", service, namespace, clusterDomain)
+}
+
+// RendezvousEndpoint is host:port of the job's rendezvous as torchrun's --rdzv-endpoint wants it.
+func RendezvousEndpoint(job, namespace, clusterDomain string, port int) string {
+	return fmt.Sprintf("%s:%d", ServiceFQDN(RendezvousService(job), namespace, clusterDomain), port)
+}
