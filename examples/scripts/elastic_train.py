@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""A small elastic data-parallel training loop for torchrun, used by `make demo` and the e2e tests.
+
+Why it is shaped like this:
+- torchrun restarts every worker process when the world changes (a node joins or leaves), so training state must
+  survive a process restart. Each rank keeps a local checkpoint (the pod's emptyDir or a shared volume); after a
+  restart the ranks agree on the newest one (all_reduce MAX of the step) and its owner broadcasts the model. A new
+  pod has no checkpoint and simply receives the state: no shared storage is needed.
+- Every step prints one line with the world size, so `kubectl logs` shows scaling as it happens.
+"""
+import argparse
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def log(msg):
+    print(f"{datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {msg}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=60, help="total training steps")
+    p.add_argument("--step-seconds", type=float, default=0.5, help="simulated compute per step")
+    p.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR", "/tmp/elastic-train"))
+    p.add_argument("--dim", type=int, default=1024)
+    args = p.parse_args()
+
+    # Python as a child of torchrun: leave SIGTERM to torchrun, but do exit promptly when it forwards one.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    host = os.environ.get("ET_MEMBER_HOST") or os.uname().nodename
+
+    os.makedirs(args.checkpoint_dir, exist_ok=True)
+    # Keyed by pod and local rank, not by group rank: torchrun may renumber nodes at each re-rendezvous.
+    ckpt = os.path.join(args.checkpoint_dir, f"state-{host}-{os.environ.get('LOCAL_RANK', '0')}.pt")
+    torch.manual_seed(0)
+    weights = torch.zeros(args.dim)
+    step = 0
+    if os.path.exists(ckpt):
+        state = torch.load(ckpt)
+        weights, step = state["weights"], state["step"]
+
+    # Agree on the newest state: the highest step wins, the lowest rank holding it broadcasts.
+    t = torch.tensor([step], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    newest = int(t.item())
+    owner = torch.tensor([rank if step == newest else world], dtype=torch.long)
+    dist.all_reduce(owner, op=dist.ReduceOp.MIN)
+    dist.broadcast(weights, src=int(owner.item()))
+    step = newest
+    log(f"joined rank={rank} world_size={world} restart={restart} host={host} resume_step={step}")
+
+    while step < args.steps:
+        grad = torch.full((args.dim,), float(rank + 1))
+        dist.all_reduce(grad)  # the data-parallel gradient sum
+        weights -= 0.001 * grad / world
+        step += 1
+        time.sleep(args.step_seconds)
+        torch.save({"weights": weights, "step": step}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+        log(f"step={step} world_size={world} rank={rank} loss={float(weights.abs().mean()):.6f}")
+
+    dist.barrier()
+    log(f"done steps={step} world_size={world} rank={rank}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
