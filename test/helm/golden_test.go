@@ -43,11 +43,12 @@ func TestGolden(t *testing.T) {
 		golden := filepath.Join("testdata", sc.name+".golden.yaml")
 		used[golden] = true
 		t.Run(sc.name, func(t *testing.T) {
-			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{})
+			var notes string
+			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{notes: &notes})
 			if err != nil {
 				t.Fatalf("render %s: %v", sc.values, err)
 			}
-			got := manifest(objects(t, files))
+			got := manifest(objects(t, files)) + "---\n# NOTES.txt\n" + commented(notes)
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
 					t.Fatal(err)
@@ -97,4 +98,17 @@ func TestLint(t *testing.T) {
 			}
 		})
 	}
+}
+
+// commented turns text into YAML comment lines.
+func commented(text string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		if l == "" {
+			b.WriteString("#\n")
+			continue
+		}
+		b.WriteString("# " + l + "\n")
+	}
+	return b.String()
 }

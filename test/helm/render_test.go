@@ -51,6 +51,8 @@ type renderOpts struct {
 	revision int
 	// cluster holds the objects lookup finds (what an earlier revision left in the cluster).
 	cluster []map[string]any
+	// notes receives the rendered NOTES.txt when set.
+	notes *string
 }
 
 // render renders the chart as `helm install`/`helm upgrade` would (schema validation included) and returns the
@@ -75,6 +77,9 @@ func render(t testing.TB, ch *chart.Chart, vals map[string]any, o renderOpts) (m
 	}
 	out := map[string]string{}
 	for name, content := range files {
+		if strings.HasSuffix(name, "NOTES.txt") && o.notes != nil {
+			*o.notes = content
+		}
 		if strings.HasSuffix(name, "NOTES.txt") || strings.TrimSpace(content) == "" {
 			continue
 		}
