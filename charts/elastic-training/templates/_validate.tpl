@@ -35,6 +35,21 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "%s: StatefulSet name %q is longer than 52 characters; use a shorter release name (fullnameOverride) or group name" $g.path $name) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (eq $v.framework "mxnet") $.Release.IsUpgrade -}}
+{{- /* MXNet is not elastic: DMLC_NUM_WORKER / DMLC_NUM_SERVER are in every pod template, and a Job's template is immutable. */ -}}
+{{- range $g := $plan.groups -}}
+{{- if or $g.member (eq $g.role "server") -}}
+{{- $kind := ternary "Job" "StatefulSet" (eq $g.kind "Job") -}}
+{{- $live := lookup (ternary "batch/v1" "apps/v1" (eq $g.kind "Job")) $kind $.Release.Namespace (printf "%s-%s" $job $g.name) -}}
+{{- if $live -}}
+{{- $have := int (ternary (dig "spec" "completions" 0 $live) (dig "spec" "replicas" 0 $live) (eq $g.kind "Job")) -}}
+{{- if ne $have (int $g.replicas) -}}
+{{- fail (printf "%s.replicas: MXNet jobs are not elastic (DMLC_NUM_WORKER and DMLC_NUM_SERVER are fixed when the job starts); %s %s-%s runs %d, to run %d: helm uninstall and install again" $g.path $kind $job $g.name $have (int $g.replicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if eq $members 0 -}}
 {{- fail "no worker group: enable workers or add one under workerGroups" -}}
 {{- end -}}

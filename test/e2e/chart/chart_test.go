@@ -154,11 +154,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		values string
 		set    map[string]any // the upgrade's --set
 		scaled string         // workload that must have 3 replicas after the upgrade
+		refuse string         // the upgrade must fail with this message instead
 	}{
-		{"pytorch-values.yaml", map[string]any{"workers": map[string]any{"replicas": 3}}, "Job/job-worker"},
-		{"mpi-values.yaml", map[string]any{"workers": map[string]any{"replicas": 3}}, "StatefulSet/job-worker"},
-		{"elasticdl-values.yaml", map[string]any{"workerGroups": map[string]any{"burst": map[string]any{"replicas": 3}}}, "Job/job-burst"},
-		{"mxnet-values.yaml", map[string]any{"workers": map[string]any{"replicas": 3}}, "Job/job-worker"},
+		{"pytorch-values.yaml", map[string]any{"workers": map[string]any{"replicas": 3}}, "Job/job-worker", ""},
+		{"mpi-values.yaml", map[string]any{"workers": map[string]any{"replicas": 3}}, "StatefulSet/job-worker", ""},
+		{"elasticdl-values.yaml", map[string]any{"workerGroups": map[string]any{"burst": map[string]any{"replicas": 3}}}, "Job/job-burst", ""},
+		{"mxnet-values.yaml", map[string]any{"workers": map[string]any{"replicas": 3}}, "", "MXNet jobs are not elastic"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.TrimSuffix(tc.values, "-values.yaml"), func(t *testing.T) {
@@ -182,7 +183,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 			up.Namespace, up.ReuseValues, up.Timeout = ns, true, 2*time.Minute
 			start = time.Now()
 			rel2, err := up.Run("job", ch, tc.set)
-			if err != nil {
+			if tc.refuse != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.refuse) {
+					t.Fatalf("helm upgrade --set %v: want an error containing %q, got %v", tc.set, tc.refuse, err)
+				}
+				rel2 = rel1
+			} else if err != nil {
 				t.Fatalf("helm upgrade --reuse-values --set %v: %v", tc.set, err)
 			}
 			t.Logf("helm upgrade (scale): %.2fs, revision %d -> %d", time.Since(start).Seconds(), rel1.Version, rel2.Version)
@@ -200,7 +206,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 					t.Errorf("%s: want 3 replicas after the upgrade, have %d", key, a.replicas)
 				}
 			}
-			if _, ok := after[tc.scaled]; !ok {
+			if _, ok := after[tc.scaled]; tc.scaled != "" && !ok {
 				t.Errorf("no %s in the namespace", tc.scaled)
 			}
 			runID2, ssh2 := generated(t, c, ns)
