@@ -333,4 +333,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-
