@@ -17,7 +17,7 @@ func TestRejected(t *testing.T) {
 	}{
 		{"unknown framework", []string{"framework=tensorflow"}, "at '/framework': value must be one of 'pytorch', 'mpi', 'mxnet', 'custom'"},
 		{"min greater than max", []string{"workers.minReplicas=5", "workers.maxReplicas=2", "workers.replicas=3"}, "workers: minReplicas (5) is greater than maxReplicas (2)"},
-		{"replicas above max", []string{"workers.replicas=9"}, "workers: replicas 9 is outside minReplicas..maxReplicas (1..4)"},
+		{"replicas above max", []string{"workers.replicas=9"}, "workers: replicas 9 is outside minReplicas..maxReplicas (1..4); a running job keeps the range it was installed with"},
 		{"replicas below min", []string{"workers.minReplicas=3", "workers.replicas=2"}, "workers: replicas 2 is outside minReplicas..maxReplicas (3..4)"},
 		{"replicas outside range in a worker group", []string{"workerGroups.burst.replicas=7", "workerGroups.burst.minReplicas=1", "workerGroups.burst.maxReplicas=6"}, "workerGroups.burst: replicas 7 is outside minReplicas..maxReplicas (1..6)"},
 		{"gpus not an integer (--set)", []string{"workers.gpus=1.5"}, "at '/workers/gpus': got string, want integer"},

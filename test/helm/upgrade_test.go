@@ -2,6 +2,7 @@ package helm_test
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -198,4 +199,52 @@ func runID(t *testing.T, objs []object) string {
 	}
 	t.Fatal("no run ConfigMap")
 	return ""
+}
+
+// TestUpgradeRefusesTemplateChanges: an upgrade that would change what every pod template carries (min/max nodes,
+// MXNet's worker count) is refused by the chart with a message, instead of Kubernetes' "field is immutable".
+func TestUpgradeRefusesTemplateChanges(t *testing.T) {
+	ch := loadChart(t)
+	cases := []struct {
+		desc   string
+		values string
+		sets   []string
+		want   string
+	}{
+		{"wider range", "ci/pytorch-values.yaml", []string{"workers.maxReplicas=8"}, "this job was installed with min-nodes 1 and max-nodes 3 (now 1 and 8)"},
+		{"higher minimum in a group", "ci/elasticdl-values.yaml", []string{"workerGroups.burst.minReplicas=2"}, "installed with min-nodes 3 and max-nodes 8 (now 4 and 8)"},
+		{"MPI worker set", "ci/mpi-values.yaml", []string{"workerGroups.big.maxReplicas=3"}, "installed with min-nodes 2 and max-nodes 6 (now 2 and 7)"},
+		{"MXNet workers", "ci/mxnet-values.yaml", []string{"workers.replicas=3"}, "workers.replicas: MXNet jobs are not elastic"},
+		{"MXNet servers", "ci/mxnet-values.yaml", []string{"mxnet.servers.replicas=3"}, "mxnet.servers.replicas: MXNet jobs are not elastic"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			vals1 := readValues(t, filepath.Join(chartDir, c.values))
+			files1, err := render(t, ch, vals1, renderOpts{revision: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cluster []map[string]any
+			for _, o := range objects(t, files1) {
+				u := unstructured.Unstructured{Object: o.Obj}
+				u = *u.DeepCopy()
+				u.SetNamespace(namespace)
+				cluster = append(cluster, u.Object)
+			}
+			over := map[string]any{}
+			for _, s := range c.sets {
+				if err := strvals.ParseInto(s, over); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err = render(t, ch, chartutil.CoalesceTables(over, vals1), renderOpts{revision: 2, cluster: cluster})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("upgrade --set %v: want an error containing %q, got %v", c.sets, c.want, err)
+			}
+			// The same values on a fresh install are fine.
+			if _, err := render(t, ch, chartutil.CoalesceTables(over, vals1), renderOpts{revision: 1}); err != nil {
+				t.Errorf("install with --set %v: %v", c.sets, err)
+			}
+		})
+	}
 }

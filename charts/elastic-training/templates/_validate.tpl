@@ -23,7 +23,7 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "%s: minReplicas (%d) is greater than maxReplicas (%d)" $g.path $lo $hi) -}}
 {{- end -}}
 {{- if or (lt $r $lo) (gt $r $hi) -}}
-{{- fail (printf "%s: replicas %d is outside minReplicas..maxReplicas (%d..%d); raise maxReplicas (or lower minReplicas) in the same upgrade" $g.path $r $lo $hi) -}}
+{{- fail (printf "%s: replicas %d is outside minReplicas..maxReplicas (%d..%d); a running job keeps the range it was installed with (uninstall and install again to widen it)" $g.path $r $lo $hi) -}}
 {{- end -}}
 {{- end -}}
 {{- if eq $g.kind "Job" -}}
@@ -33,6 +33,20 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- end -}}
 {{- else if gt (len $name) 52 -}}
 {{- fail (printf "%s: StatefulSet name %q is longer than 52 characters; use a shorter release name (fullnameOverride) or group name" $g.path $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if $.Release.IsUpgrade -}}
+{{- /* min/max nodes are in every pod template; a Job's template cannot change, a StatefulSet's would restart its pods. */ -}}
+{{- range $g := $plan.groups -}}
+{{- if $g.member -}}
+{{- $live := lookup (ternary "batch/v1" "apps/v1" (eq $g.kind "Job")) $g.kind $.Release.Namespace (printf "%s-%s" $job $g.name) -}}
+{{- $ann := dig "spec" "template" "metadata" "annotations" dict ($live | default dict) -}}
+{{- $liveMin := index $ann "elastic-training.io/min-nodes" | default "" -}}
+{{- $liveMax := index $ann "elastic-training.io/max-nodes" | default "" -}}
+{{- if and $liveMin (or (ne $liveMin (toString (int $plan.minNodes))) (ne $liveMax (toString (int $plan.maxNodes)))) -}}
+{{- fail (printf "minReplicas/maxReplicas: this job was installed with min-nodes %s and max-nodes %s (now %d and %d); they are in every pod template, which Kubernetes does not let a running Job change: keep them, or uninstall and install again" $liveMin $liveMax (int $plan.minNodes) (int $plan.maxNodes)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if and (eq $v.framework "mxnet") $.Release.IsUpgrade -}}
