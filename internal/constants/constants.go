@@ -31,6 +31,16 @@ const (
 	RoleRdzv      = "rdzv"      // a dedicated rendezvous pod: rendered complete by the chart, never mutated
 )
 
+// Group names (values of LabelGroup) the job chart gives its fixed groups; workload = naming.Workload(job, group).
+// User-named worker groups (chart value workerGroups.<name>) may not take these names.
+const (
+	GroupWorker    = "worker"    // the main worker group (chart value workers)
+	GroupLauncher  = "launcher"  // the MPI launcher Job
+	GroupScheduler = "scheduler" // the MXNet scheduler StatefulSet
+	GroupServer    = "server"    // the MXNet parameter servers StatefulSet
+	GroupRdzv      = "rdzv"      // the dedicated rendezvous StatefulSet (role rdzv)
+)
+
 // Frameworks (values of AnnotationFramework).
 const (
 	FrameworkPyTorch = "pytorch"

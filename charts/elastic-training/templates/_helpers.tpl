@@ -1,0 +1,175 @@
+{{/*
+Names. <job> is the release name (or fullnameOverride); every object name derives from it
+(internal/naming: Workload = <job>-<group>, RendezvousService = <job>-rdzv, HeadlessService = <job>).
+*/}}
+{{- define "elastic-training.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "elastic-training.fullname" -}}
+{{- .Values.fullnameOverride | default .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "elastic-training.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object (not of pod templates: they carry no version so they never change on upgrade). */}}
+{{- define "elastic-training.labels" -}}
+helm.sh/chart: {{ include "elastic-training.chart" . }}
+{{ include "elastic-training.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: elastic-training
+{{- with .Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The labels that select every pod of the job. */}}
+{{- define "elastic-training.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elastic-training.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+elastic-training.io/job: {{ include "elastic-training.fullname" . }}
+{{- end -}}
+
+{{- define "elastic-training.annotations" -}}
+{{- with .Values.annotations -}}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* Selector of one group's pods (immutable in StatefulSets: no version, no chart). */}}
+{{- define "elastic-training.groupSelector" -}}
+elastic-training.io/job: {{ include "elastic-training.fullname" .root }}
+elastic-training.io/group: {{ .group }}
+{{- end -}}
+
+{{/*
+Run id: generated once per install and kept: an existing <job>-run ConfigMap wins, then .Values.runId, then a
+random suffix. Computed once per render (cached in .Values) so every template sees the same value.
+*/}}
+{{- define "elastic-training.runId" -}}
+{{- if not (hasKey .Values "__runId") -}}
+{{- $job := include "elastic-training.fullname" . -}}
+{{- $id := .Values.runId -}}
+{{- $existing := lookup "v1" "ConfigMap" .Release.Namespace (printf "%s-run" $job) -}}
+{{- if and $existing $existing.data (index $existing.data "run-id") -}}
+{{- $id = index $existing.data "run-id" -}}
+{{- end -}}
+{{- if not $id -}}
+{{- $id = printf "%s-%s" $job (randAlphaNum 8 | lower) -}}
+{{- end -}}
+{{- $_ := set .Values "__runId" $id -}}
+{{- end -}}
+{{- index .Values "__runId" -}}
+{{- end -}}
+
+{{/* The MPI SSH private key (PEM, base64): an existing <job>-ssh Secret wins, then mpi.ssh.privateKey, then a new key. */}}
+{{- define "elastic-training.sshKey" -}}
+{{- if not (hasKey .Values "__sshKey") -}}
+{{- $job := include "elastic-training.fullname" . -}}
+{{- $key := "" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (printf "%s-ssh" $job) -}}
+{{- if and $existing $existing.data (index $existing.data "ssh-privatekey") -}}
+{{- $key = index $existing.data "ssh-privatekey" -}}
+{{- else if .Values.mpi.ssh.privateKey -}}
+{{- $key = .Values.mpi.ssh.privateKey | b64enc -}}
+{{- else -}}
+{{- $key = genPrivateKey "ecdsa" | b64enc -}}
+{{- end -}}
+{{- $_ := set .Values "__sshKey" $key -}}
+{{- end -}}
+{{- index .Values "__sshKey" -}}
+{{- end -}}
+
+{{/*
+The job's plan: every group with its role, workload kind, whether its pods are rendezvous members, which group
+hosts the rendezvous, and the job-wide counts. Returned as YAML; use with fromYaml.
+*/}}
+{{- define "elastic-training.plan" -}}
+{{- $v := .Values -}}
+{{- $groups := list -}}
+{{- $member := list -}}
+{{- $memberKind := "Job" -}}
+{{- if eq $v.framework "mpi" -}}{{- $memberKind = "StatefulSet" -}}{{- end -}}
+{{- if $v.workers.enabled -}}
+{{- $member = append $member (dict "name" "worker" "values" $v.workers "path" "workers") -}}
+{{- end -}}
+{{- range $name, $g := $v.workerGroups -}}
+{{- if (hasKey $g "enabled" | ternary $g.enabled true) -}}
+{{- $member = append $member (dict "name" $name "values" $g "path" (printf "workerGroups.%s" $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- $min := 0 -}}{{- $max := 0 -}}{{- $replicas := 0 -}}{{- $preemptible := false -}}
+{{- $resolved := list -}}
+{{- range $member -}}
+{{- $r := int .values.replicas -}}
+{{- $lo := hasKey .values "minReplicas" | ternary .values.minReplicas $r | int -}}
+{{- $hi := hasKey .values "maxReplicas" | ternary .values.maxReplicas $r | int -}}
+{{- $min = add $min $lo -}}{{- $max = add $max $hi -}}{{- $replicas = add $replicas $r -}}
+{{- if .values.preemptible -}}{{- $preemptible = true -}}{{- end -}}
+{{- $resolved = append $resolved (dict "name" .name "path" .path "role" "worker" "kind" ($memberKind) "member" true "replicas" $r "minReplicas" $lo "maxReplicas" $hi "preemptible" (.values.preemptible | default false) "values" .values) -}}
+{{- end -}}
+{{- $dedicated := or (eq $v.rendezvous.placement "dedicated") (and $preemptible (ne $v.rendezvous.backend "c10d")) -}}
+{{- $host := "" -}}
+{{- if $dedicated -}}
+{{- $host = "rdzv" -}}
+{{- else if eq $v.framework "mpi" -}}
+{{- $host = "launcher" -}}
+{{- else if eq $v.framework "mxnet" -}}
+{{- $host = "scheduler" -}}
+{{- else if $resolved -}}
+{{- $host = (first $resolved).name -}}
+{{- end -}}
+{{- if eq $v.framework "mpi" -}}
+{{- $launcher := $v.mpi.launcher -}}
+{{- $groups = append $groups (dict "name" "launcher" "path" "mpi.launcher" "role" "launcher" "kind" "Job" "member" false "replicas" 1 "minReplicas" 1 "maxReplicas" 1 "preemptible" false "values" $launcher) -}}
+{{- end -}}
+{{- if eq $v.framework "mxnet" -}}
+{{- $groups = append $groups (dict "name" "scheduler" "path" "mxnet.scheduler" "role" "scheduler" "kind" "StatefulSet" "member" false "replicas" 1 "minReplicas" 1 "maxReplicas" 1 "preemptible" false "values" $v.mxnet.scheduler) -}}
+{{- $s := int $v.mxnet.servers.replicas -}}
+{{- $groups = append $groups (dict "name" "server" "path" "mxnet.servers" "role" "server" "kind" "StatefulSet" "member" false "replicas" $s "minReplicas" $s "maxReplicas" $s "preemptible" false "values" $v.mxnet.servers) -}}
+{{- end -}}
+{{- $groups = concat $groups $resolved -}}
+{{- $out := list -}}
+{{- range $groups -}}
+{{- $out = append $out (set . "rdzvHost" (eq .name $host)) -}}
+{{- end -}}
+{{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible) -}}
+{{- end -}}
+
+{{/* Job-wide annotations of every pod template: the job's settings (docs/contract.md). */}}
+{{- define "elastic-training.jobAnnotations" -}}
+{{- $v := .root.Values -}}
+{{- $plan := .plan -}}
+elastic-training.io/framework: {{ $v.framework | quote }}
+elastic-training.io/run-id: {{ include "elastic-training.runId" .root | quote }}
+elastic-training.io/min-nodes: {{ $plan.minNodes | quote }}
+elastic-training.io/max-nodes: {{ $plan.maxNodes | quote }}
+elastic-training.io/rdzv-backend: {{ $v.rendezvous.backend | quote }}
+elastic-training.io/rdzv-join-timeout: {{ $v.rendezvous.joinTimeout | quote }}
+elastic-training.io/rdzv-last-call-timeout: {{ $v.rendezvous.lastCallTimeout | quote }}
+elastic-training.io/rdzv-close-timeout: {{ $v.rendezvous.closeTimeout | quote }}
+elastic-training.io/max-restarts: {{ $v.rendezvous.maxRestarts | quote }}
+elastic-training.io/monitor-interval: {{ $v.rendezvous.monitorInterval | quote }}
+{{- with $v.rendezvous.tls.secretName }}
+elastic-training.io/rdzv-tls-secret: {{ . | quote }}
+{{- end }}
+{{- if eq $v.framework "mpi" }}
+elastic-training.io/mpi-flavour: {{ $v.mpi.flavour | quote }}
+{{- end }}
+{{- if eq $v.framework "mxnet" }}
+elastic-training.io/num-servers: {{ $v.mxnet.servers.replicas | quote }}
+elastic-training.io/num-workers: {{ $plan.replicas | quote }}
+elastic-training.io/ps-port: {{ $v.mxnet.psPort | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The script ConfigMap's mount path. */}}
+{{- define "elastic-training.scriptDir" -}}/etc/elastic-training-script{{- end -}}
+
+{{- define "elastic-training.hasScript" -}}
+{{- if or .Values.script .Values.scriptFiles -}}true{{- end -}}
+{{- end -}}

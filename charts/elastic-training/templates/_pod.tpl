@@ -1,0 +1,197 @@
+{{/*
+The pod template of one group. Input: dict "root" $ "g" <group from the plan> "plan" <plan>.
+Nothing here may depend on a group's replicas (except MXNet's num-workers): the template must stay
+byte-identical when `helm upgrade --set workers.replicas=N` scales the job. No chart version, no revision.
+*/}}
+{{- define "elastic-training.podTemplate" -}}
+{{- $root := .root -}}
+{{- $rv := $root.Values -}}
+{{- $g := .g -}}
+{{- $gv := $g.values | default dict -}}
+{{- $job := include "elastic-training.fullname" $root -}}
+{{- $isMPI := eq $rv.framework "mpi" -}}
+{{- $hasScript := include "elastic-training.hasScript" $root -}}
+{{- $scriptPath := printf "%s/%s" (include "elastic-training.scriptDir" $root) $rv.scriptName -}}
+{{- $image := merge (deepCopy ($gv.image | default dict)) $rv.image -}}
+{{/* command and args */}}
+{{- $command := $gv.command | default list -}}
+{{- $args := $gv.args | default list -}}
+{{- if and $isMPI (eq $g.role "worker") -}}
+{{- $command = $command | default $rv.mpi.workerCommand -}}
+{{- else -}}
+{{- $command = $command | default $rv.command -}}
+{{- $args = $args | default $rv.args -}}
+{{- if and (not $command) $hasScript -}}
+{{- $launcher := $rv.scriptLauncher | default (eq $rv.framework "pytorch" | ternary (list "torchrun") (list "python3")) -}}
+{{- $command = $launcher -}}
+{{- $args = prepend $args $scriptPath -}}
+{{- end -}}
+{{- end -}}
+{{/* resources: the group's replace the shared ones; gpus add the accelerator limit */}}
+{{- $resources := deepCopy ($gv.resources | default $rv.resources | default dict) -}}
+{{- $gpus := int ($gv.gpus | default 0) -}}
+{{- if gt $gpus 0 -}}
+{{- $limits := $resources.limits | default dict -}}
+{{- $_ := set $limits $rv.gpuResource $gpus -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- end -}}
+{{/* volumes */}}
+{{- $volumes := concat ($rv.volumes | default list) ($gv.volumes | default list) -}}
+{{- $mounts := concat ($rv.volumeMounts | default list) ($gv.volumeMounts | default list) -}}
+{{- if $hasScript -}}
+{{- $volumes = append $volumes (dict "name" "script" "configMap" (dict "name" (printf "%s-script" $job) "defaultMode" 365)) -}}
+{{- $mounts = append $mounts (dict "name" "script" "mountPath" (include "elastic-training.scriptDir" $root) "readOnly" true) -}}
+{{- end -}}
+{{- if $rv.persistence.enabled -}}
+{{- $volumes = append $volumes (dict "name" "data" "persistentVolumeClaim" (dict "claimName" ($rv.persistence.existingClaim | default (printf "%s-data" $job)))) -}}
+{{- $mounts = append $mounts (dict "name" "data" "mountPath" $rv.persistence.mountPath) -}}
+{{- end -}}
+{{- $ssh := and $isMPI $rv.mpi.ssh.enabled -}}
+{{- if $ssh -}}
+{{- $volumes = append $volumes (dict "name" "ssh-key" "secret" (dict "secretName" (printf "%s-ssh" $job) "defaultMode" 256)) -}}
+{{- $volumes = append $volumes (dict "name" "ssh" "emptyDir" (dict "medium" "Memory")) -}}
+{{- $mounts = append $mounts (dict "name" "ssh" "mountPath" $rv.mpi.ssh.mountPath) -}}
+{{- end -}}
+{{/* scheduling */}}
+{{- $schedulerName := $gv.schedulerName | default $rv.schedulerName | default (ternary "volcano" "" (not (empty $rv.queue.volcano))) -}}
+{{- $spread := list -}}
+{{- range ($gv.topologySpreadConstraints | default $rv.topologySpreadConstraints) -}}
+{{- $c := deepCopy . -}}
+{{- if not (hasKey $c "labelSelector") -}}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "elastic-training.groupSelector" (dict "root" $root "group" $g.name) | fromYaml)) -}}
+{{- end -}}
+{{- $spread = append $spread $c -}}
+{{- end -}}
+{{- $podLabels := merge (deepCopy ($gv.podLabels | default dict)) ($rv.podLabels | default dict) -}}
+{{- $podAnnotations := merge (deepCopy ($gv.podAnnotations | default dict)) ($rv.podAnnotations | default dict) -}}
+{{- $containerName := $rv.containerName -}}
+metadata:
+  labels:
+    {{- with $podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    app.kubernetes.io/name: {{ include "elastic-training.name" $root }}
+    app.kubernetes.io/instance: {{ $root.Release.Name }}
+    app.kubernetes.io/component: {{ $g.role }}
+    elastic-training.io/job: {{ $job }}
+    elastic-training.io/role: {{ $g.role }}
+    elastic-training.io/group: {{ $g.name }}
+  annotations:
+    {{- with $podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    kubectl.kubernetes.io/default-container: {{ $containerName }}
+    elastic-training.io/container: {{ $containerName }}
+    {{- include "elastic-training.jobAnnotations" (dict "root" $root "plan" .plan) | nindent 4 }}
+    {{- if $g.rdzvHost }}
+    elastic-training.io/rdzv-host: "true"
+    {{- end }}
+    {{- if not (kindIs "invalid" $gv.slots) }}
+    elastic-training.io/slots: {{ int $gv.slots | quote }}
+    {{- end }}
+    {{- with $rv.queue.volcano }}
+    scheduling.volcano.sh/queue-name: {{ . }}
+    {{- end }}
+spec:
+  {{- if eq $g.kind "Job" }}
+  restartPolicy: {{ $gv.restartPolicy | default $rv.restartPolicy }}
+  {{- else }}
+  restartPolicy: Always
+  {{- end }}
+  subdomain: {{ $job }}
+  enableServiceLinks: false
+  {{- with ($gv.serviceAccountName | default $rv.serviceAccountName) }}
+  serviceAccountName: {{ . }}
+  {{- end }}
+  automountServiceAccountToken: {{ hasKey $gv "automountServiceAccountToken" | ternary $gv.automountServiceAccountToken $rv.automountServiceAccountToken }}
+  {{- with $schedulerName }}
+  schedulerName: {{ . }}
+  {{- end }}
+  {{- with ($gv.priorityClassName | default $rv.priorityClassName) }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ hasKey $gv "terminationGracePeriodSeconds" | ternary $gv.terminationGracePeriodSeconds $rv.terminationGracePeriodSeconds | int }}
+  {{- with ($gv.imagePullSecrets | default $rv.imagePullSecrets) }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with ($gv.nodeSelector | default $rv.nodeSelector) }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with ($gv.tolerations | default $rv.tolerations) }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with ($gv.affinity | default $rv.affinity) }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $spread }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with ($gv.podSecurityContext | default $rv.podSecurityContext) }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $ssh }}
+  initContainers:
+    - name: ssh-setup
+      image: {{ printf "%s:%s" $image.repository $image.tag }}
+      imagePullPolicy: {{ $image.pullPolicy }}
+      command: ["/bin/sh", "-c"]
+      args:
+        - |
+          set -eu
+          d={{ $rv.mpi.ssh.mountPath }}
+          cp /etc/elastic-training-ssh/ssh-privatekey "$d/id_ecdsa"
+          chmod 0600 "$d/id_ecdsa"
+          ssh-keygen -y -f "$d/id_ecdsa" > "$d/id_ecdsa.pub"
+          cp "$d/id_ecdsa.pub" "$d/authorized_keys"
+          printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  IdentityFile %s/id_ecdsa\n' "$d" > "$d/config"
+          chmod 0600 "$d/authorized_keys" "$d/config"
+      volumeMounts:
+        - name: ssh-key
+          mountPath: /etc/elastic-training-ssh
+          readOnly: true
+        - name: ssh
+          mountPath: {{ $rv.mpi.ssh.mountPath }}
+  {{- end }}
+  containers:
+    - name: {{ $containerName }}
+      image: {{ printf "%s:%s" $image.repository $image.tag }}
+      imagePullPolicy: {{ $image.pullPolicy }}
+      {{- with $command }}
+      command:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $args }}
+      args:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with (concat ($rv.env | default list) ($gv.env | default list)) }}
+      env:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with (concat ($rv.envFrom | default list) ($gv.envFrom | default list)) }}
+      envFrom:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with ($gv.securityContext | default $rv.securityContext) }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $mounts }}
+      volumeMounts:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+  {{- with $volumes }}
+  volumes:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}

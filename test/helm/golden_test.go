@@ -1,0 +1,114 @@
+package helm_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/lint/support"
+)
+
+// scenario is one values file rendered to one golden file.
+type scenario struct {
+	name   string // golden file: testdata/<name>.golden.yaml
+	values string // path of the values file
+}
+
+// scenarios: every charts/elastic-training/ci/*-values.yaml and every examples/*.yaml.
+func scenarios(t *testing.T) []scenario {
+	t.Helper()
+	var out []scenario
+	ci, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
+	for _, p := range ci {
+		out = append(out, scenario{"ci-" + strings.TrimSuffix(filepath.Base(p), "-values.yaml"), p})
+	}
+	ex, _ := filepath.Glob(filepath.Join(examplesDir, "*.yaml"))
+	for _, p := range ex {
+		out = append(out, scenario{"example-" + strings.TrimSuffix(filepath.Base(p), ".yaml"), p})
+	}
+	if len(ci) < 5 || len(ex) < 5 {
+		t.Fatalf("want at least 5 ci scenarios and 5 examples, found %d and %d", len(ci), len(ex))
+	}
+	return out
+}
+
+// TestGolden renders every scenario and compares it with testdata/<scenario>.golden.yaml (-update rewrites them).
+func TestGolden(t *testing.T) {
+	ch := loadChart(t)
+	used := map[string]bool{}
+	for _, sc := range scenarios(t) {
+		golden := filepath.Join("testdata", sc.name+".golden.yaml")
+		used[golden] = true
+		t.Run(sc.name, func(t *testing.T) {
+			var notes string
+			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{notes: &notes})
+			if err != nil {
+				t.Fatalf("render %s: %v", sc.values, err)
+			}
+			got := manifest(objects(t, files)) + "---\n# NOTES.txt\n" + commented(notes)
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./test/helm -update)", err)
+			}
+			if diff := cmp.Diff(string(want), got); diff != "" {
+				t.Errorf("%s differs from %s (-want +got); run go test ./test/helm -update if intended:\n%s", sc.values, golden, diff)
+			}
+		})
+	}
+	all, _ := filepath.Glob(filepath.Join("testdata", "*.golden.yaml"))
+	for _, g := range all {
+		if !used[g] && !*update {
+			t.Errorf("%s belongs to no scenario: delete it", g)
+		}
+		if !used[g] && *update {
+			_ = os.Remove(g)
+		}
+	}
+}
+
+// TestLint lints the chart with every scenario's values through the SDK (action.NewLint): no warnings, no errors.
+func TestLint(t *testing.T) {
+	for _, sc := range append([]scenario{{"defaults", ""}}, scenarios(t)...) {
+		t.Run(sc.name, func(t *testing.T) {
+			vals := map[string]any{}
+			if sc.values != "" {
+				vals = readValues(t, sc.values)
+			}
+			l := action.NewLint()
+			l.Strict = true
+			l.Namespace = namespace
+			l.KubeVersion = &kubeVersion
+			res := l.Run([]string{chartDir}, vals)
+			for _, m := range res.Messages {
+				if m.Severity >= support.WarningSev {
+					t.Errorf("lint %s: %s", sc.name, m.Error())
+				}
+			}
+			for _, err := range res.Errors {
+				t.Errorf("lint %s: %v", sc.name, err)
+			}
+		})
+	}
+}
+
+// commented turns text into YAML comment lines.
+func commented(text string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		if l == "" {
+			b.WriteString("#\n")
+			continue
+		}
+		b.WriteString("# " + l + "\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,56 @@
+package helm_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/strvals"
+)
+
+// TestWriteManifests writes every scenario's rendering (<scenario>.rev1.yaml) and, where a group can scale, the
+// rendering of `helm upgrade --reuse-values --set <group>.replicas=N` (<scenario>.rev2.yaml) to
+// $CHART_MANIFESTS_DIR, for test/helm/apiservercheck (kube-apiserver's create/update validation without a
+// cluster). Skipped when the variable is unset.
+func TestWriteManifests(t *testing.T) {
+	dir := os.Getenv("CHART_MANIFESTS_DIR")
+	if dir == "" {
+		t.Skip("CHART_MANIFESTS_DIR not set")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ch := loadChart(t)
+	for _, sc := range scenarios(t) {
+		vals := merge(readValues(t, sc.values), pinned(t))
+		files, err := render(t, ch, vals, renderOpts{})
+		if err != nil {
+			t.Fatalf("%s: %v", sc.name, err)
+		}
+		write(t, filepath.Join(dir, sc.name+".rev1.yaml"), manifest(objects(t, files)))
+		sets := scaleSets(t, vals)
+		if len(sets) == 0 || strings.Contains(sc.name, "mxnet") { // MXNet refuses to scale (see the upgrade test)
+			continue
+		}
+		over := map[string]any{}
+		for _, s := range sets {
+			if err := strvals.ParseInto(s, over); err != nil {
+				t.Fatal(err)
+			}
+		}
+		files2, err := render(t, ch, chartutil.CoalesceTables(over, vals), renderOpts{revision: 2})
+		if err != nil {
+			t.Fatalf("%s revision 2: %v", sc.name, err)
+		}
+		write(t, filepath.Join(dir, sc.name+".rev2.yaml"), manifest(objects(t, files2)))
+	}
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,52 @@
+package helm_test
+
+import (
+	"reflect"
+	"testing"
+
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+)
+
+// TestObjectsDecodeStrictly decodes every rendered object of every scenario into its typed Kubernetes Go struct
+// with unknown fields rejected, so a misspelt field fails here before the API server sees it; and checks that
+// each is a namespaced kind a job install may create.
+func TestObjectsDecodeStrictly(t *testing.T) {
+	ch := loadChart(t)
+	allowed := map[string]bool{
+		"ConfigMap": true, "Secret": true, "Service": true, "Job": true, "StatefulSet": true, "Pod": true,
+		"NetworkPolicy": true, "PodDisruptionBudget": true, "PersistentVolumeClaim": true,
+	}
+	for _, sc := range scenarios(t) {
+		t.Run(sc.name, func(t *testing.T) {
+			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range objects(t, files) {
+				if !allowed[o.Kind] {
+					t.Errorf("%s: not a kind a job install may create", o.key())
+					continue
+				}
+				apiVersion, _ := o.Obj["apiVersion"].(string)
+				gvk := scheme.Scheme.AllKnownTypes()
+				var typed any
+				for k, typ := range gvk {
+					if k.Kind == o.Kind && k.GroupVersion().String() == apiVersion {
+						typed = newOf(typ)
+						break
+					}
+				}
+				if typed == nil {
+					t.Errorf("%s: unknown apiVersion %s", o.key(), apiVersion)
+					continue
+				}
+				if err := yaml.UnmarshalStrict([]byte(o.YAML), typed); err != nil {
+					t.Errorf("%s (%s): %v", o.key(), o.Source, err)
+				}
+			}
+		})
+	}
+}
+
+func newOf(typ reflect.Type) any { return reflect.New(typ).Interface() }
