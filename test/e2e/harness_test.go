@@ -196,7 +196,8 @@ func TestFakeGPUsSchedule(t *testing.T) {
 }
 
 // ClusterIPs work from pods and from the host (kube-proxy DNAT), while a packet to a Service address that
-// nothing rewrote fails on this machine at once ("host unreachable"), from the host and from a pod.
+// nothing rewrote fails on this machine at once ("host unreachable"), from the host and from a pod, and
+// a pod's packet to an address off the machine is rejected too.
 func TestClusterIPAndServiceCIDRGuard(t *testing.T) {
 	c := framework.Get(t)
 	ns := c.Namespace(t)
@@ -255,7 +256,8 @@ func TestClusterIPAndServiceCIDRGuard(t *testing.T) {
 	// From a pod: by name through CoreDNS and kube-proxy, then the unused address.
 	create(t, c, ns, busyboxPod("client", fmt.Sprintf(`until out=$(timeout 3 wget -qO- http://web.$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace).svc.%s/); do sleep 0.2; done
 echo "service: $out"
-timeout 5 wget -qO- http://%s/ 2>&1; echo "unused: rc=$?"`, framework.ClusterDomain, unused)))
+timeout 5 wget -qO- http://%s/ 2>&1; echo "unused: rc=$?"
+timeout 5 wget -qO- http://203.0.113.1/ 2>&1; echo "outside: rc=$?"`, framework.ClusterDomain, unused)))
 	c.WaitPodPhase(t, ns, "client", corev1.PodSucceeded, time.Minute)
 	log := c.PodLogs(t, ns, "client", "")
 	if !strings.Contains(log, "service: hello-from-web") {
@@ -264,6 +266,10 @@ timeout 5 wget -qO- http://%s/ 2>&1; echo "unused: rc=$?"`, framework.ClusterDom
 	// busybox wget prints the errno text; timeout(1) would give rc=143 instead.
 	if !regexp.MustCompile(`(?i)(unreachable|no route).*\nunused: rc=1`).MatchString(log) {
 		t.Errorf("pod -> %s: want a local 'host unreachable' failure; log:\n%s", unused, log)
+	}
+	// 203.0.113.1 (TEST-NET-3) stands for any address off the machine: the guard rejects pod egress.
+	if !regexp.MustCompile(`(?i)(unreachable|no route).*\noutside: rc=1`).MatchString(log) {
+		t.Errorf("pod -> 203.0.113.1: want a local 'unreachable' failure; log:\n%s", log)
 	}
 
 	out, err := exec.Command("ip", "route", "show", "type", "unreachable").CombinedOutput()

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Installs the Debian packages the cluster runs on, when missing: containerd + runc (container runtime),
 # containernetworking-plugins (bridge/host-local/portmap/loopback CNI), iptables/iproute2 (kube-proxy, routes),
-# busybox-static (test image), openssl (pki), curl (health checks), util-linux (flock, setsid).
+# busybox-static (test image), openssl (pki), curl (health checks), util-linux (flock, setsid), procps (pgrep).
 set -euo pipefail
-pkgs=(containerd runc containernetworking-plugins iptables iproute2 busybox-static openssl curl util-linux)
+pkgs=(containerd runc containernetworking-plugins iptables iproute2 busybox-static openssl curl util-linux procps)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
 [ ${#missing[@]} = 0 ] && exit 0

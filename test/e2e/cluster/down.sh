@@ -50,6 +50,7 @@ for t in kube-proxy; do nft list table ip $t >/dev/null 2>&1 && nft delete table
 ip addr del "$NODE_IP/32" dev lo 2>/dev/null
 # Service CIDR guard (see up.sh)
 while iptables -D OUTPUT -j "$GUARD_CHAIN" 2>/dev/null; do :; done
+while iptables -D FORWARD -j "$GUARD_CHAIN" 2>/dev/null; do :; done
 iptables -F "$GUARD_CHAIN" 2>/dev/null; iptables -X "$GUARD_CHAIN" 2>/dev/null
 while ip rule del pref "$GUARD_TABLE" 2>/dev/null; do :; done
 ip route flush table "$GUARD_TABLE" 2>/dev/null

@@ -49,5 +49,5 @@ export DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins   # hard-coded in the k
 export INSTANCE_FILE=/run/elastic-training-cluster.owner
 export LOCK_FILE=/run/lock/elastic-training-cluster.lock
 # A routing table and an iptables chain of our own, so down.sh removes exactly what up.sh added.
-export GUARD_CHAIN=ET-SVC-GUARD GUARD_TABLE=9696
+export GUARD_CHAIN=ET-GUARD GUARD_TABLE=9696
 export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first

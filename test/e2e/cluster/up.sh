@@ -65,9 +65,13 @@ ip addr show dev lo | grep -q " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
 ip route show type unreachable | grep -q "^unreachable $SVC_CIDR" || ip route add unreachable "$SVC_CIDR"
 ip route show table "$GUARD_TABLE" | grep -q "^$SVC_CIDR dev lo" || ip route add "$SVC_CIDR" dev lo src "$NODE_IP" table "$GUARD_TABLE"
 ip rule show pref "$GUARD_TABLE" | grep -q . || ip rule add pref "$GUARD_TABLE" iif lo to "$SVC_CIDR" lookup "$GUARD_TABLE"
+# The same chain keeps pods' own packets on the machine: forwarded traffic from the pod network to anything but
+# the pod network is rejected (pods reach the host's addresses through INPUT, which this does not touch).
 iptables -S "$GUARD_CHAIN" >/dev/null 2>&1 || { iptables -N "$GUARD_CHAIN"
-  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -j REJECT --reject-with icmp-host-unreachable; }
+  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -j REJECT --reject-with icmp-host-unreachable
+  iptables -A "$GUARD_CHAIN" -s "$POD_CIDR" ! -d "$POD_CIDR" -j REJECT --reject-with icmp-net-unreachable; }
 iptables -C OUTPUT -j "$GUARD_CHAIN" 2>/dev/null || iptables -I OUTPUT -j "$GUARD_CHAIN"
+iptables -C FORWARD -j "$GUARD_CHAIN" 2>/dev/null || iptables -I FORWARD -j "$GUARD_CHAIN"
 "$CLUSTER_DIR/pki.sh" >/dev/null
 
 # --- etcd
@@ -170,6 +174,7 @@ metadata: {name: "system:coredns"}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
 subjects: [{kind: User, name: "system:coredns", apiGroup: rbac.authorization.k8s.io}]
 X
+# No "forward" plugin: names outside the cluster get an error at once instead of a query leaving the machine.
 writecfg "$RUN/Corefile" <<X
 .:53 {
     bind $CLUSTER_DNS
@@ -182,7 +187,6 @@ writecfg "$RUN/Corefile" <<X
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
     }
-    forward . /etc/resolv.conf
     cache 5
     loadbalance
 }

@@ -134,4 +134,3 @@ func (c *Cluster) HelmValues(t testing.TB, ns, releaseName string) map[string]an
 	}
 	return vals
 }
-
