@@ -63,12 +63,16 @@ ip addr show dev lo | grep -q " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
 #    ClusterIP; instead the host's packets to the Service CIDR are routed to lo (source $NODE_IP, which pods
 #    reach), kube-proxy's DNAT reroutes rewritten ones to the pod, and our chain rejects the rest on lo.
 ip route show type unreachable | grep -q "^unreachable $SVC_CIDR" || ip route add unreachable "$SVC_CIDR"
-ip route show table "$GUARD_TABLE" | grep -q "^$SVC_CIDR dev lo" || ip route add "$SVC_CIDR" dev lo src "$NODE_IP" table "$GUARD_TABLE"
+ip route show table "$GUARD_TABLE" 2>/dev/null | grep -q "^$SVC_CIDR dev lo" || ip route add "$SVC_CIDR" dev lo src "$NODE_IP" table "$GUARD_TABLE"
 ip rule show pref "$GUARD_TABLE" | grep -q . || ip rule add pref "$GUARD_TABLE" iif lo to "$SVC_CIDR" lookup "$GUARD_TABLE"
 # The same chain keeps pods' own packets on the machine: forwarded traffic from the pod network to anything but
 # the pod network is rejected (pods reach the host's addresses through INPUT, which this does not touch).
+# An ICMP error for the host's own SYN rejected in OUTPUT never reaches the socket (connect() would hang until
+# its timeout), so TCP gets a RST (connect fails at once with ECONNREFUSED); for UDP the drop already makes
+# send() fail with EPERM.
 iptables -S "$GUARD_CHAIN" >/dev/null 2>&1 || { iptables -N "$GUARD_CHAIN"
-  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -j REJECT --reject-with icmp-host-unreachable
+  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -p tcp -j REJECT --reject-with tcp-reset
+  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -j REJECT --reject-with icmp-admin-prohibited
   iptables -A "$GUARD_CHAIN" -s "$POD_CIDR" ! -d "$POD_CIDR" -j REJECT --reject-with icmp-net-unreachable; }
 iptables -C OUTPUT -j "$GUARD_CHAIN" 2>/dev/null || iptables -I OUTPUT -j "$GUARD_CHAIN"
 iptables -C FORWARD -j "$GUARD_CHAIN" 2>/dev/null || iptables -I FORWARD -j "$GUARD_CHAIN"
@@ -251,7 +255,7 @@ start fake-device-plugin "$BIN/fake-device-plugin" -dir "$DEVICE_PLUGIN_DIR" $(f
 waitfor coredns 30 curl -sf "http://127.0.0.1:$COREDNS_READY_PORT/ready"
 waitfor kubelet 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
 waitfor kube-proxy 60 curl -sf "http://127.0.0.1:$PROXY_HEALTHZ_PORT/healthz"
-waitfor "node $NODE_NAME Ready" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
+waitfor "node $NODE_NAME" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
 waitfor "default serviceaccount" 60 kubectl -n default get serviceaccount default
 gpus() { local r p; for r in $FAKE_DEVICES; do p=$(echo "${r%%=*}" | sed 's/\./\\./g')
   [ "$(kubectl get node "$NODE_NAME" -o jsonpath="{.status.allocatable.$p}")" = "${r#*=}" ] || return 1; done; }
