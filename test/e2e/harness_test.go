@@ -195,6 +195,38 @@ func TestFakeGPUsSchedule(t *testing.T) {
 	})
 }
 
+// The reason for a device plugin rather than a patched Node status: a restarted kubelet drops extended
+// resources it does not manage, while a plugin registers again and the node keeps advertising the GPUs.
+func TestFakeGPUsSurviveKubeletRestart(t *testing.T) {
+	c := framework.Get(t)
+	pidFile := filepath.Join(filepath.Dir(c.Kubeconfig), "pids", "kubelet.pid")
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("kubelet pid: %v", err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(raw), &pid); err != nil {
+		t.Fatalf("kubelet pid file %s: %v", pidFile, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatalf("stop kubelet %d: %v", pid, err)
+	}
+	c.WaitFor(t, 30*time.Second, "the old kubelet to exit", func(context.Context) (bool, error) {
+		return syscall.Kill(pid, 0) != nil, nil
+	})
+	c.Up(t) // starts only the kubelet again, and waits for the node and its fake devices
+	c.WaitFor(t, time.Minute, "allocatable GPUs after the kubelet restart", func(ctx context.Context) (bool, error) {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if q := node.Status.Allocatable[framework.FakeGPUResource]; q.Value() != framework.FakeGPUCount {
+			return false, fmt.Errorf("allocatable %s = %s", framework.FakeGPUResource, q.String())
+		}
+		return true, nil
+	})
+}
+
 // ClusterIPs work from pods and from the host (kube-proxy DNAT), while a packet to a Service address that
 // nothing rewrote fails on this machine at once ("host unreachable"), from the host and from a pod, and
 // a pod's packet to an address off the machine is rejected too.

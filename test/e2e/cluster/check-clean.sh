@@ -27,19 +27,19 @@ for e in /proc/[0-9]*/exe; do x=$(readlink "$e" 2>/dev/null) || continue; p=${e#
 for p in $(pgrep -f -- "containerd-shim.* -address $CTR_SOCK" 2>/dev/null); do leak "containerd shim pid $p"; done
 grep -F " $RUN/" /proc/self/mountinfo | awk '{print $5}' | while read -r m; do echo "check-clean: LEFT BEHIND: mount $m"; done | grep . && bad=1
 for port in $KUBELET_PORT $APISERVER_PORT $ETCD_CLIENT_PORT $ETCD_PEER_PORT $KUBELET_HEALTHZ_PORT $PROXY_HEALTHZ_PORT; do
-  ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && leak "listener on port $port"; done
+  ss -Hltn "sport = :$port" 2>/dev/null | has . && leak "listener on port $port"; done
 ip link show cni0 >/dev/null 2>&1 && leak "bridge cni0"
-ip -o addr show dev lo | grep -q " $NODE_IP/" && leak "address $NODE_IP on lo"
-ip route show type unreachable | grep -q "$SVC_CIDR" && leak "unreachable route $SVC_CIDR"
-ip rule show pref "$GUARD_TABLE" | grep -q . && leak "ip rule pref $GUARD_TABLE"
-ip route show table "$GUARD_TABLE" 2>/dev/null | grep -q . && leak "routes in table $GUARD_TABLE"
+ip -o addr show dev lo | has " $NODE_IP/" && leak "address $NODE_IP on lo"
+ip route show type unreachable | has "$SVC_CIDR" && leak "unreachable route $SVC_CIDR"
+ip rule show pref "$GUARD_TABLE" | has . && leak "ip rule pref $GUARD_TABLE"
+ip route show table "$GUARD_TABLE" 2>/dev/null | has . && leak "routes in table $GUARD_TABLE"
 for ipt in iptables ip6tables; do for t in filter nat mangle; do
   $ipt -t $t -S 2>/dev/null | grep -E -e '^-N (KUBE-|CNI-|ET-)' -e '-j (KUBE-|CNI-|ET-)' | while read -r r; do echo "check-clean: LEFT BEHIND: $ipt -t $t $r"; done | grep . && bad=1
 done; done
 ls /var/run/netns/cni-* >/dev/null 2>&1 && leak "netns $(ls /var/run/netns/cni-*)"
 for ctl in /sys/fs/cgroup/*/; do [ -d "$ctl/kubepods" ] && leak "cgroup ${ctl}kubepods"; done
 [ -e "$DEVICE_PLUGIN_DIR" ] && leak "$DEVICE_PLUGIN_DIR"
-ls /var/log/containers/ 2>/dev/null | grep -q . && for l in /var/log/containers/*; do readlink "$l" | grep -q "^$RUN/" && leak "log link $l"; done
+ls /var/log/containers/ 2>/dev/null | has . && for l in /var/log/containers/*; do readlink "$l" | has "^$RUN/" && leak "log link $l"; done
 [ -e "$INSTANCE_FILE" ] && leak "instance file $INSTANCE_FILE"
 if [ -f "$SNAP/state" ]; then
   d=$(diff <(cat "$SNAP/state") <(state)) || { leak "host state differs from before the first up (< before, > now):"; echo "$d"; }

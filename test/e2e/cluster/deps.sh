@@ -5,7 +5,7 @@
 set -euo pipefail
 pkgs=(containerd runc containernetworking-plugins iptables iproute2 busybox-static openssl curl util-linux procps)
 missing=()
-for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
+for p in "${pkgs[@]}"; do [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p"); done
 [ ${#missing[@]} = 0 ] && exit 0
 [ "$(id -u)" = 0 ] || { echo "deps: missing Debian packages ${missing[*]} and not root to install them"; exit 1; }
 echo "deps: installing ${missing[*]}"

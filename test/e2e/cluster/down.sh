@@ -59,7 +59,7 @@ ip route del unreachable "$SVC_CIDR" 2>/dev/null
 for n in /var/run/netns/cni-*; do [ -e "$n" ] && { umount "$n" 2>/dev/null; rm -f "$n"; }; done
 for ctl in /sys/fs/cgroup/*/; do [ -d "$ctl/kubepods" ] && find "$ctl/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null; done
 # hard-coded kubelet paths outside --root-dir: /var/log/containers symlinks, device-plugin socket
-for l in /var/log/containers/*.log; do [ -L "$l" ] && readlink "$l" | grep -q "^$RUN/" && rm -f "$l"; done
+for l in /var/log/containers/*.log; do [ -L "$l" ] && readlink "$l" | has "^$RUN/" && rm -f "$l"; done
 rmdir /var/log/containers 2>/dev/null
 rm -f "$DEVICE_PLUGIN_DIR"/kubelet.sock "$DEVICE_PLUGIN_DIR"/kubelet_internal_checkpoint "$DEVICE_PLUGIN_DIR"/et-fake-*.sock
 rmdir "$DEVICE_PLUGIN_DIR" /var/lib/kubelet 2>/dev/null

@@ -51,3 +51,7 @@ export LOCK_FILE=/run/lock/elastic-training-cluster.lock
 # A routing table and an iptables chain of our own, so down.sh removes exactly what up.sh added.
 export GUARD_CHAIN=ET-GUARD GUARD_TABLE=9696
 export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first
+
+# has PATTERN: like `grep -q PATTERN` at the end of a pipe, but reads all its input first. With pipefail,
+# grep -q exiting at the first match can kill the writer with SIGPIPE and turn a match into a failure.
+has() { local in; in=$(cat); grep -q -- "$1" <<<"$in"; }

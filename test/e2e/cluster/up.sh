@@ -55,16 +55,16 @@ waitfor() { # desc timeout cmd...
    echo "$s=$(sysctl -n $s)"; done > "$RUN/sysctl.orig"
 modprobe br_netfilter 2>/dev/null || true
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1
-ip addr show dev lo | grep -q " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
+ip addr show dev lo | has " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
 # Service CIDR guard: a packet to a ClusterIP that kube-proxy did not rewrite must fail here, never leave.
 #  - forwarded (pod) traffic is DNATed in PREROUTING, before routing: what is still addressed to the Service
 #    CIDR hits the unreachable route in the main table and the pod gets "host unreachable".
 #  - the host's own traffic is routed BEFORE the OUTPUT DNAT, so an unreachable route would break host ->
 #    ClusterIP; instead the host's packets to the Service CIDR are routed to lo (source $NODE_IP, which pods
 #    reach), kube-proxy's DNAT reroutes rewritten ones to the pod, and our chain rejects the rest on lo.
-ip route show type unreachable | grep -q "^unreachable $SVC_CIDR" || ip route add unreachable "$SVC_CIDR"
-ip route show table "$GUARD_TABLE" 2>/dev/null | grep -q "^$SVC_CIDR dev lo" || ip route add "$SVC_CIDR" dev lo src "$NODE_IP" table "$GUARD_TABLE"
-ip rule show pref "$GUARD_TABLE" | grep -q . || ip rule add pref "$GUARD_TABLE" iif lo to "$SVC_CIDR" lookup "$GUARD_TABLE"
+ip route show type unreachable | has "^unreachable $SVC_CIDR" || ip route add unreachable "$SVC_CIDR"
+ip route show table "$GUARD_TABLE" 2>/dev/null | has "^$SVC_CIDR dev lo" || ip route add "$SVC_CIDR" dev lo src "$NODE_IP" table "$GUARD_TABLE"
+ip rule show pref "$GUARD_TABLE" | has . || ip rule add pref "$GUARD_TABLE" iif lo to "$SVC_CIDR" lookup "$GUARD_TABLE"
 # The same chain keeps pods' own packets on the machine: forwarded traffic from the pod network to anything but
 # the pod network is rejected (pods reach the host's addresses through INPUT, which this does not touch).
 # An ICMP error for the host's own SYN rejected in OUTPUT never reaches the socket (connect() would hang until
@@ -179,6 +179,7 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:
 subjects: [{kind: User, name: "system:coredns", apiGroup: rbac.authorization.k8s.io}]
 X
 # No "forward" plugin: names outside the cluster get an error at once instead of a query leaving the machine.
+# Negative answers are cached 1 s only: a new pod's name (a peer that just started) resolves a moment later.
 writecfg "$RUN/Corefile" <<X
 .:53 {
     bind $CLUSTER_DNS
@@ -191,7 +192,9 @@ writecfg "$RUN/Corefile" <<X
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
     }
-    cache 5
+    cache 5 {
+        denial 9984 1 0
+    }
     loadbalance
 }
 X
