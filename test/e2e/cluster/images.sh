@@ -49,6 +49,7 @@ if [ "${1:-}" != --base ]; then
     printf 'root:x:0:\nnonroot:x:65532:\n' > $R/etc/group; chmod 1777 $R/tmp
     mk "$img" $R "$cmd.tar" "/usr/local/bin/$cmd"; rm -rf $R
   done
+  rm -rf rootfs
 fi
 # Import into the running cluster, if any; skip tarballs already imported unchanged.
 if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
