@@ -4,6 +4,7 @@ GO ?= go
 CACHE ?= $(HOME)/.cache/elastic-training
 
 .PHONY: all build test test-unit test-e2e bench fuzz demo cluster-up cluster-down images lint
+.PHONY: cluster-build cluster-status
 
 all: build
 
@@ -17,8 +18,36 @@ test-unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
 
+## test-e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
+## stops it again afterwards; a cluster that was already running is left running.
 test-e2e:
-	@echo "e2e: not yet implemented"
+	@set -e; started=0; $(CLUSTER)/status.sh >/dev/null || { started=1; $(CLUSTER)/up.sh; }; \
+	rc=0; $(GO) test -count=1 -timeout 30m ./test/e2e/... || rc=$$?; \
+	if [ $$started = 1 ]; then $(CLUSTER)/down.sh; fi; exit $$rc
 
 bench:
 	@echo "bench: not yet implemented"
+
+## Local single-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root; state under $(CACHE).
+CLUSTER := test/e2e/cluster
+# The scripts and test/e2e/framework read ET_CACHE.
+export ET_CACHE := $(CACHE)
+
+## cluster-build: build the cluster's binaries from the pinned versions (minutes the first time, then cached).
+cluster-build:
+	$(CLUSTER)/build.sh
+
+## cluster-up: start the cluster (builds first if needed) and print the KUBECONFIG line.
+cluster-up:
+	$(CLUSTER)/up.sh
+
+## cluster-down: stop it and undo every host change.
+cluster-down:
+	$(CLUSTER)/down.sh
+
+cluster-status:
+	@$(CLUSTER)/status.sh
+
+## images: build the local images (webhook, rdzv-sidecar, host runtime) and import them into a running cluster.
+images:
+	$(CLUSTER)/images.sh

@@ -1,0 +1,18 @@
+# Image of the admission webhook for real clusters (the local test cluster packs the same static binary
+# with test/e2e/cluster/images.sh instead, because this machine has no Docker and no registry).
+#   docker build -f build/webhook.Dockerfile -t REGISTRY/elastic-training-webhook:VERSION .
+ARG GO_VERSION=1.26
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
+ARG TARGETOS TARGETARCH
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
+COPY . .
+RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "-s -w" -o /out/webhook ./cmd/webhook
+
+# distroless/static: CA certificates and a nonroot user, nothing else.
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/webhook /usr/local/bin/webhook
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/webhook"]

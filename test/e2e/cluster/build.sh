@@ -1,0 +1,50 @@
+#!/bin/bash
+# Builds every binary the cluster needs from the pinned versions, through the Go module proxy, into $BIN:
+#   Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl),
+#   etcd, cri-cleanup and fake-device-plugin (module tools/), CoreDNS (tools/coredns), helm (tools/helm).
+# A binary is rebuilt only when its stamp changes: the hash of its module's go.mod/go.sum, its main package,
+# its ldflags and the Go version. The first build takes minutes (kube-apiserver alone ~5 min on 2 cores).
+# Usage: build.sh [binary...]
+set -euo pipefail
+. "$(dirname "$(readlink -f "$0")")/env.sh"
+mkdir -p "$BIN/.stamps"
+exec 9>"$BIN/.build.lock"; flock 9   # two builds of the same binary would only fight over the CPU
+K8S_MINOR=${K8S_VERSION#v1.}; K8S_MINOR=${K8S_MINOR%%.*}
+grep -q "k8s.io/kubernetes $K8S_VERSION\$" "$TOOLS/go.mod" || { echo "build: tools/go.mod does not pin k8s.io/kubernetes $K8S_VERSION"; exit 1; }
+grep -q "helm.sh/helm/v3 $HELM_VERSION\$" "$TOOLS/helm/go.mod" || { echo "build: tools/helm/go.mod does not pin helm $HELM_VERSION"; exit 1; }
+KLDF="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$K8S_MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=2026-01-01T00:00:00Z"
+all="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd cri-cleanup fake-device-plugin coredns helm"
+spec() { # binary -> "moduledir|package|ldflags"
+  case $1 in
+    coredns) echo "$TOOLS/coredns|.|-s -w" ;;
+    helm) echo "$TOOLS/helm|helm.sh/helm/v3/cmd/helm|-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+    etcd|cri-cleanup|fake-device-plugin) echo "$TOOLS|./cmd/$1|-s -w" ;;
+    kube-*|kubelet|kubectl) echo "$TOOLS|./cmd/$1|$KLDF" ;;
+    *) echo "build: unknown binary $1" >&2; return 1 ;;
+  esac
+}
+stamp() { # moduledir package ldflags
+  local src=$1; [ "${2#./}" != "$2" ] && src=$1/${2#./}
+  { go version; echo "$3"; cat "$1/go.mod" "$1/go.sum"; find "$src" -maxdepth 1 -type f -name '*.go' | sort | xargs cat; } | sha256sum | cut -c1-16
+}
+list=(${@:-$all}); n=0; todo=()
+for b in "${list[@]}"; do
+  IFS='|' read -r dir pkg ldf < <(spec "$b")
+  s=$(stamp "$dir" "$pkg" "$ldf")
+  [ -x "$BIN/$b" ] && [ "$(cat "$BIN/.stamps/$b" 2>/dev/null)" = "$s" ] || todo+=("$b|$dir|$pkg|$ldf|$s")
+done
+[ ${#todo[@]} = 0 ] && { echo "build: all ${#list[@]} binaries up to date in $BIN"; exit 0; }
+echo "build: ${#todo[@]} binaries to build into $BIN (log: $ET_CACHE/build.log); the first build takes several minutes"
+T0=$(date +%s)
+for t in "${todo[@]}"; do
+  IFS='|' read -r b dir pkg ldf s <<<"$t"; n=$((n+1)); t1=$(date +%s)
+  echo "build: [$n/${#todo[@]}] $b ..."
+  # go build -v names each package it compiles: count them as progress, every 15 s.
+  (cd "$dir" && rm -f "$BIN/$b.new" && go build -v -ldflags "$ldf" -o "$BIN/$b.new" "$pkg") 2>&1 | tee -a "$ET_CACHE/build.log" |
+    { c=0; last=$SECONDS; while read -r _; do c=$((c+1))
+        if [ $((SECONDS-last)) -ge 15 ]; then last=$SECONDS; echo "build:       $b: $c packages compiled so far"; fi; done; } || true
+  [ -x "$BIN/$b.new" ] || { echo "build: $b FAILED, last lines of $ET_CACHE/build.log:"; tail -20 "$ET_CACHE/build.log"; exit 1; }
+  mv -f "$BIN/$b.new" "$BIN/$b"; echo "$s" > "$BIN/.stamps/$b"
+  echo "build: [$n/${#todo[@]}] $b done in $(( $(date +%s) - t1 ))s"
+done
+echo "build: done in $(( $(date +%s) - T0 ))s"

@@ -1,0 +1,57 @@
+# Settings of the local single-node test cluster. Source this file (bash).
+# Everything expensive or stateful lives outside git, under $ET_CACHE:
+#   $ET_CACHE/bin      binaries built from the pinned versions (build.sh), one stamp per binary
+#   $ET_CACHE/images   local image tarballs (images.sh)
+#   $ET_CACHE/run      state of the running cluster: pki, etcd data, containerd root, logs, pids
+# The Go test framework (test/e2e/framework) mirrors the image names below; keep them in sync.
+export ET_CACHE=${ET_CACHE:-${HOME:-/root}/.cache/elastic-training}
+export CLUSTER_DIR=${CLUSTER_DIR:-$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")}
+export REPO_ROOT=${REPO_ROOT:-$(cd "$CLUSTER_DIR/../../.." && pwd)}
+export TOOLS=$CLUSTER_DIR/tools
+export BIN=$ET_CACHE/bin IMAGES=$ET_CACHE/images RUN=$ET_CACHE/run
+export LOGS=$RUN/logs PIDS=$RUN/pids PKI=$RUN/pki
+export KUBECONFIG=$RUN/admin.kubeconfig
+
+# Pinned versions. The Go versions of the modules are in tools/*/go.mod; these must agree (build.sh checks).
+export K8S_VERSION=v1.36.3 HELM_VERSION=v3.22.0
+
+# Images (never pulled: imported into containerd's k8s.io namespace, pods use imagePullPolicy: Never).
+export PAUSE_IMAGE=docker.io/local/pause:1
+export BUSYBOX_IMAGE=local/busybox:1
+export HOSTRT_IMAGE=local/hostrt:1
+export WEBHOOK_IMAGE=local/elastic-training-webhook:dev
+export SIDECAR_IMAGE=local/rdzv-sidecar:dev
+
+# Fake accelerators advertised by the node (scheduling only, no device is attached).
+export FAKE_DEVICES=${FAKE_DEVICES:-nvidia.com/gpu=8 amd.com/gpu=8}
+
+# Network and ports. The kubelet (10250) and its device-plugin directory are node-global, so only one cluster
+# per machine can run; everything else could be moved.
+export NODE_NAME=${NODE_NAME:-node1}
+export NODE_IP=${NODE_IP:-10.250.0.1}        # a /32 on lo (this kernel has no dummy netdev)
+export POD_CIDR=${POD_CIDR:-10.244.0.0/16}
+export NODE_POD_CIDR=${NODE_POD_CIDR:-10.244.0.0/24}
+export SVC_CIDR=${SVC_CIDR:-10.96.0.0/16}
+export KUBERNETES_SVC_IP=${KUBERNETES_SVC_IP:-10.96.0.1}
+export CLUSTER_DNS=$NODE_IP                  # CoreDNS runs on the host, bound to $NODE_IP:53
+export CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-cluster.local}
+export ETCD_CLIENT_PORT=${ETCD_CLIENT_PORT:-32379} ETCD_PEER_PORT=${ETCD_PEER_PORT:-32380}
+export APISERVER_PORT=${APISERVER_PORT:-36443}
+export KUBELET_PORT=10250 KUBELET_HEALTHZ_PORT=${KUBELET_HEALTHZ_PORT:-10248}
+export KCM_PORT=${KCM_PORT:-10257} SCHED_PORT=${SCHED_PORT:-10259}
+export PROXY_METRICS_PORT=${PROXY_METRICS_PORT:-10249} PROXY_HEALTHZ_PORT=${PROXY_HEALTHZ_PORT:-10256}
+export COREDNS_HEALTH_PORT=${COREDNS_HEALTH_PORT:-18080} COREDNS_READY_PORT=${COREDNS_READY_PORT:-18181}
+export CTR_SOCK=$RUN/containerd/containerd.sock
+export CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
+export DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins   # hard-coded in the kubelet
+
+# Machine-wide: which $RUN owns the node-global resources, and the lock that serialises up/down.
+export INSTANCE_FILE=/run/elastic-training-cluster.owner
+export LOCK_FILE=/run/lock/elastic-training-cluster.lock
+# A routing table and an iptables chain of our own, so down.sh removes exactly what up.sh added.
+export GUARD_CHAIN=ET-GUARD GUARD_TABLE=9696
+export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first
+
+# has PATTERN: like `grep -q PATTERN` at the end of a pipe, but reads all its input first. With pipefail,
+# grep -q exiting at the first match can kill the writer with SIGPIPE and turn a match into a failure.
+has() { local in; in=$(cat); grep -q -- "$1" <<<"$in"; }

@@ -1,0 +1,63 @@
+#!/bin/bash
+# Builds the local images (docker-archive tarballs in $IMAGES; no Docker, no registry) and, when the cluster's
+# containerd is running, imports them into its k8s.io namespace (up.sh imports them on start as well):
+#   local/pause:1       static pause (containerd's sandbox image)
+#   local/busybox:1     Debian busybox-static with its applets, for test pods
+#   local/hostrt:1      "host runtime": an empty merged-/usr skeleton; pods mount the host's /usr,
+#                       /etc/alternatives and /etc/ld.so.cache read-only (hostPath) and so run the host's
+#                       python3/torch/mpirun. For tests and the demo on this machine only.
+#   local/elastic-training-webhook:dev, local/rdzv-sidecar:dev
+#                       the project's ./cmd/webhook and ./cmd/rdzv-sidecar, static (CGO_ENABLED=0); a command
+#                       that does not exist yet is skipped with a message.
+# Real clusters build real images from build/*.Dockerfile instead.
+# Usage: images.sh [--base]   (--base: only pause, busybox, hostrt)
+set -euo pipefail
+. "$(dirname "$(readlink -f "$0")")/env.sh"
+mkdir -p "$IMAGES"; cd "$IMAGES"
+exec 9>"$IMAGES/.lock"; flock 9
+mk() { "$CLUSTER_DIR/mkimage.sh" "$@" >/dev/null; echo "images: built $(basename "$3") ($1)"; }
+# Base images only change with this script; rebuild them when it changes.
+base_stamp=$(cat "$CLUSTER_DIR/images.sh" "$CLUSTER_DIR/mkimage.sh" "$TOOLS/pause/pause.c" | sha256sum | cut -c1-16)
+if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] || [ ! -f busybox.tar ] || [ ! -f hostrt.tar ]; then
+  rm -rf rootfs; mkdir -p rootfs/pause
+  if ! { gcc -Os -static -o rootfs/pause/pause "$TOOLS/pause/pause.c" && strip rootfs/pause/pause; } 2>/dev/null; then
+    (cd "$TOOLS/pause/go" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$IMAGES/rootfs/pause/pause" .)   # no gcc/static libc
+  fi
+  mk "$PAUSE_IMAGE" rootfs/pause pause.tar /pause
+  BB=$(command -v busybox || true)
+  # ldd fails on a static binary, which is what an image without libc needs.
+  if [ -z "$BB" ] || ldd "$BB" >/dev/null 2>&1; then echo "images: need a static busybox (apt-get install busybox-static)"; exit 1; fi
+  R=rootfs/busybox; mkdir -p $R/{bin,etc,tmp,root}; cp "$BB" $R/bin/busybox
+  for a in $($BB --list | grep -vx busybox); do ln -s busybox $R/bin/$a; done
+  printf 'root:x:0:0:root:/root:/bin/sh\n' > $R/etc/passwd; printf 'root:x:0:\n' > $R/etc/group
+  printf 'hosts: files dns\n' > $R/etc/nsswitch.conf
+  mk "$BUSYBOX_IMAGE" $R busybox.tar /bin/sh
+  R=rootfs/hostrt; mkdir -p $R/{usr,etc,tmp,root,proc,sys,dev,run,var/tmp}
+  ( cd $R && ln -s usr/bin bin && ln -s usr/lib lib && ln -s usr/lib64 lib64 && ln -s usr/sbin sbin && chmod 1777 tmp var/tmp )
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' > $R/etc/passwd
+  printf 'root:x:0:\nnogroup:x:65534:\n' > $R/etc/group; printf 'hosts: files dns\n' > $R/etc/nsswitch.conf
+  mk "$HOSTRT_IMAGE" $R hostrt.tar /bin/sh
+  rm -rf rootfs; echo "$base_stamp" > .base-stamp
+fi
+if [ "${1:-}" != --base ]; then
+  for pair in "webhook:$WEBHOOK_IMAGE" "rdzv-sidecar:$SIDECAR_IMAGE"; do
+    cmd=${pair%%:*}; img=${pair#*:}
+    if [ ! -d "$REPO_ROOT/cmd/$cmd" ]; then echo "images: skipped $img: $REPO_ROOT/cmd/$cmd does not exist yet"; rm -f "$cmd.tar"; continue; fi
+    R=rootfs/$cmd; rm -rf $R; mkdir -p $R/usr/local/bin $R/etc $R/tmp
+    (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$IMAGES/$R/usr/local/bin/$cmd" "./cmd/$cmd")
+    printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $R/etc/passwd
+    printf 'root:x:0:\nnonroot:x:65532:\n' > $R/etc/group; chmod 1777 $R/tmp
+    mk "$img" $R "$cmd.tar" "/usr/local/bin/$cmd"; rm -rf $R
+  done
+  rm -rf rootfs
+fi
+# Import into the running cluster, if any; skip tarballs already imported unchanged.
+if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
+  mkdir -p "$RUN/imported"
+  for t in "$IMAGES"/*.tar; do
+    s=$(sha256sum "$t" | cut -c1-64); n=$(basename "$t")
+    [ "$(cat "$RUN/imported/$n" 2>/dev/null)" = "$s" ] && continue
+    ctr -a "$CTR_SOCK" -n k8s.io images import "$t" >/dev/null && echo "$s" > "$RUN/imported/$n"
+    echo "images: imported $n"
+  done
+fi

@@ -1,0 +1,3 @@
+module elastic-training/e2e-pause
+
+go 1.22

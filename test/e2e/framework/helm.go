@@ -1,0 +1,136 @@
+package framework
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/release"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+)
+
+// HelmOption changes one Helm install/upgrade setting.
+type HelmOption func(*helmOptions)
+
+type helmOptions struct {
+	wait        bool
+	waitForJobs bool
+	timeout     time.Duration
+	reuseValues bool
+}
+
+// Wait makes install/upgrade wait, like `helm --wait --timeout`, until the release's Deployments,
+// StatefulSets, Services and Pods are ready.
+func Wait(timeout time.Duration) HelmOption {
+	return func(o *helmOptions) { o.wait, o.timeout = true, timeout }
+}
+
+// WaitForJobs also waits for the release's Jobs to complete (`helm --wait-for-jobs`).
+func WaitForJobs(timeout time.Duration) HelmOption {
+	return func(o *helmOptions) { o.wait, o.waitForJobs, o.timeout = true, true, timeout }
+}
+
+// ReuseValues makes an upgrade merge the given values onto the release's current ones (`--reuse-values`).
+func ReuseValues() HelmOption { return func(o *helmOptions) { o.reuseValues = true } }
+
+func (c *Cluster) helmConfig(t testing.TB, ns string) *action.Configuration {
+	t.Helper()
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.KubeConfig, flags.Namespace = &c.Kubeconfig, &ns
+	cfg := new(action.Configuration)
+	logf := func(string, ...any) {}
+	if os.Getenv("E2E_HELM_DEBUG") != "" {
+		logf = t.Logf
+	}
+	if err := cfg.Init(flags, ns, "secret", logf); err != nil {
+		t.Fatalf("helm: init for namespace %s: %v", ns, err)
+	}
+	return cfg
+}
+
+func applyOptions(opts []HelmOption) helmOptions {
+	o := helmOptions{timeout: 5 * time.Minute}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// HelmInstall installs the chart in chartDir as release in ns (a real install through the Helm SDK, as
+// `helm install`), and returns the release. The release is not uninstalled at cleanup: deleting the
+// test's namespace removes it.
+func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("helm install %s: load chart %s: %v", releaseName, chartDir, err)
+	}
+	o := applyOptions(opts)
+	in := action.NewInstall(c.helmConfig(t, ns))
+	in.ReleaseName, in.Namespace = releaseName, ns
+	in.Wait, in.WaitForJobs, in.Timeout = o.wait, o.waitForJobs, o.timeout
+	rel, err := in.RunWithContext(t.Context(), ch, values)
+	if err != nil {
+		t.Fatalf("helm install %s (chart %s) in %s: %v", releaseName, chartDir, ns, err)
+	}
+	return rel
+}
+
+// HelmUpgrade upgrades release in ns to the chart in chartDir with values (as `helm upgrade`).
+func (c *Cluster) HelmUpgrade(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("helm upgrade %s: load chart %s: %v", releaseName, chartDir, err)
+	}
+	o := applyOptions(opts)
+	up := action.NewUpgrade(c.helmConfig(t, ns))
+	up.Namespace = ns
+	up.Wait, up.WaitForJobs, up.Timeout, up.ReuseValues = o.wait, o.waitForJobs, o.timeout, o.reuseValues
+	rel, err := up.RunWithContext(t.Context(), releaseName, ch, values)
+	if err != nil {
+		t.Fatalf("helm upgrade %s (chart %s) in %s: %v", releaseName, chartDir, ns, err)
+	}
+	return rel
+}
+
+// HelmUninstall uninstalls release from ns and waits until its resources are deleted (as `helm uninstall
+// --wait`).
+func (c *Cluster) HelmUninstall(t testing.TB, ns, releaseName string, timeout time.Duration) {
+	t.Helper()
+	un := action.NewUninstall(c.helmConfig(t, ns))
+	un.Wait, un.Timeout = true, timeout
+	if _, err := un.Run(releaseName); err != nil {
+		t.Fatalf("helm uninstall %s in %s: %v", releaseName, ns, err)
+	}
+}
+
+// HelmTest runs the release's test hooks (as `helm test`) and fails the test if one fails.
+func (c *Cluster) HelmTest(t testing.TB, ns, releaseName string, timeout time.Duration) *release.Release {
+	t.Helper()
+	rt := action.NewReleaseTesting(c.helmConfig(t, ns))
+	rt.Namespace, rt.Timeout = ns, timeout
+	rel, err := rt.Run(releaseName)
+	if err != nil {
+		t.Fatalf("helm test %s in %s: %v", releaseName, ns, err)
+	}
+	for _, h := range rel.Hooks {
+		if h.LastRun.Phase == release.HookPhaseFailed {
+			t.Fatalf("helm test %s: hook %s failed", releaseName, h.Name)
+		}
+	}
+	return rel
+}
+
+// HelmValues returns the release's user-supplied values (as `helm get values`).
+func (c *Cluster) HelmValues(t testing.TB, ns, releaseName string) map[string]any {
+	t.Helper()
+	gv := action.NewGetValues(c.helmConfig(t, ns))
+	vals, err := gv.Run(releaseName)
+	if err != nil {
+		t.Fatalf("helm get values %s in %s: %v", releaseName, ns, err)
+	}
+	return vals
+}

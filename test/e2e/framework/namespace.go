@@ -1,0 +1,140 @@
+package framework
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// LabelE2E marks every namespace the framework creates.
+const LabelE2E = "elastic-training.io/e2e"
+
+var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// Namespace creates a namespace of its own for the test and deletes it when the test ends. When the test
+// failed, it first logs the namespace's events, pod states and container logs. Set E2E_KEEP_NAMESPACES=1
+// to keep namespaces for debugging.
+func (c *Cluster) Namespace(t testing.TB) string {
+	t.Helper()
+	name := strings.Trim(nonDNS.ReplaceAllString(strings.ToLower(t.Name()), "-"), "-")
+	if len(name) > 40 {
+		name = strings.TrimRight(name[:40], "-")
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name = "e2e-" + name + "-" + hex.EncodeToString(b)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelE2E: "true"}}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	// Pods need the default ServiceAccount, which the controller-manager creates a moment later.
+	c.WaitFor(t, time.Minute, "default ServiceAccount in "+name, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	t.Cleanup(func() {
+		// t.Context() is already cancelled during cleanup.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if t.Failed() {
+			t.Logf("namespace %s after the failure:\n%s", name, c.DumpNamespace(ctx, name))
+		}
+		if os.Getenv("E2E_KEEP_NAMESPACES") != "" {
+			t.Logf("keeping namespace %s (E2E_KEEP_NAMESPACES)", name)
+			return
+		}
+		if !c.Running() {
+			return // a test stopped the cluster; nothing left to delete
+		}
+		if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("delete namespace %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// DumpNamespace returns the namespace's events (oldest first), pod states and the last 50 log lines of
+// every container, for failure reports.
+func (c *Cluster) DumpNamespace(ctx context.Context, ns string) string {
+	var b strings.Builder
+	evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintf(&b, "list events: %v\n", err)
+	} else {
+		items := evs.Items
+		sort.Slice(items, func(i, j int) bool { return eventTime(items[i]).Before(eventTime(items[j])) })
+		b.WriteString("--- events\n")
+		for _, e := range items {
+			fmt.Fprintf(&b, "%s %s %s/%s %s: %s\n", eventTime(e).Format("15:04:05"), e.Type,
+				e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, strings.TrimSpace(e.Message))
+		}
+	}
+	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintf(&b, "list pods: %v\n", err)
+		return b.String()
+	}
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "--- pod %s phase=%s node=%s ip=%s\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Status.PodIP)
+		for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+			fmt.Fprintf(&b, "  container %s ready=%v restarts=%d state=%s\n", cs.Name, cs.Ready, cs.RestartCount, stateString(cs.State))
+		}
+		var containers []string
+		for _, ct := range p.Spec.InitContainers {
+			containers = append(containers, ct.Name)
+		}
+		for _, ct := range p.Spec.Containers {
+			containers = append(containers, ct.Name)
+		}
+		tail := int64(50)
+		for _, ct := range containers {
+			raw, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct, TailLines: &tail}).DoRaw(ctx)
+			if err != nil {
+				fmt.Fprintf(&b, "  logs %s: %v\n", ct, err)
+				continue
+			}
+			fmt.Fprintf(&b, "  logs %s:\n%s\n", ct, indent(string(raw), "    "))
+		}
+	}
+	return b.String()
+}
+
+func eventTime(e corev1.Event) time.Time {
+	switch {
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
+}
+
+func stateString(s corev1.ContainerState) string {
+	switch {
+	case s.Running != nil:
+		return "running"
+	case s.Waiting != nil:
+		return "waiting: " + s.Waiting.Reason + " " + s.Waiting.Message
+	case s.Terminated != nil:
+		return fmt.Sprintf("terminated: %s exit=%d %s", s.Terminated.Reason, s.Terminated.ExitCode, s.Terminated.Message)
+	}
+	return "unknown"
+}
+
+func indent(s, prefix string) string {
+	s = strings.TrimRight(s, "\n")
+	if s == "" {
+		return prefix + "(empty)"
+	}
+	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
+}

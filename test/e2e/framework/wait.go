@@ -1,0 +1,175 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// PollInterval is how often WaitFor checks its condition.
+const PollInterval = 250 * time.Millisecond
+
+// WaitFor polls cond until it returns true, and fails the test when timeout passes first. An error from
+// cond means "not yet, because...": polling goes on, and the last error is part of the failure message.
+// It returns as soon as the test's context is done.
+func (c *Cluster) WaitFor(t testing.TB, timeout time.Duration, desc string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	if err := Poll(t.Context(), timeout, cond); err != nil {
+		t.Fatalf("waiting for %s: %v", desc, err)
+	}
+}
+
+// Poll is WaitFor without a test: it returns nil when cond held, or an error naming the timeout and the
+// last error cond returned.
+func Poll(ctx context.Context, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(PollInterval)
+	defer tick.Stop()
+	start := time.Now()
+	var last error
+	for {
+		ok, err := cond(ctx)
+		if ok && err == nil {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("gave up after %s: %w (last error: %v)", time.Since(start).Round(time.Millisecond), ctx.Err(), last)
+			}
+			return fmt.Errorf("gave up after %s: %w", time.Since(start).Round(time.Millisecond), ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// WaitPodsReady waits until exactly n pods match the label selector in ns, none of them terminating and
+// all of them Ready, and returns them sorted by name.
+func (c *Cluster) WaitPodsReady(t testing.TB, ns, selector string, n int, timeout time.Duration) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	c.WaitFor(t, timeout, fmt.Sprintf("%d Ready pods %q in %s", n, selector, ns), func(ctx context.Context) (bool, error) {
+		list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false, err
+		}
+		var notReady []string
+		for _, p := range list.Items {
+			if p.DeletionTimestamp != nil || !PodReady(&p) {
+				notReady = append(notReady, p.Name+" ("+string(p.Status.Phase)+")")
+			}
+		}
+		if len(list.Items) != n || len(notReady) > 0 {
+			return false, fmt.Errorf("%d pods, not ready: %v", len(list.Items), notReady)
+		}
+		pods = list.Items
+		return true, nil
+	})
+	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
+	return pods
+}
+
+// WaitPodPhase waits until the pod reaches the phase and returns it. Reaching the other terminal phase
+// (Failed when waiting for Succeeded, and the reverse) fails the test at once.
+func (c *Cluster) WaitPodPhase(t testing.TB, ns, name string, phase corev1.PodPhase, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	var final error
+	c.WaitFor(t, timeout, fmt.Sprintf("pod %s/%s %s", ns, name, phase), func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = p
+		if p.Status.Phase == phase {
+			return true, nil
+		}
+		if (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded) && phase != p.Status.Phase {
+			final = fmt.Errorf("pod %s/%s ended %s, not %s", ns, name, p.Status.Phase, phase)
+			return true, nil
+		}
+		return false, fmt.Errorf("phase %s", p.Status.Phase)
+	})
+	if final != nil {
+		t.Fatal(final)
+	}
+	return pod
+}
+
+// PodReady reports the pod's Ready condition.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PodLogs returns the container's log (container "" = the only container).
+func (c *Cluster) PodLogs(t testing.TB, ns, pod, container string) string {
+	t.Helper()
+	raw, err := c.podLogs(t.Context(), ns, pod, container)
+	if err != nil {
+		t.Fatalf("logs of %s/%s: %v", ns, pod, err)
+	}
+	return raw
+}
+
+func (c *Cluster) podLogs(ctx context.Context, ns, pod, container string) (string, error) {
+	raw, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
+	return string(raw), err
+}
+
+// WaitForLog waits until the container's log contains substr and returns the whole log.
+func (c *Cluster) WaitForLog(t testing.TB, ns, pod, container, substr string, timeout time.Duration) string {
+	t.Helper()
+	var log string
+	c.WaitFor(t, timeout, fmt.Sprintf("%q in the log of %s/%s", substr, ns, pod), func(ctx context.Context) (bool, error) {
+		l, err := c.podLogs(ctx, ns, pod, container)
+		if err != nil {
+			return false, err
+		}
+		log = l
+		if !strings.Contains(l, substr) {
+			return false, fmt.Errorf("not yet; log so far: %q", tail(l, 300))
+		}
+		return true, nil
+	})
+	return log
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+// HostRuntimeVolumes returns what a HostRuntimeImage container needs to run the host's programs: the host's
+// /usr, /etc/alternatives (Debian's libblas.so.3 and friends are alternatives symlinks) and
+// /etc/ld.so.cache, all read-only.
+func HostRuntimeVolumes() ([]corev1.Volume, []corev1.VolumeMount) {
+	dir, file := corev1.HostPathDirectory, corev1.HostPathFile
+	vols := []corev1.Volume{
+		{Name: "host-usr", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/usr", Type: &dir}}},
+		{Name: "host-alternatives", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc/alternatives", Type: &dir}}},
+		{Name: "host-ld-cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc/ld.so.cache", Type: &file}}},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "host-usr", MountPath: "/usr", ReadOnly: true},
+		{Name: "host-alternatives", MountPath: "/etc/alternatives", ReadOnly: true},
+		{Name: "host-ld-cache", MountPath: "/etc/ld.so.cache", ReadOnly: true},
+	}
+	return vols, mounts
+}
