@@ -2,10 +2,13 @@ package hostfile
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // WriteAtomic replaces dir/name with data and mode, so that a reader sees
@@ -43,4 +46,49 @@ func WriteAtomic(dir, name string, data []byte, mode fs.FileMode) (bool, error) 
 		return false, fmt.Errorf("write %s: %w", target, err)
 	}
 	return true, nil
+}
+
+// Files keeps a directory's hostfile and discovery script in step with the
+// membership.
+type Files struct {
+	Dir      string
+	Flavour  Flavour
+	Hostfile string // file name; default constants.HostfileName
+	Script   string // file name; default constants.DiscoverHostsName
+}
+
+// Write renders ms and replaces both files atomically (unchanged files are
+// left alone). With no members the hostfile is removed, never left empty:
+// Hydra would silently run every rank locally from an empty one.
+func (f Files) Write(ms []Member) (changed bool, err error) {
+	hostName, scriptName := f.Hostfile, f.Script
+	if hostName == "" {
+		hostName = constants.HostfileName
+	}
+	if scriptName == "" {
+		scriptName = constants.DiscoverHostsName
+	}
+	if len(ms) == 0 {
+		if err := os.Remove(filepath.Join(f.Dir, hostName)); err == nil {
+			changed = true
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("remove hostfile: %w", err)
+		}
+	} else {
+		data, err := Render(f.Flavour, ms)
+		if err != nil {
+			return false, err
+		}
+		c, err := WriteAtomic(f.Dir, hostName, data, HostfileMode)
+		if err != nil {
+			return false, err
+		}
+		changed = changed || c
+	}
+	script, err := DiscoverScript(ms)
+	if err != nil {
+		return changed, err
+	}
+	c, err := WriteAtomic(f.Dir, scriptName, script, ScriptMode)
+	return changed || c, err
 }

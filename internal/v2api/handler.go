@@ -36,6 +36,9 @@ type Config struct {
 	// Metrics, when set, counts requests and active waits.
 	Metrics *Metrics
 	Logger  *slog.Logger
+	// OnWrite, when set, is called after every successful write with the
+	// node's key (as clients see it) and value; it must be quick.
+	OnWrite func(key, value string)
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -188,6 +191,9 @@ func (s *Server) do(r *request, o op) (*v2store.Event, v2store.Watcher, error) {
 		}
 	}
 	s.dirs.touch(ev.Node.Key, now)
+	if s.cfg.OnWrite != nil && ev.Node.Value != nil {
+		s.cfg.OnWrite(strings.TrimPrefix(ev.Node.Key, storeKeysPrefix), *ev.Node.Value)
+	}
 	return ev, nil, nil
 }
 
