@@ -22,11 +22,13 @@ import (
 // directories are created permanent in the store; dirTTLs records the TTL
 // each one asked for; refreshes and TTL updates of a directory succeed and
 // move its deadline; and the expiry loop deletes a directory only when its
-// deadline has passed AND nothing under it was written for one whole TTL.
-// A live torch job writes under its run directory at least every 5 s (the
-// keep-alive keys of its workers), so its run directory cannot expire while
-// the job lives, whatever TTL it asked for. Responses show the directory's
-// ttl and expiration as etcd would.
+// deadline has passed AND nothing under it was written for one whole TTL AND
+// no key under it still has a live TTL. A live torch job keeps TTL keys
+// alive under its run directory (its workers' keep-alive keys, refreshed
+// every 5 s), so its run directory cannot expire while the job lives,
+// whatever TTL it asked for; once the job is gone, those keys expire and the
+// directory follows. Responses show the directory's ttl and expiration as
+// etcd would.
 //
 // Deviation from etcd: the watch event of such a directory's expiry has
 // action "delete" (the store's recursive delete), not "expire".
@@ -119,6 +121,15 @@ func (d *dirTTLs) forget(p string) {
 		if q == p || strings.HasPrefix(q, p+"/") {
 			delete(d.dirs, q)
 		}
+	}
+}
+
+// postpone moves p's deadline to at least t.
+func (d *dirTTLs) postpone(p string, t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.dirs[p]; ok && e.deadline.Before(t) {
+		e.deadline = t
 	}
 }
 

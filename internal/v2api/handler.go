@@ -240,11 +240,19 @@ func (s *Server) ExpireNow() {
 		s.store.DeleteExpiredKeys(now)
 	}
 	for p, created := range s.dirs.due(now) {
-		cur, err := s.store.Get(p, false, false)
-		if err == nil && cur.Node.Dir && cur.Node.CreatedIndex == created {
-			if _, err := s.store.Delete(p, true, true); err == nil {
-				s.log.Info("v2 directory expired", "key", strings.TrimPrefix(p, storeKeysPrefix))
-			}
+		cur, err := s.store.Get(p, true, false)
+		if err != nil || !cur.Node.Dir || cur.Node.CreatedIndex != created {
+			s.dirs.forget(p) // gone or replaced: not ours to expire
+			continue
+		}
+		if hasLiveTTLKey(cur.Node) {
+			// Keys under it are being kept alive (a live job's keep-alives):
+			// the directory lives on; look again in a second.
+			s.dirs.postpone(p, now.Add(time.Second))
+			continue
+		}
+		if _, err := s.store.Delete(p, true, true); err == nil {
+			s.log.Info("v2 directory expired", "key", strings.TrimPrefix(p, storeKeysPrefix))
 		}
 		s.dirs.forget(p)
 	}
@@ -358,4 +366,18 @@ func ttlDuration(sec uint64) time.Duration {
 		return time.Nanosecond
 	}
 	return time.Duration(sec) * time.Second
+}
+
+// hasLiveTTLKey reports whether a key with a (not yet expired) TTL exists at
+// or under n.
+func hasLiveTTLKey(n *v2store.NodeExtern) bool {
+	if !n.Dir && n.Expiration != nil {
+		return true
+	}
+	for _, c := range n.Nodes {
+		if hasLiveTTLKey(c) {
+			return true
+		}
+	}
+	return false
 }

@@ -83,10 +83,28 @@ func TestDirectoryTTL(t *testing.T) {
 	}
 
 	// The job stops writing: the keep-alive key expires after 10 s and the
-	// directory one TTL after the last write.
+	// directory with it.
 	clk.t = clk.t.Add(10 * time.Second)
 	s.ExpireNow()
 	code, _ = do(t, h, "GET", "/v2/keys/p/run_1", "")
+	require.Equal(t, 404, code)
+
+	// A live TTL key under the directory keeps it even without writes for
+	// longer than the directory's TTL (keep-alives every 5 s, dir TTL 2 s).
+	do(t, h, "PUT", "/v2/keys/p/run_5", "dir=true&prevExist=false&ttl=2")
+	for i := 0; i < 12; i++ {
+		if i%5 == 0 {
+			do(t, h, "PUT", "/v2/keys/p/run_5/rank_0", "ttl=10&value=")
+		}
+		clk.t = clk.t.Add(time.Second)
+		s.ExpireNow()
+		code, body = do(t, h, "GET", "/v2/keys/p/run_5", "")
+		require.Equal(t, 200, code, "step %d: %s", i, body)
+	}
+	clk.t = clk.t.Add(11 * time.Second)
+	s.ExpireNow() // the key expires
+	s.ExpireNow() // then the directory
+	code, _ = do(t, h, "GET", "/v2/keys/p/run_5", "")
 	require.Equal(t, 404, code)
 
 	// A refresh moves the deadline.
