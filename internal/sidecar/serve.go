@@ -83,7 +83,15 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
 	ec.UserHandlers = v2.Handlers()
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
-	ec.LogLevel = cfg.EtcdLogLevel
+	var closing atomic.Bool
+	if cfg.EtcdLogLevel == "" {
+		cfg.EtcdLogLevel = "warn"
+	}
+	zl, err := etcdLogger(cfg.EtcdLogLevel, &closing)
+	if err != nil {
+		return fmt.Errorf("--etcd-log-level: %w", err)
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
 	ec.ClientTLSInfo.CertFile = cfg.CertFile
 	ec.ClientTLSInfo.KeyFile = cfg.KeyFile
 	ec.ClientTLSInfo.TrustedCAFile = cfg.TrustedCAFile
@@ -159,6 +167,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	cancel()
 	wg.Wait()
 	v2.Close()
+	closing.Store(true)
 	closeEtcd()
 	log.Info("rendezvous server stopped")
 	return nil
