@@ -20,5 +20,10 @@ test-unit:
 test-e2e:
 	@echo "e2e: not yet implemented"
 
-bench:
-	@echo "bench: not yet implemented"
+bench: bench-sidecar
+
+## bench-sidecar: rdzv-sidecar vs etcd 3.4 (first rendezvous of 4 torchrun agents), hostfile latency, 1,000 members.
+.PHONY: bench-sidecar
+bench-sidecar:
+	$(GO) build -o bin/rdzv-sidecar ./cmd/rdzv-sidecar
+	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,7 +14,7 @@ import (
 
 // WriteAtomic replaces dir/name with data and mode, so that a reader sees
 // either the old or the new content, never a mix: it writes a temporary file
-// in the same directory, syncs it and renames it over the target. It returns
+// in the same directory and renames it over the target. It returns
 // false without writing when the file already holds data with that mode.
 func WriteAtomic(dir, name string, data []byte, mode fs.FileMode) (bool, error) {
 	target := filepath.Join(dir, name)
@@ -22,30 +23,38 @@ func WriteAtomic(dir, name string, data []byte, mode fs.FileMode) (bool, error) 
 			return false, nil
 		}
 	}
+	if err := WriteAtomicFrom(dir, name, bytes.NewReader(data), mode); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// WriteAtomicFrom replaces dir/name with what r yields, atomically (temp
+// file in the same directory, then rename). It does not fsync: readers need
+// atomicity, not durability, and the shared volume (an emptyDir) does not
+// outlive the pod anyway.
+func WriteAtomicFrom(dir, name string, r io.Reader, mode fs.FileMode) error {
+	target := filepath.Join(dir, name)
 	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
-		return false, fmt.Errorf("write %s: %w", target, err)
+		return fmt.Errorf("write %s: %w", target, err)
 	}
 	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := io.Copy(tmp, r); err != nil {
 		tmp.Close()
-		return false, fmt.Errorf("write %s: %w", target, err)
+		return fmt.Errorf("write %s: %w", target, err)
 	}
 	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
-		return false, fmt.Errorf("write %s: %w", target, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("write %s: %w", target, err)
+		return fmt.Errorf("write %s: %w", target, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return false, fmt.Errorf("write %s: %w", target, err)
+		return fmt.Errorf("write %s: %w", target, err)
 	}
 	if err := os.Rename(tmp.Name(), target); err != nil {
-		return false, fmt.Errorf("write %s: %w", target, err)
+		return fmt.Errorf("write %s: %w", target, err)
 	}
-	return true, nil
+	return nil
 }
 
 // Files keeps a directory's hostfile and discovery script in step with the

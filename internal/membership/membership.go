@@ -257,22 +257,48 @@ func watchFrom(ctx context.Context, cli *clientv3.Client, prefix string, rev int
 			if !ok || resp.Err() != nil || resp.Canceled {
 				return
 			}
-			for _, ev := range resp.Events {
-				k := string(ev.Kv.Key)
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(set, k)
-					continue
-				}
-				m, err := Decode(k, ev.Kv.Value)
-				if err != nil {
-					log.Warn("ignoring malformed member entry", "key", k, "err", err)
-					delete(set, k)
-					continue
-				}
-				set[k] = m
-			}
+			apply(resp, set, log)
 			rev = resp.Header.Revision
+			// Coalesce a burst (many members joining at once) into one
+			// emit, so the files are rewritten once, not once per event.
+			if !drain(wch, set, &rev, log) {
+				return
+			}
 			emit(sorted(set))
+		}
+	}
+}
+
+func apply(resp clientv3.WatchResponse, set map[string]hostfile.Member, log *slog.Logger) {
+	for _, ev := range resp.Events {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(set, k)
+			continue
+		}
+		m, err := Decode(k, ev.Kv.Value)
+		if err != nil {
+			log.Warn("ignoring malformed member entry", "key", k, "err", err)
+			delete(set, k)
+			continue
+		}
+		set[k] = m
+	}
+}
+
+// drain applies every watch response already queued; false means the watch
+// broke.
+func drain(wch clientv3.WatchChan, set map[string]hostfile.Member, rev *int64, log *slog.Logger) bool {
+	for {
+		select {
+		case resp, ok := <-wch:
+			if !ok || resp.Err() != nil || resp.Canceled {
+				return false
+			}
+			apply(resp, set, log)
+			*rev = resp.Header.Revision
+		default:
+			return true
 		}
 	}
 }

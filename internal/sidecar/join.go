@@ -116,16 +116,20 @@ func WaitMembers(ctx context.Context, cli *clientv3.Client, prefix string, n int
 }
 
 // InstallSelf copies this executable into dir as name (mode 0555), so a
-// launcher in any image can run `<dir>/rdzv-sidecar wait ...`.
+// launcher in any image can run `<dir>/rdzv-sidecar wait ...`. It streams
+// the copy (the binary is tens of MiB; reading it whole would stay in RSS).
 func InstallSelf(dir, name string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("install sidecar binary: %w", err)
 	}
-	data, err := os.ReadFile(exe)
+	src, err := os.Open(exe)
 	if err != nil {
 		return fmt.Errorf("install sidecar binary: %w", err)
 	}
-	_, err = hostfile.WriteAtomic(dir, name, data, 0o555)
-	return err
+	defer src.Close()
+	if err := hostfile.WriteAtomicFrom(dir, name, src, 0o555); err != nil {
+		return fmt.Errorf("install sidecar binary: %w", err)
+	}
+	return nil
 }
