@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,8 +19,13 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
+	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/v2api"
 )
+
+// v2SnapshotFile holds the v2 keys between a graceful shutdown and the next
+// start (the v2 store lives in memory).
+const v2SnapshotFile = "v2-keys.json"
 
 // ServeConfig configures serve mode.
 type ServeConfig struct {
@@ -72,6 +79,18 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		OnWrite:   newRoundLogger(log, mets).observe,
 		Logger:    log,
 	})
+
+	// A graceful shutdown leaves the v2 keys in the data dir; take them back
+	// (once: the file is removed, so a crash never resurrects old state).
+	snapPath := filepath.Join(cfg.DataDir, v2SnapshotFile)
+	if data, err := os.ReadFile(snapPath); err == nil {
+		if err := v2.Restore(data); err != nil {
+			log.Warn("ignoring the v2 snapshot of the last shutdown", "err", err)
+		} else {
+			log.Info("restored v2 keys saved at the last graceful shutdown", "index", v2.Store().Index())
+		}
+		os.Remove(snapPath)
+	}
 
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
@@ -167,6 +186,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	cancel()
 	wg.Wait()
 	v2.Close()
+	if data, err := v2.Snapshot(); err != nil {
+		log.Warn("could not save the v2 keys", "err", err)
+	} else if _, err := hostfile.WriteAtomic(cfg.DataDir, v2SnapshotFile, data, 0o600); err != nil {
+		log.Warn("could not save the v2 keys", "err", err)
+	}
 	closing.Store(true)
 	closeEtcd()
 	log.Info("rendezvous server stopped")

@@ -216,3 +216,21 @@ func FuzzHandler(f *testing.F) {
 		s.ExpireNow()
 	})
 }
+
+func TestSnapshotRestore(t *testing.T) {
+	a := &testServer{New(Config{})}
+	h := a.mux()
+	do(t, h, "PUT", "/v2/keys/p/run_1", "dir=true&prevExist=false&ttl=100")
+	do(t, h, "PUT", "/v2/keys/p/run_1/k", "value=v&ttl=50")
+	snap, err := a.Snapshot()
+	require.NoError(t, err)
+
+	b := &testServer{New(Config{})}
+	require.NoError(t, b.Restore(snap))
+	code, body := do(t, b.mux(), "GET", "/v2/keys/p?recursive=true", "")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `"key":"/p/run_1/k","value":"v"`)
+	require.Contains(t, body, `"ttl":100`, "directory TTL restored")
+	require.Equal(t, a.Store().Index(), b.Store().Index())
+	require.Error(t, b.Restore([]byte("{")))
+}
