@@ -34,13 +34,15 @@ import (
 )
 
 var (
-	sidecar  = flag.String("sidecar", "bin/rdzv-sidecar", "rdzv-sidecar binary")
-	etcd34   = flag.String("etcd", "/usr/bin/etcd", "etcd 3.4 binary (baseline)")
-	train    = flag.String("train", "test/integration/sidecar/testdata/train.py", "training script for torchrun")
-	reps     = flag.Int("reps", 3, "rendezvous repetitions per server and backend")
-	changes  = flag.Int("changes", 200, "membership changes for the hostfile latency")
-	members  = flag.Int("members", 1000, "registered members for the size test")
-	skipRdzv = flag.Bool("skip-rendezvous", false, "skip the torchrun comparison")
+	sidecar   = flag.String("sidecar", "bin/rdzv-sidecar", "rdzv-sidecar binary")
+	etcd34    = flag.String("etcd", "/usr/bin/etcd", "etcd 3.4 binary (baseline)")
+	train     = flag.String("train", "test/integration/sidecar/testdata/train.py", "training script for torchrun")
+	reps      = flag.Int("reps", 3, "rendezvous repetitions per server and backend")
+	changes   = flag.Int("changes", 200, "membership changes for the hostfile latency")
+	members   = flag.Int("members", 1000, "registered members for the size test")
+	skipRdzv  = flag.Bool("skip-rendezvous", false, "skip the torchrun comparison")
+	probe     = flag.String("probe", "test/bench/sidecarbench/testdata/rdzv_probe.py", "rendezvous-only probe")
+	probeReps = flag.Int("probe-reps", 5, "repetitions of the rendezvous-only measurement")
 )
 
 func main() {
@@ -50,6 +52,7 @@ func main() {
 	defer os.RemoveAll(tmp)
 	fmt.Printf("rdzv-sidecar benchmarks (%s, %d CPUs)\n\n", time.Now().UTC().Format(time.RFC3339), numCPU())
 	if !*skipRdzv {
+		benchRendezvousOnly(tmp)
 		benchRendezvous(tmp)
 	}
 	benchHostfileLatency(tmp)
@@ -218,10 +221,84 @@ func benchRendezvous(tmp string) {
 	fmt.Println()
 }
 
+// probeRendezvous runs 4 probe agents that import torch first, then starts
+// them together and returns the slowest agent's next_rendezvous() time.
+func probeRendezvous(dir string, s *server, backend, runID string) time.Duration {
+	script, err := filepath.Abs(*probe)
+	check(err)
+	goFile := filepath.Join(dir, runID+".go")
+	env := append(os.Environ(), "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1")
+	var ps []*proc
+	var logs []string
+	for i := range 4 {
+		log := filepath.Join(dir, fmt.Sprintf("%s-probe%d.log", runID, i))
+		logs = append(logs, log)
+		ps = append(ps, start(log, "/usr/bin/python3", []string{script, backend,
+			strings.TrimPrefix(s.clientURL, "http://"), runID, "4", goFile}, env))
+	}
+	for _, l := range logs {
+		waitFile(l, func(s string) bool { return strings.Contains(s, "READY") }, 120*time.Second)
+	}
+	check(os.WriteFile(goFile, nil, 0o644))
+	var worst time.Duration
+	for i, l := range logs {
+		var out string
+		waitFile(l, func(s string) bool { out = s; return strings.Contains(s, "RDZV ") || strings.Contains(s, "Error") }, 300*time.Second)
+		var secs float64
+		if _, err := fmt.Sscanf(out[strings.Index(out, "RDZV "):], "RDZV %f", &secs); err != nil {
+			check(fmt.Errorf("probe %d (%s): %s", i, runID, out))
+		}
+		if d := time.Duration(secs * float64(time.Second)); d > worst {
+			worst = d
+		}
+	}
+	check(os.WriteFile(goFile+".done", nil, 0o644))
+	for _, p := range ps {
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			p.stop()
+		}
+	}
+	return worst
+}
+
+func benchRendezvousOnly(tmp string) {
+	fmt.Println("== first rendezvous of 4 torch agents, rendezvous only (real torch handlers + python-etcd, imports excluded; slowest agent)")
+	for _, backend := range []string{"etcd-v2", "etcd"} {
+		var side, ref []time.Duration
+		dirS, dirR := filepath.Join(tmp, "probe-sidecar-"+backend), filepath.Join(tmp, "probe-etcd34-"+backend)
+		check(os.MkdirAll(dirS, 0o755))
+		check(os.MkdirAll(dirR, 0o755))
+		ss, sr := startSidecar(dirS), startEtcd34(dirR)
+		for r := range *probeReps {
+			// Fresh run ids on long-lived servers; alternate which goes first.
+			order := []string{"sidecar", "etcd34"}
+			if r%2 == 1 {
+				order = []string{"etcd34", "sidecar"}
+			}
+			for _, which := range order {
+				id := fmt.Sprintf("probe-%s-%d", backend, r)
+				if which == "sidecar" {
+					side = append(side, probeRendezvous(dirS, ss, backend, id))
+				} else {
+					ref = append(ref, probeRendezvous(dirR, sr, backend, id))
+				}
+			}
+		}
+		ss.p.stop()
+		sr.p.stop()
+		ms, mr := median(side), median(ref)
+		fmt.Printf("   %-8s sidecar median %6.3fs %v | etcd 3.4 median %6.3fs %v | ratio %.2f (goal ≤ 1.0)\n",
+			backend, ms.Seconds(), secs(side), mr.Seconds(), secs(ref), ms.Seconds()/mr.Seconds())
+	}
+	fmt.Println()
+}
+
 func secs(ds []time.Duration) []string {
 	out := make([]string, len(ds))
 	for i, d := range ds {
-		out[i] = fmt.Sprintf("%.2f", d.Seconds())
+		out[i] = fmt.Sprintf("%.3f", d.Seconds())
 	}
 	return out
 }
