@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -40,7 +41,7 @@ var (
 	reps      = flag.Int("reps", 3, "rendezvous repetitions per server and backend")
 	changes   = flag.Int("changes", 200, "membership changes for the hostfile latency")
 	members   = flag.Int("members", 1000, "registered members for the size test")
-	skipRdzv  = flag.Bool("skip-rendezvous", false, "skip the torchrun comparison")
+	parts     = flag.String("parts", "v2ops,probe,torchrun,latency,scale", "which measurements to run, comma-separated")
 	probe     = flag.String("probe", "test/bench/sidecarbench/testdata/rdzv_probe.py", "rendezvous-only probe")
 	probeReps = flag.Int("probe-reps", 5, "repetitions of the rendezvous-only measurement")
 )
@@ -51,12 +52,15 @@ func main() {
 	check(err)
 	defer os.RemoveAll(tmp)
 	fmt.Printf("rdzv-sidecar benchmarks (%s, %d CPUs)\n\n", time.Now().UTC().Format(time.RFC3339), numCPU())
-	if !*skipRdzv {
-		benchRendezvousOnly(tmp)
-		benchRendezvous(tmp)
+	run := map[string]func(string){"v2ops": benchV2Ops, "probe": benchRendezvousOnly, "torchrun": benchRendezvous,
+		"latency": benchHostfileLatency, "scale": benchScale}
+	for _, p := range strings.Split(*parts, ",") {
+		f, ok := run[p]
+		if !ok {
+			check(fmt.Errorf("unknown part %q", p))
+		}
+		f(tmp)
 	}
-	benchHostfileLatency(tmp)
-	benchScale(tmp)
 }
 
 func numCPU() int {
@@ -293,6 +297,40 @@ func benchRendezvousOnly(tmp string) {
 			backend, ms.Seconds(), secs(side), mr.Seconds(), secs(ref), ms.Seconds()/mr.Seconds())
 	}
 	fmt.Println()
+}
+
+// benchV2Ops: sequential v2 requests as python-etcd sends them (form PUT
+// with a TTL, then GET), sidecar vs etcd 3.4, both with default durability.
+func benchV2Ops(tmp string) {
+	const n = 2000
+	fmt.Printf("== etcd v2 API request latency (%d sequential PUT ttl=10 + GET pairs over one keep-alive connection)\n", n)
+	measure := func(s *server) time.Duration {
+		c := &http.Client{}
+		t0 := time.Now()
+		for i := range n {
+			key := fmt.Sprintf("%s/v2/keys/bench/k%d", s.clientURL, i%50)
+			req, _ := http.NewRequest("PUT", key, strings.NewReader("value=v&ttl=10"))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			resp, err := c.Do(req)
+			check(err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			resp, err = c.Get(key)
+			check(err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return time.Since(t0) / n
+	}
+	dirS, dirR := filepath.Join(tmp, "v2ops-sidecar"), filepath.Join(tmp, "v2ops-etcd34")
+	check(os.MkdirAll(dirS, 0o755))
+	check(os.MkdirAll(dirR, 0o755))
+	ss, sr := startSidecar(dirS), startEtcd34(dirR)
+	defer ss.p.stop()
+	defer sr.p.stop()
+	side, ref := measure(ss), measure(sr)
+	fmt.Printf("   sidecar %s per PUT+GET | etcd 3.4 %s per PUT+GET | ratio %.2f\n\n",
+		side.Round(time.Microsecond), ref.Round(time.Microsecond), side.Seconds()/ref.Seconds())
 }
 
 func secs(ds []time.Duration) []string {
