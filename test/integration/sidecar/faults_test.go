@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,4 +145,30 @@ func TestEtcdctl(t *testing.T) {
 	code, _, err := v2Get(s.URL + "/v2/keys/demo/k")
 	require.NoError(t, err)
 	require.Equal(t, 404, code)
+}
+
+// A graceful restart of serve keeps the v2 keys (with their TTLs and the
+// index), so agents that survive the restart find their rendezvous state.
+func TestServeRestartKeepsV2Keys(t *testing.T) {
+	s := startServe(t)
+	req, _ := http.NewRequest("PUT", s.URL+"/v2/keys/torch/elastic/rendezvous/job", strings.NewReader("value=state&ttl=600"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	index := resp.Header.Get("X-Etcd-Index")
+	s.Signal(syscall.SIGTERM)
+	require.NoError(t, s.Wait(t, 30*time.Second))
+	s.start(t)
+	code, body, err := v2Get(s.URL + "/v2/keys/torch/elastic/rendezvous/job")
+	require.NoError(t, err)
+	require.Equal(t, 200, code, "%v", body)
+	node := body["node"].(map[string]any)
+	require.Equal(t, "state", node["value"])
+	require.Greater(t, node["ttl"].(float64), 500.0)
+	resp, err = http.Get(s.URL + "/v2/keys/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, index, resp.Header.Get("X-Etcd-Index"), "the index continues")
+	require.Contains(t, s.Output(), "restored v2 keys")
 }

@@ -188,3 +188,14 @@ func v2Get(url string) (int, map[string]any, error) {
 	err = json.NewDecoder(resp.Body).Decode(&body)
 	return resp.StatusCode, body, err
 }
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}

@@ -41,6 +41,11 @@ func TestTorchrunTwoAgents(t *testing.T) {
 				}
 				return nil
 			})
+			metrics := httpGet(t, "http://"+s.Health+"/metrics")
+			require.Contains(t, metrics, `rdzv_sidecar_rendezvous_rounds_total{backend="`+backend+`"} 1`)
+			require.Contains(t, metrics, `rdzv_sidecar_v2_requests_total{op="compareAndSwap",outcome="ok"}`)
+			require.Contains(t, metrics, `rdzv_sidecar_v2_active_waits 0`)
+			require.Contains(t, metrics, `etcd_server_has_leader 1`, "etcd's own metrics")
 		})
 	}
 }
