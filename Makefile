@@ -51,3 +51,10 @@ cluster-status:
 ## images: build the local images (webhook, rdzv-sidecar, host runtime) and import them into a running cluster.
 images:
 	$(CLUSTER)/images.sh
+bench: bench-sidecar
+
+## bench-sidecar: rdzv-sidecar vs etcd 3.4 (first rendezvous of 4 torchrun agents), hostfile latency, 1,000 members.
+.PHONY: bench-sidecar
+bench-sidecar:
+	$(GO) build -o bin/rdzv-sidecar ./cmd/rdzv-sidecar
+	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar

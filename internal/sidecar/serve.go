@@ -1,0 +1,213 @@
+// Package sidecar wires the rendezvous sidecar's modes: serve (embedded etcd
+// with the v3 API and the v2 keys API on one client port) and join (register
+// this pod, keep the files current), plus their health endpoints.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+
+	"github.com/elastic-training/elastic-training/internal/hostfile"
+	"github.com/elastic-training/elastic-training/internal/v2api"
+)
+
+// v2SnapshotFile holds the v2 keys between a graceful shutdown and the next
+// start (the v2 store lives in memory).
+const v2SnapshotFile = "v2-keys.json"
+
+// ServeConfig configures serve mode.
+type ServeConfig struct {
+	Name                string
+	DataDir             string
+	ListenClientURLs    []url.URL
+	AdvertiseClientURLs []url.URL
+	ListenPeerURLs      []url.URL
+	HealthAddr          string // "" = no health server
+	// Client TLS (all empty = plain HTTP).
+	CertFile, KeyFile, TrustedCAFile string
+	ClientCertAuth                   bool
+	// MaxDirTTL caps v2 directory TTLs (see v2api's dirttl.go).
+	MaxDirTTL     time.Duration
+	UnsafeNoFsync bool
+	EtcdLogLevel  string
+	ReadyTimeout  time.Duration
+	// Member, when Register or FilesDir is set, makes this process a member too.
+	Member MemberConfig
+	Log    *slog.Logger
+}
+
+// Serve runs the embedded etcd until ctx ends (SIGTERM) or etcd fails.
+func Serve(ctx context.Context, cfg ServeConfig) error {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	mets := getMetrics()
+	var etcd atomic.Pointer[embed.Etcd]
+	urls := make([]string, len(cfg.AdvertiseClientURLs))
+	for i, u := range cfg.AdvertiseClientURLs {
+		urls[i] = u.String()
+	}
+	v2 := v2api.New(v2api.Config{
+		ClusterID: func() string {
+			if e := etcd.Load(); e != nil {
+				return e.Server.Cluster().ID().String()
+			}
+			return ""
+		},
+		ClientURLs: func() []string { return urls },
+		Raft: func() (uint64, uint64) {
+			if e := etcd.Load(); e != nil {
+				return e.Server.CommittedIndex(), e.Server.Term()
+			}
+			return 0, 0
+		},
+		MaxDirTTL: cfg.MaxDirTTL,
+		Metrics:   mets.v2,
+		OnWrite:   newRoundLogger(log, mets).observe,
+		Logger:    log,
+	})
+
+	// A graceful shutdown leaves the v2 keys in the data dir; take them back
+	// (once: the file is removed, so a crash never resurrects old state).
+	snapPath := filepath.Join(cfg.DataDir, v2SnapshotFile)
+	if data, err := os.ReadFile(snapPath); err == nil {
+		if err := v2.Restore(data); err != nil {
+			log.Warn("ignoring the v2 snapshot of the last shutdown", "err", err)
+		} else {
+			log.Info("restored v2 keys saved at the last graceful shutdown", "index", v2.Store().Index())
+		}
+		os.Remove(snapPath)
+	}
+
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	ec.Dir = cfg.DataDir
+	ec.ListenClientUrls = cfg.ListenClientURLs
+	ec.AdvertiseClientUrls = cfg.AdvertiseClientURLs
+	ec.ListenPeerUrls = cfg.ListenPeerURLs
+	ec.AdvertisePeerUrls = cfg.ListenPeerURLs
+	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
+	ec.UserHandlers = v2.Handlers()
+	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
+	var closing atomic.Bool
+	if cfg.EtcdLogLevel == "" {
+		cfg.EtcdLogLevel = "warn"
+	}
+	zl, err := etcdLogger(cfg.EtcdLogLevel, &closing)
+	if err != nil {
+		return fmt.Errorf("--etcd-log-level: %w", err)
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
+	ec.ClientTLSInfo.CertFile = cfg.CertFile
+	ec.ClientTLSInfo.KeyFile = cfg.KeyFile
+	ec.ClientTLSInfo.TrustedCAFile = cfg.TrustedCAFile
+	ec.ClientTLSInfo.ClientCertAuth = cfg.ClientCertAuth
+	// A rendezvous store holds little: keep the backend and the history small.
+	ec.AutoCompactionMode = embed.CompactorModeRevision
+	ec.AutoCompactionRetention = "1000"
+	ec.SnapshotCount = 10000
+
+	start := time.Now()
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	etcd.Store(e)
+	closeEtcd := sync.OnceFunc(e.Close) // embed's Close is not idempotent
+	defer closeEtcd()
+	timeout := cfg.ReadyTimeout
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(timeout):
+		e.Server.Stop()
+		return fmt.Errorf("start etcd: not ready after %s", timeout)
+	case err := <-e.Err():
+		return fmt.Errorf("start etcd: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+	log.Info("rendezvous server ready", "client_urls", fmt.Sprint(urls), "data_dir", cfg.DataDir,
+		"cluster_id", e.Server.Cluster().ID().String(), "startup", time.Since(start).Round(time.Millisecond).String(),
+		"apis", "etcd v3 + etcd v2 keys (/v2/keys)")
+
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Add(1)
+	go func() { defer wg.Done(); v2.RunExpiry(rctx, 100*time.Millisecond) }()
+
+	st := &memberState{}
+	if cfg.Member.Register || cfg.Member.FilesDir != "" {
+		cli := v3client.New(e.Server)
+		wg.Add(1)
+		go func() { defer wg.Done(); defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st) }()
+	}
+	if cfg.HealthAddr != "" {
+		hs := &http.Server{Addr: cfg.HealthAddr, Handler: healthMux(func() (bool, string) {
+			select {
+			case <-e.Server.ReadyNotify():
+			default:
+				return false, "etcd not ready"
+			}
+			if cfg.Member.Register || cfg.Member.FilesDir != "" {
+				return st.ready(cfg.Member.Register)
+			}
+			return true, "ok"
+		}), ReadHeaderTimeout: 10 * time.Second}
+		if err := startHTTP(hs, log); err != nil {
+			return err
+		}
+		defer hs.Close()
+	}
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: deregistering, ending v2 waits, stopping etcd")
+	case err := <-e.Err():
+		return fmt.Errorf("etcd: %w", err)
+	}
+	cancel()
+	wg.Wait()
+	v2.Close()
+	if data, err := v2.Snapshot(); err != nil {
+		log.Warn("could not save the v2 keys", "err", err)
+	} else if _, err := hostfile.WriteAtomic(cfg.DataDir, v2SnapshotFile, data, 0o600); err != nil {
+		log.Warn("could not save the v2 keys", "err", err)
+	}
+	closing.Store(true)
+	closeEtcd()
+	log.Info("rendezvous server stopped")
+	return nil
+}
+
+// startHTTP listens at once (so a port conflict is an error, not a log line)
+// and serves in the background.
+func startHTTP(hs *http.Server, log *slog.Logger) error {
+	ln, err := listen(hs.Addr)
+	if err != nil {
+		return fmt.Errorf("health server: %w", err)
+	}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health server failed", "err", err)
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,383 @@
+// Package v2api serves the etcd v2 keys HTTP API (the one python-etcd, and so
+// both of torch's etcd rendezvous backends, speak) over etcd's own v2 store
+// package. etcd ≥ 3.6 removed this API from the server; the store itself is
+// still shipped, so this package is only the HTTP front end: parse a request,
+// pick the store call, encode the result the way etcd 3.4/3.5 did.
+package v2api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2error"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
+)
+
+// Config configures a Server. Every field is optional.
+type Config struct {
+	// Store is the v2 store to serve; nil creates one with etcd's layout.
+	Store v2store.Store
+	// ClusterID is sent as X-Etcd-Cluster-Id (python-etcd checks it).
+	ClusterID func() string
+	// ClientURLs is what /v2/machines lists: python-etcd uses them as its
+	// failover list, so they must be reachable by clients.
+	ClientURLs func() []string
+	// Raft returns the raft index and term sent as X-Raft-Index/X-Raft-Term.
+	Raft func() (index, term uint64)
+	// MaxDirTTL caps the TTL a directory may ask for (0: no cap). See dirttl.go.
+	MaxDirTTL time.Duration
+	// Metrics, when set, counts requests and active waits.
+	Metrics *Metrics
+	Logger  *slog.Logger
+	// OnWrite, when set, is called after every successful write with the
+	// node's key (as clients see it) and value; it must be quick.
+	OnWrite func(key, value string)
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Server is the v2 keys API handler.
+type Server struct {
+	cfg     Config
+	store   v2store.Store
+	dirs    *dirTTLs
+	now     func() time.Time
+	log     *slog.Logger
+	closing chan struct{}
+	once    sync.Once
+}
+
+// NewStore returns an empty v2 store laid out as etcd's ("/0" cluster data,
+// "/1" user keys).
+func NewStore() v2store.Store { return v2store.New("/0", storeKeysPrefix) }
+
+// New returns a Server.
+func New(cfg Config) *Server {
+	s := &Server{cfg: cfg, store: cfg.Store, now: cfg.Now, log: cfg.Logger, closing: make(chan struct{})}
+	if s.store == nil {
+		s.store = NewStore()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.dirs = newDirTTLs(cfg.MaxDirTTL)
+	return s
+}
+
+// Store is the store behind the API (for watchers such as the round logger).
+func (s *Server) Store() v2store.Store { return s.store }
+
+// Handlers returns the paths to mount on the etcd client port
+// (embed.Config.UserHandlers).
+func (s *Server) Handlers() map[string]http.Handler {
+	return map[string]http.Handler{
+		keysPrefix:       s,
+		keysPrefix + "/": s,
+		"/v2/machines":   http.HandlerFunc(s.serveMachines),
+	}
+}
+
+// Close ends every open long-poll wait; later waits return at once.
+func (s *Server) Close() { s.once.Do(func() { close(s.closing) }) }
+
+func (s *Server) serveMachines(w http.ResponseWriter, r *http.Request) {
+	if !allowMethod(w, r.Method, http.MethodGet, http.MethodHead) {
+		return
+	}
+	var urls []string
+	if s.cfg.ClientURLs != nil {
+		urls = s.cfg.ClientURLs()
+	}
+	w.Write([]byte(strings.Join(urls, ", ")))
+}
+
+// ServeHTTP serves /v2/keys.
+func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
+	if !allowMethod(w, hr.Method, http.MethodHead, http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete) {
+		s.cfg.Metrics.request("invalid", "error")
+		return
+	}
+	if s.cfg.ClusterID != nil {
+		w.Header().Set("X-Etcd-Cluster-Id", s.cfg.ClusterID())
+	}
+	r, perr := parseRequest(hr)
+	if perr != nil {
+		s.cfg.Metrics.request("invalid", "error")
+		writeError(w, perr)
+		return
+	}
+	o := r.op()
+	ev, wa, err := s.do(r, o)
+	if err != nil {
+		s.cfg.Metrics.request(string(o), outcome(err))
+		writeError(w, err)
+		return
+	}
+	if wa != nil {
+		s.cfg.Metrics.request(string(o), "ok")
+		s.serveWait(hr.Context(), w, wa, r.Stream)
+		return
+	}
+	s.cfg.Metrics.request(string(o), "ok")
+	s.writeEvent(w, ev, r.NoValueOnSuccess)
+}
+
+func outcome(err error) string {
+	var e *v2error.Error
+	if errors.As(err, &e) {
+		return "error_" + strconv.Itoa(e.ErrorCode)
+	}
+	return "error"
+}
+
+// do runs one request against the store.
+func (s *Server) do(r *request, o op) (*v2store.Event, v2store.Watcher, error) {
+	now := s.now()
+	exp := r.expireTime(now)
+	ttlOpts := v2store.TTLOptionSet{ExpireTime: exp, Refresh: r.Refresh}
+	// A directory never gets its TTL from the store (see dirttl.go).
+	dirTTL := r.Dir && r.TTL != nil
+	if dirTTL && (o == opSet || o == opCreate || o == opCreateInOrder) {
+		ttlOpts.ExpireTime = time.Time{}
+	}
+	var (
+		ev  *v2store.Event
+		err error
+	)
+	switch o {
+	case opWatch:
+		wa, err := s.store.Watch(r.Path, r.Recursive, r.Stream, r.WaitIndex)
+		return nil, wa, err
+	case opGet:
+		ev, err = s.store.Get(r.Path, r.Recursive, r.Sorted)
+		return ev, nil, err
+	case opCreateInOrder:
+		ev, err = s.store.Create(r.Path, r.Dir, r.Value, true, ttlOpts)
+	case opCreate:
+		ev, err = s.store.Create(r.Path, r.Dir, r.Value, false, ttlOpts)
+	case opSet:
+		ev, err = s.store.Set(r.Path, r.Dir, r.Value, ttlOpts)
+	case opUpdate:
+		if cur, gerr := s.store.Get(r.Path, false, false); gerr == nil && cur.Node.Dir {
+			return s.updateDir(r, cur, now)
+		}
+		ev, err = s.store.Update(r.Path, r.Value, ttlOpts)
+	case opCompareAndSwap:
+		ev, err = s.store.CompareAndSwap(r.Path, r.PrevValue, r.PrevIndex, r.Value, ttlOpts)
+	case opDelete:
+		ev, err = s.store.Delete(r.Path, r.Dir, r.Recursive)
+	case opCompareAndDelete:
+		ev, err = s.store.CompareAndDelete(r.Path, r.PrevValue, r.PrevIndex)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	switch o {
+	case opDelete, opCompareAndDelete:
+		s.dirs.forget(ev.Node.Key)
+	case opSet, opCreate, opCreateInOrder:
+		if dirTTL {
+			s.dirs.set(ev.Node.Key, ttlDuration(*r.TTL), ev.Node.CreatedIndex, now)
+		}
+	}
+	s.dirs.touch(ev.Node.Key, now)
+	if s.cfg.OnWrite != nil && ev.Node.Value != nil {
+		s.cfg.OnWrite(strings.TrimPrefix(ev.Node.Key, storeKeysPrefix), *ev.Node.Value)
+	}
+	return ev, nil, nil
+}
+
+// updateDir changes the TTL of a directory, which etcd's store refuses (see
+// dirttl.go). Like etcd, a value is refused ("Not a file") and an update
+// without ttl makes the directory permanent.
+func (s *Server) updateDir(r *request, cur *v2store.Event, now time.Time) (*v2store.Event, v2store.Watcher, error) {
+	idx := s.store.Index()
+	if r.Value != "" {
+		return nil, nil, v2error.NewError(v2error.EcodeNotFile, r.Path, idx)
+	}
+	prev := &v2store.NodeExtern{Key: cur.Node.Key, Dir: true, ModifiedIndex: cur.Node.ModifiedIndex, CreatedIndex: cur.Node.CreatedIndex}
+	s.dirs.decorate(prev, now)
+	if r.TTL != nil {
+		s.dirs.set(r.Path, ttlDuration(*r.TTL), cur.Node.CreatedIndex, now)
+	} else {
+		s.dirs.forget(r.Path)
+	}
+	s.dirs.touch(r.Path, now)
+	node := &v2store.NodeExtern{Key: cur.Node.Key, Dir: true, ModifiedIndex: cur.Node.ModifiedIndex, CreatedIndex: cur.Node.CreatedIndex}
+	return &v2store.Event{Action: v2store.Update, Node: node, PrevNode: prev, EtcdIndex: idx, Refresh: r.Refresh}, nil, nil
+}
+
+// RunExpiry expires keys and directories whose TTL has passed, every
+// interval, until ctx ends. etcd did the same from its leader's SYNC
+// requests (every 500 ms).
+func (s *Server) RunExpiry(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.ExpireNow()
+		}
+	}
+}
+
+// ExpireNow runs one expiry pass.
+func (s *Server) ExpireNow() {
+	now := s.now()
+	if s.store.HasTTLKeys() {
+		s.store.DeleteExpiredKeys(now)
+	}
+	for p, created := range s.dirs.due(now) {
+		cur, err := s.store.Get(p, true, false)
+		if err != nil || !cur.Node.Dir || cur.Node.CreatedIndex != created {
+			s.dirs.forget(p) // gone or replaced: not ours to expire
+			continue
+		}
+		if hasLiveTTLKey(cur.Node) {
+			// Keys under it are being kept alive (a live job's keep-alives):
+			// the directory lives on; look again in a second.
+			s.dirs.postpone(p, now.Add(time.Second))
+			continue
+		}
+		if _, err := s.store.Delete(p, true, true); err == nil {
+			s.log.Info("v2 directory expired", "key", strings.TrimPrefix(p, storeKeysPrefix))
+		}
+		s.dirs.forget(p)
+	}
+}
+
+func (s *Server) raftHeaders(h http.Header) {
+	var idx, term uint64
+	if s.cfg.Raft != nil {
+		idx, term = s.cfg.Raft()
+	}
+	h.Set("X-Raft-Index", strconv.FormatUint(idx, 10))
+	h.Set("X-Raft-Term", strconv.FormatUint(term, 10))
+}
+
+func (s *Server) writeEvent(w http.ResponseWriter, ev *v2store.Event, noValueOnSuccess bool) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Etcd-Index", strconv.FormatUint(ev.EtcdIndex, 10))
+	s.raftHeaders(h)
+	created := ev.IsCreated()
+	ev = ev.Clone() // events may be shared with the store's history
+	now := s.now()
+	s.dirs.decorate(ev.Node, now)
+	trimNode(ev.Node)
+	trimNode(ev.PrevNode)
+	if noValueOnSuccess {
+		switch ev.Action {
+		case v2store.Set, v2store.CompareAndSwap, v2store.Create, v2store.Update:
+			ev.Node, ev.PrevNode = nil, nil
+		}
+	}
+	if created {
+		w.WriteHeader(http.StatusCreated)
+	}
+	json.NewEncoder(w).Encode(ev)
+}
+
+// serveWait answers a wait=true GET: headers at once (long poll), then the
+// first matching event (or every event with stream=true). It ends when the
+// client goes away or the server closes.
+func (s *Server) serveWait(ctx context.Context, w http.ResponseWriter, wa v2store.Watcher, stream bool) {
+	defer wa.Remove()
+	s.cfg.Metrics.waitStarted()
+	defer s.cfg.Metrics.waitEnded()
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Etcd-Index", strconv.FormatUint(wa.StartIndex(), 10))
+	s.raftHeaders(h)
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	if flusher != nil {
+		flusher.Flush()
+	}
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.closing:
+			return
+		case ev, ok := <-wa.EventChan():
+			if !ok {
+				return // the store dropped a watcher that fell behind
+			}
+			ev = ev.Clone()
+			trimNode(ev.Node)
+			trimNode(ev.PrevNode)
+			if err := enc.Encode(ev); err != nil || !stream {
+				return
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+}
+
+func trimNode(n *v2store.NodeExtern) {
+	if n == nil {
+		return
+	}
+	n.Key = strings.TrimPrefix(n.Key, storeKeysPrefix)
+	for _, c := range n.Nodes {
+		trimNode(c)
+	}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var e *v2error.Error
+	if !errors.As(err, &e) {
+		e = v2error.NewError(v2error.EcodeRaftInternal, err.Error(), 0)
+	}
+	e.Cause = strings.TrimPrefix(e.Cause, storeKeysPrefix)
+	e.WriteTo(w)
+}
+
+func allowMethod(w http.ResponseWriter, m string, ms ...string) bool {
+	for _, meth := range ms {
+		if m == meth {
+			return true
+		}
+	}
+	w.Header().Set("Allow", strings.Join(ms, ","))
+	http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
+	return false
+}
+
+// ttlDuration converts a request's ttl; ttl=0 means "expire now", as in etcd.
+func ttlDuration(sec uint64) time.Duration {
+	if sec == 0 {
+		return time.Nanosecond
+	}
+	return time.Duration(sec) * time.Second
+}
+
+// hasLiveTTLKey reports whether a key with a (not yet expired) TTL exists at
+// or under n.
+func hasLiveTTLKey(n *v2store.NodeExtern) bool {
+	if !n.Dir && n.Expiration != nil {
+		return true
+	}
+	for _, c := range n.Nodes {
+		if hasLiveTTLKey(c) {
+			return true
+		}
+	}
+	return false
+}

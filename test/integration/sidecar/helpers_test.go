@@ -1,0 +1,201 @@
+// Package sidecar_test runs the real rdzv-sidecar binary against real
+// programs: torchrun (Debian python3-torch + python3-etcd), etcdctl, Open MPI
+// and MPICH. Missing programs fail the tests: CI installs them.
+package sidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+var sidecarBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rdzv-sidecar-bin-")
+	if err != nil {
+		panic(err)
+	}
+	sidecarBin = filepath.Join(dir, "rdzv-sidecar")
+	_, self, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(self), "../../..")
+	build := exec.Command("go", "build", "-o", sidecarBin, "./cmd/rdzv-sidecar")
+	build.Dir = root
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build rdzv-sidecar:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is a running `rdzv-sidecar serve`.
+type server struct {
+	*testenv.Proc
+	URL, Health, DataDir string
+	port                 int
+	args                 []string
+}
+
+func startServe(t *testing.T, extra ...string) *server {
+	t.Helper()
+	s := &server{port: testenv.FreePort(t), DataDir: filepath.Join(t.TempDir(), "data")}
+	s.URL = fmt.Sprintf("http://127.0.0.1:%d", s.port)
+	s.Health = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	s.args = append([]string{"serve", "--data-dir=" + s.DataDir,
+		"--listen-client-urls=" + s.URL, "--advertise-client-urls=" + s.URL,
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", testenv.FreePort(t)),
+		"--health-addr=" + s.Health, "--unsafe-no-fsync"}, extra...)
+	s.start(t)
+	return s
+}
+
+func (s *server) start(t *testing.T) {
+	t.Helper()
+	s.Proc = testenv.Start(t, "serve", exec.Command(sidecarBin, s.args...))
+	waitReady(t, s.Proc, s.Health)
+}
+
+// restart stops the server with SIGTERM and starts it again on the same
+// ports and data dir.
+func (s *server) restart(t *testing.T) {
+	t.Helper()
+	s.Signal(15)
+	if err := s.Wait(t, 30*time.Second); err != nil {
+		t.Fatalf("serve exited with %v after SIGTERM:\n%s", err, s.Output())
+	}
+	s.start(t)
+}
+
+func waitReady(t *testing.T, p *testenv.Proc, health string) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, p.Name+" /readyz", func() error {
+		select {
+		case <-p.Done():
+			t.Fatalf("%s exited: %v\n%s", p.Name, p.Err(), p.Output())
+		default:
+		}
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("%d %s", resp.StatusCode, b)
+		}
+		return nil
+	})
+}
+
+func startJoin(t *testing.T, endpoint, host string, slots int, filesDir string, extra ...string) *testenv.Proc {
+	t.Helper()
+	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	args := append([]string{"join", "--endpoints=" + endpoint, "--health-addr=" + health,
+		"--member-host=" + host, fmt.Sprintf("--member-slots=%d", slots), "--lease-ttl=2s"}, extra...)
+	if filesDir != "" {
+		args = append(args, "--files-dir="+filesDir)
+	}
+	p := testenv.Start(t, "join "+host, exec.Command(sidecarBin, args...))
+	waitReady(t, p, health)
+	return p
+}
+
+func v3client(t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func readFile(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+// torch
+
+func trainScript(t *testing.T) string {
+	t.Helper()
+	p, err := filepath.Abs("testdata/train.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// torchrunEnv is the environment every agent needs: Debian's torch 1.13 on
+// Python 3.11 crashes after rendezvous without PET_REDIRECTS/PET_TEE.
+func torchrunEnv(extra ...string) []string {
+	env := append(os.Environ(), "PET_REDIRECTS=1:0", "PET_TEE=1:0", "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1")
+	return append(env, extra...)
+}
+
+func startAgent(t *testing.T, name string, env []string, args ...string) *testenv.Proc {
+	t.Helper()
+	testenv.RequireBinary(t, "/usr/bin/torchrun", "python3-torch python3-etcd")
+	cmd := exec.Command("/usr/bin/torchrun", args...)
+	cmd.Env = env
+	return testenv.Start(t, name, cmd)
+}
+
+var resultRe = regexp.MustCompile(`RESULT rank=(\d+) world=(\d+) sum=(\d+)`)
+
+// worldSizes lists the world sizes an agent's workers reported, in order.
+func worldSizes(out string) []string {
+	var ws []string
+	for _, line := range strings.Split(out, "\n") {
+		if m := regexp.MustCompile(`(?:RESULT|STEP).* world=(\d+)`).FindStringSubmatch(line); m != nil {
+			if len(ws) == 0 || ws[len(ws)-1] != m[1] {
+				ws = append(ws, m[1])
+			}
+		}
+	}
+	return ws
+}
+
+// v2Get reads a key through the v2 API.
+func v2Get(url string) (int, map[string]any, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	err = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body, err
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}

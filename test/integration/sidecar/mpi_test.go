@@ -1,0 +1,138 @@
+package sidecar_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// fakeHosts: three members registered by three `join` processes.
+var fakeHosts = []struct {
+	host  string
+	slots int
+}{
+	{"job-worker-0.job.ns.svc.cluster.local", 2},
+	{"job-worker-1.job.ns.svc.cluster.local", 1},
+	{"job-worker-2.job.ns.svc.cluster.local", 3},
+}
+
+// wantPlacement: ranks fill each host's slots in hostfile order.
+var wantPlacement = map[string]string{
+	"0": "job-worker-0", "1": "job-worker-0", "2": "job-worker-1",
+	"3": "job-worker-2", "4": "job-worker-2", "5": "job-worker-2",
+}
+
+// Hostfiles written by join processes place ranks as the members' slots say,
+// under real Open MPI and MPICH launchers. Each fake host is a UTS namespace
+// started by a stand-in for ssh (FACTS section 3).
+func TestMPIHostfilesPlaceRanks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
+	}
+	s := startServe(t)
+	for i, h := range fakeHosts {
+		startJoin(t, s.URL, h.host, h.slots, "", fmt.Sprintf("--member-index=%d", i))
+	}
+	agent, err := filepath.Abs("testdata/fake-ssh.sh")
+	require.NoError(t, err)
+
+	tests := []struct {
+		flavour string
+		bin     string
+		pkg     string
+		args    func(hostfile string) []string
+		rankVar string
+	}{
+		{"openmpi", "/usr/bin/mpirun.openmpi", "openmpi-bin", func(hf string) []string {
+			return []string{"--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
+				"--mca", "orte_keep_fqdn_hostnames", "true", "-np", "6"}
+		}, "OMPI_COMM_WORLD_RANK"},
+		{"mpich", "/usr/bin/mpiexec.hydra", "mpich", func(hf string) []string {
+			return []string{"-f", hf, "-launcher", "ssh", "-launcher-exec", agent, "-n", "6"}
+		}, "PMI_RANK"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flavour, func(t *testing.T) {
+			testenv.RequireBinary(t, tt.bin, tt.pkg)
+			dir := t.TempDir()
+			startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour="+tt.flavour)
+			hf := filepath.Join(dir, "hostfile")
+			testenv.Eventually(t, 10*time.Second, "hostfile with 3 hosts", func() error {
+				if n := strings.Count(readFile(hf), "\n"); n != 3 {
+					return fmt.Errorf("%d lines: %q", n, readFile(hf))
+				}
+				return nil
+			})
+			t.Logf("%s hostfile:\n%s", tt.flavour, readFile(hf))
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // Hydra can hang forever
+			defer cancel()
+			args := append(tt.args(hf), "sh", "-c", "echo RANK $"+tt.rankVar+" $(hostname)")
+			out, err := exec.CommandContext(ctx, tt.bin, args...).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			got := map[string]string{}
+			for _, m := range regexp.MustCompile(`RANK (\d+) ([^.\s]+)`).FindAllStringSubmatch(string(out), -1) {
+				got[m[1]] = m[2]
+			}
+			require.Equal(t, wantPlacement, got, "placement; output:\n%s", out)
+		})
+	}
+
+	t.Run("discover_hosts.sh", func(t *testing.T) {
+		dir := t.TempDir()
+		startJoin(t, s.URL, "", 0, dir, "--register=false")
+		script := filepath.Join(dir, "discover_hosts.sh")
+		testenv.Eventually(t, 10*time.Second, "discovery script with 3 hosts", func() error {
+			out, err := exec.Command(script).Output()
+			if err != nil {
+				return err
+			}
+			if n := strings.Count(string(out), "\n"); n != 3 {
+				return fmt.Errorf("%d hosts: %q", n, out)
+			}
+			return nil
+		})
+		out, err := exec.Command(script).Output()
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		require.True(t, sort.StringsAreSorted(lines))
+		require.Equal(t, []string{
+			"job-worker-0.job.ns.svc.cluster.local:2",
+			"job-worker-1.job.ns.svc.cluster.local:1",
+			"job-worker-2.job.ns.svc.cluster.local:3",
+		}, lines)
+		st, err := os.Stat(script)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o555), st.Mode().Perm())
+		st, err = os.Stat(filepath.Join(dir, "rdzv-sidecar"))
+		require.NoError(t, err, "join must install its own binary for launchers")
+		require.Equal(t, os.FileMode(0o555), st.Mode().Perm())
+	})
+
+	t.Run("wait and hosts helpers", func(t *testing.T) {
+		out, err := exec.Command(sidecarBin, "wait", "--endpoints="+s.URL, "--members=3", "--timeout=10s", "--flavour=mpich").Output()
+		require.NoError(t, err)
+		require.Equal(t, "job-worker-0.job.ns.svc.cluster.local:2\njob-worker-1.job.ns.svc.cluster.local:1\njob-worker-2.job.ns.svc.cluster.local:3\n", string(out))
+
+		start := time.Now()
+		cmd := exec.Command(sidecarBin, "wait", "--endpoints="+s.URL, "--members=4", "--timeout=1s")
+		out, err = cmd.CombinedOutput()
+		require.Error(t, err)
+		require.Less(t, time.Since(start), 5*time.Second)
+		require.Contains(t, string(out), "wait for 4 members: only 3 members, 6 slots")
+
+		out, err = exec.Command(sidecarBin, "hosts", "--endpoints="+s.URL).Output()
+		require.NoError(t, err)
+		require.Equal(t, "job-worker-0.job.ns.svc.cluster.local slots=2\njob-worker-1.job.ns.svc.cluster.local slots=1\njob-worker-2.job.ns.svc.cluster.local slots=3\n", string(out))
+	})
+}

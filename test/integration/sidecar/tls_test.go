@@ -1,0 +1,101 @@
+package sidecar_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// writeCerts makes a CA, a server cert for 127.0.0.1 and a client cert.
+func writeCerts(t *testing.T, dir string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	ca, _ := x509.ParseCertificate(caDER)
+	write := func(name, typ string, b []byte) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600))
+	}
+	write("ca.crt", "CERTIFICATE", caDER)
+	for i, name := range []string{"server", "client"} {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		require.NoError(t, err)
+		kb, _ := x509.MarshalECPrivateKey(key)
+		write(name+".crt", "CERTIFICATE", der)
+		write(name+".key", "EC PRIVATE KEY", kb)
+	}
+}
+
+// Client TLS with client certificates: python-etcd (v2), etcdctl (v3) and
+// join all connect over https; a client without a certificate is refused.
+func TestTLS(t *testing.T) {
+	certs := t.TempDir()
+	writeCerts(t, certs)
+	c := func(n string) string { return filepath.Join(certs, n) }
+	port := testenv.FreePort(t)
+	url := fmt.Sprintf("https://127.0.0.1:%d", port)
+	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	s := testenv.Start(t, "serve", exec.Command(sidecarBin, "serve", "--data-dir="+filepath.Join(t.TempDir(), "d"),
+		"--listen-client-urls="+url, "--advertise-client-urls="+url,
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", testenv.FreePort(t)), "--health-addr="+health,
+		"--cert-file="+c("server.crt"), "--key-file="+c("server.key"), "--trusted-ca-file="+c("ca.crt"),
+		"--client-cert-auth", "--unsafe-no-fsync"))
+	waitReady(t, s, health)
+
+	py := exec.Command("/usr/bin/python3", "-c", fmt.Sprintf(`
+import etcd
+c = etcd.Client(host="127.0.0.1", port=%d, protocol="https", ca_cert=%q, cert=(%q, %q))
+c.write("/tls/k", "v", ttl=30)
+print("READ", c.read("/tls/k").value)
+`, port, c("ca.crt"), c("client.crt"), c("client.key")))
+	out, err := py.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "READ v")
+
+	ctl := exec.Command("/usr/bin/etcdctl", "--endpoints="+url, "--cacert="+c("ca.crt"), "--cert="+c("client.crt"), "--key="+c("client.key"), "put", "/tls/v3", "x")
+	ctl.Env = append(os.Environ(), "ETCDCTL_API=3")
+	out, err = ctl.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	files := t.TempDir()
+	startJoin(t, url, "a.job.ns.svc", 2, files, "--cacert="+c("ca.crt"), "--cert="+c("client.crt"), "--key="+c("client.key"))
+	testenv.Eventually(t, 10*time.Second, "hostfile over TLS", func() error {
+		if got := readFile(filepath.Join(files, "hostfile")); got != "a.job.ns.svc slots=2\n" {
+			return fmt.Errorf("hostfile %q", got)
+		}
+		return nil
+	})
+
+	noCert := exec.Command("/usr/bin/python3", "-c", fmt.Sprintf(`
+import etcd
+c = etcd.Client(host="127.0.0.1", port=%d, protocol="https", ca_cert=%q)
+c.read("/tls/k")
+`, port, c("ca.crt")))
+	out, err = noCert.CombinedOutput()
+	require.Error(t, err, "a client without a certificate must be refused: %s", out)
+	require.True(t, strings.Contains(string(out), "certificate") || strings.Contains(string(out), "SSL"), "%s", out)
+}

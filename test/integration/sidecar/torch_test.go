@@ -1,0 +1,158 @@
+package sidecar_test
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+var backends = []string{"etcd-v2", "etcd"}
+
+func agentArgs(s *server, backend, runID, nnodes string, extra ...string) []string {
+	return append([]string{"--nnodes=" + nnodes, "--nproc_per_node=1", "--rdzv_backend=" + backend,
+		"--rdzv_endpoint=" + strings.TrimPrefix(s.URL, "http://"), "--rdzv_id=" + runID,
+		"--monitor_interval=1"}, extra...)
+}
+
+// Two real torchrun agents rendezvous through the sidecar and all_reduce.
+func TestTorchrunTwoAgents(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			s := startServe(t)
+			script := trainScript(t)
+			a := startAgent(t, "agent-0", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
+			b := startAgent(t, "agent-1", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
+			for _, p := range []*testenv.Proc{a, b} {
+				require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
+				m := resultRe.FindStringSubmatch(p.Output())
+				require.NotNil(t, m, "no RESULT line from %s:\n%s", p.Name, p.Output())
+				require.Equal(t, "2", m[2], "world size")
+				require.Equal(t, "2", m[3], "all_reduce sum")
+			}
+			testenv.Eventually(t, 5*time.Second, "a round log line", func() error {
+				if !strings.Contains(s.Output(), "torch rendezvous round") || !strings.Contains(s.Output(), "run_id=two-"+backend) {
+					return fmt.Errorf("no round line in serve's log")
+				}
+				return nil
+			})
+			metrics := httpGet(t, "http://"+s.Health+"/metrics")
+			require.Contains(t, metrics, `rdzv_sidecar_rendezvous_rounds_total{backend="`+backend+`"} 1`)
+			require.Contains(t, metrics, `rdzv_sidecar_v2_requests_total{op="compareAndSwap",outcome="ok"}`)
+			require.Contains(t, metrics, `rdzv_sidecar_v2_active_waits 0`)
+			require.Contains(t, metrics, `etcd_server_has_leader 1`, "etcd's own metrics")
+		})
+	}
+}
+
+// A run configured only through PET_* environment variables.
+func TestTorchrunPETEnvOnly(t *testing.T) {
+	s := startServe(t)
+	env := torchrunEnv("PET_NNODES=2", "PET_NPROC_PER_NODE=1", "PET_RDZV_BACKEND=etcd-v2",
+		"PET_RDZV_ENDPOINT="+strings.TrimPrefix(s.URL, "http://"), "PET_RDZV_ID=pet-env", "PET_MONITOR_INTERVAL=1")
+	script := trainScript(t)
+	a := startAgent(t, "agent-0", env, script)
+	b := startAgent(t, "agent-1", env, script)
+	for _, p := range []*testenv.Proc{a, b} {
+		require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
+		require.Contains(t, p.Output(), "world=2 sum=2")
+	}
+	require.Contains(t, s.Output(), "run_id=pet-env")
+}
+
+// An elastic run --nnodes=2:3 grows to world 3 when a third agent starts and
+// shrinks back to 2 when that agent gets SIGTERM.
+func TestTorchrunElasticGrowShrink(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			s := startServe(t)
+			script := trainScript(t)
+			conf := "--rdzv_conf=last_call_timeout=2"
+			args := append(agentArgs(s, backend, "elastic-"+backend, "2:3", "--max_restarts=5", conf), script)
+			env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+			a := startAgent(t, "agent-0", env, args...)
+			b := startAgent(t, "agent-1", env, args...)
+			waitWorld := func(p interface{ Output() string }, phase, want string, after int) int {
+				var at int
+				testenv.Eventually(t, 150*time.Second, phase, func() error {
+					out := p.Output()
+					i := strings.LastIndex(out, "world="+want+" ")
+					if i < after {
+						return fmt.Errorf("no world=%s step yet; sizes so far %v", want, worldSizes(out))
+					}
+					at = i
+					return nil
+				})
+				return at
+			}
+			waitWorld(a, "world 2 on agent-0", "2", 0)
+			waitWorld(b, "world 2 on agent-1", "2", 0)
+
+			start := time.Now()
+			c := startAgent(t, "agent-2", env, args...)
+			at3 := waitWorld(a, "world 3 after a third agent started", "3", 0)
+			t.Logf("%s: scale-up 2→3 took %s", backend, time.Since(start).Round(100*time.Millisecond))
+			waitWorld(c, "world 3 on the new agent", "3", 0)
+
+			start = time.Now()
+			c.Signal(syscall.SIGTERM)
+			c.Wait(t, 60*time.Second)
+			waitWorld(a, "world 2 after the third agent got SIGTERM", "2", at3)
+			t.Logf("%s: scale-down 3→2 took %s", backend, time.Since(start).Round(100*time.Millisecond))
+			require.Contains(t, s.Output(), "run_id=elastic-"+backend)
+		})
+	}
+}
+
+// With the etcd backend the run directory run_<id> has a TTL (7200 s in
+// torch; capped to 2 s here): it must outlive that TTL while the job is
+// alive, even though torch refreshes it only every TTL/2 (and etcd ≥ 3.5
+// refused those refreshes), because the job's keep-alive keys live under it.
+func TestRunDirectoryOutlivesTTL(t *testing.T) {
+	const ttl = 2 * time.Second
+	s := startServe(t, fmt.Sprintf("--v2-max-dir-ttl=%s", ttl))
+	script := trainScript(t)
+	env := torchrunEnv("TRAIN_STEPS=40", "STEP_SLEEP=0.25")
+	args := append(agentArgs(s, "etcd", "ttl-run", "2"), script)
+	a := startAgent(t, "agent-0", env, args...)
+	b := startAgent(t, "agent-1", env, args...)
+
+	runDir := s.URL + "/v2/keys/torchelastic/p2p/run_ttl-run"
+	var first, last time.Time
+	var sawTTL float64
+	for {
+		select {
+		case <-a.Done():
+		default:
+			code, body, err := v2Get(runDir)
+			if err == nil && code == 200 {
+				if first.IsZero() {
+					first = time.Now()
+				}
+				last = time.Now()
+				if node, ok := body["node"].(map[string]any); ok {
+					if ttl, ok := node["ttl"].(float64); ok {
+						sawTTL = ttl
+					}
+				}
+			} else if !first.IsZero() && strings.Contains(a.Output(), "RESULT") && !strings.Contains(a.Output(), "STEP 39") {
+				t.Fatalf("run directory vanished under a live job after %s (code %d, err %v)", time.Since(first), code, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	require.NoError(t, a.Err(), a.Output())
+	require.NoError(t, b.Wait(t, 60*time.Second), b.Output())
+	require.Contains(t, a.Output(), "STEP 39 world=2")
+	lived := last.Sub(first)
+	t.Logf("run directory lived %s with a %s TTL (reported ttl %v)", lived.Round(100*time.Millisecond), ttl, sawTTL)
+	require.Greater(t, lived, 3*ttl, "the job should have run for several TTLs")
+	require.LessOrEqual(t, sawTTL, ttl.Seconds()+1, "the TTL cap was not applied")
+}
