@@ -32,7 +32,9 @@ func TestDenied(t *testing.T) {
 			[]string{"label elastic-training.io/role is missing"}},
 		{"job not a DNS label", func(p *corev1.Pod) { p.Labels[constants.LabelJob] = "Bert_Large" },
 			[]string{`label elastic-training.io/job="Bert_Large" is invalid: want a DNS label`}},
-		{"job name too long for the rdzv Service", func(p *corev1.Pod) { p.Labels[constants.LabelJob] = "a23456789012345678901234567890123456789012345678901234567890" },
+		{"job name too long for the rdzv Service", func(p *corev1.Pod) {
+			p.Labels[constants.LabelJob] = "a23456789012345678901234567890123456789012345678901234567890"
+		},
 			[]string{"at most 58 characters"}},
 		{"min nodes not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMinNodes] = "two" },
 			[]string{`elastic-training.io/min-nodes="two" is invalid: want a whole number from 1 to 100000`}},
