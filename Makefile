@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CACHE ?= $(HOME)/.cache/elastic-training
 
-.PHONY: all build test test-unit test-e2e bench fuzz demo cluster-up cluster-down images lint
+.PHONY: all build test test-unit test-e2e bench bench-webhook fuzz demo cluster-up cluster-down images lint
 
 all: build
 
@@ -20,5 +20,11 @@ test-unit:
 test-e2e:
 	@echo "e2e: not yet implemented"
 
-bench:
-	@echo "bench: not yet implemented"
+bench: bench-webhook
+
+## bench-webhook: admission latency p50/p99 over HTTPS (/mutate-pods vs the no-op path, same server,
+## fixed rate) and idle RSS of the webhook binary; writes _out/bench-webhook.json.
+bench-webhook:
+	$(GO) build -o bin/webhook ./cmd/webhook
+	@mkdir -p _out
+	$(GO) run ./test/bench/webhook -binary bin/webhook -out _out/bench-webhook.json
