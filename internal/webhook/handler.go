@@ -79,7 +79,9 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	decisions.WithLabelValues("mutated").Inc()
-	log.Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
+	// Debug level: a scale-up creates many pods at once and the decision
+	// counters already say how many were mutated; denials are logged at info.
+	log.V(1).Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
 		"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
 	return admission.PatchResponseFromRaw(req.Object.Raw, raw).WithWarnings(warnings...)
 }

@@ -29,7 +29,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testcert"
 )
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
