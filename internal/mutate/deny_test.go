@@ -1,12 +1,12 @@
 package mutate
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 )
@@ -145,20 +145,21 @@ func TestShouldMutate(t *testing.T) {
 	assert.False(t, got)
 }
 
-// FuzzMutate decodes arbitrary bytes as a pod and mutates it: nothing may panic,
-// and a successful mutation must be idempotent.
+// FuzzMutate decodes arbitrary bytes as a pod, as the webhook does with the
+// JSON the API server sends, and mutates it: nothing may panic, and a
+// successful mutation must be idempotent.
 func FuzzMutate(f *testing.F) {
 	for _, file := range []string{"testdata/pytorch-worker0-serves-rdzv.yaml", "testdata/mpi-launcher-serves-rdzv.yaml",
 		"testdata/mxnet-worker.yaml", "testdata/pytorch-user-values-win.yaml"} {
 		p := readPod(f, file)
-		b, err := yaml.Marshal(p)
+		b, err := json.Marshal(p)
 		require.NoError(f, err)
 		f.Add(b)
 	}
 	f.Add([]byte(`{"metadata":{"labels":{"elastic-training.io/job":"j"}},"spec":{"containers":[]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		pod := &corev1.Pod{}
-		if err := yaml.Unmarshal(data, pod); err != nil {
+		if err := json.Unmarshal(data, pod); err != nil {
 			return
 		}
 		cfg := testConfig()

@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -264,6 +265,16 @@ func TestWebhookAgainstRealAPIServer(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 1, serving)
+
+		// Elastic scale-up (what `helm upgrade --set workers.replicas=4` does): the new pod joins.
+		patch := []byte(`{"spec":{"completions":4,"parallelism":4}}`)
+		_, err = c.BatchV1().Jobs(ns).Patch(ctx, "bert-workers", types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		require.NoError(t, err)
+		pods = waitPods(t, c, ns, constants.LabelJob+"=bert,batch.kubernetes.io/job-completion-index=3", 1)
+		sc := sidecarOf(&pods[0])
+		require.NotNil(t, sc)
+		assert.Equal(t, "join", sc.Args[0])
+		assert.Contains(t, sc.Args, "--member-index=3")
 	})
 
 	t.Run("StatefulSet pods are mutated (MPI workers join)", func(t *testing.T) {
