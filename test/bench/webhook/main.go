@@ -76,6 +76,22 @@ func rssMiB(pid int) (float64, error) {
 	return 0, fmt.Errorf("no VmRSS")
 }
 
+// cpuTime is the user+system CPU time of a process (clock ticks of 10 ms).
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which is in parentheses): utime is the 12th, stime the 13th.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond, nil
+}
+
 func body(podFile string) ([]byte, error) {
 	b, err := os.ReadFile(podFile)
 	if err != nil {
@@ -110,6 +126,10 @@ type result struct {
 	NoopP99Ms      float64 `json:"noopP99Ms"`
 	RatioP50       float64 `json:"ratioP50"`
 	RatioP99       float64 `json:"ratioP99"`
+	// Server CPU time (user+sys) per request, from separate single-path phases:
+	// steadier than latency on a busy machine.
+	MutateCPUUs    float64 `json:"mutateCpuMicros"`
+	NoopCPUUs      float64 `json:"noopCpuMicros"`
 	IdleRSSMiB     float64 `json:"idleRssMiB"`
 	AfterLoadRSSMB float64 `json:"afterLoadRssMiB"`
 	GoalsMet       bool    `json:"goalsMet"`
@@ -198,7 +218,7 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 		}
 		lat[path] = append(lat[path], d)
 	}
-	load := func(d time.Duration, record bool) {
+	load := func(d time.Duration, record bool, only string) {
 		var wg sync.WaitGroup
 		tick := time.NewTicker(time.Second / time.Duration(rate))
 		defer tick.Stop()
@@ -209,14 +229,35 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 			if i%2 == 1 {
 				path = "/noop"
 			}
+			if only != "" {
+				path = only
+			}
 			wg.Add(1)
 			go func() { defer wg.Done(); send(path, record) }()
 		}
 		wg.Wait()
 	}
-	load(warmup, false)
-	load(duration, true)
+	load(warmup, false, "")
+	load(duration, true, "")
 	after, _ := rssMiB(cmd.Process.Pid)
+	cpuPer := func(path string) (float64, error) {
+		before, err := cpuTime(cmd.Process.Pid)
+		if err != nil {
+			return 0, err
+		}
+		d := duration / 2
+		load(d, false, path)
+		end, err := cpuTime(cmd.Process.Pid)
+		return float64((end - before).Microseconds()) / (d.Seconds() * float64(rate)), err
+	}
+	noopCPU, err := cpuPer("/noop")
+	if err != nil {
+		return err
+	}
+	mutateCPU, err := cpuPer("/mutate-pods")
+	if err != nil {
+		return err
+	}
 
 	pct := func(ds []time.Duration, p float64) float64 {
 		if len(ds) == 0 {
@@ -228,7 +269,7 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 	m, n := lat["/mutate-pods"], lat["/noop"]
 	r := result{Rate: rate, DurationS: duration.Seconds(), Requests: len(m), Errors: errs,
 		MutateP50Ms: pct(m, 0.50), MutateP99Ms: pct(m, 0.99), NoopP50Ms: pct(n, 0.50), NoopP99Ms: pct(n, 0.99),
-		IdleRSSMiB: idle, AfterLoadRSSMB: after}
+		IdleRSSMiB: idle, AfterLoadRSSMB: after, MutateCPUUs: mutateCPU, NoopCPUUs: noopCPU}
 	if r.NoopP50Ms > 0 && r.NoopP99Ms > 0 {
 		r.RatioP50, r.RatioP99 = r.MutateP50Ms/r.NoopP50Ms, r.MutateP99Ms/r.NoopP99Ms
 	}
@@ -237,6 +278,7 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 	fmt.Printf("  /mutate-pods  p50 %.3f ms  p99 %.3f ms\n", r.MutateP50Ms, r.MutateP99Ms)
 	fmt.Printf("  /noop         p50 %.3f ms  p99 %.3f ms\n", r.NoopP50Ms, r.NoopP99Ms)
 	fmt.Printf("  ratio         p50 %.2f  p99 %.2f   (goal <= %.2f)\n", r.RatioP50, r.RatioP99, maxRatio)
+	fmt.Printf("  server CPU per request: mutate %.0f µs, noop %.0f µs\n", mutateCPU, noopCPU)
 	fmt.Printf("  RSS idle %.1f MiB (goal <= %.0f), after load %.1f MiB\n", idle, maxRSS, after)
 	fmt.Printf("  goals met: %v\n", r.GoalsMet)
 	if out != "" {
