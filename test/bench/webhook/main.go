@@ -116,16 +116,16 @@ func body(podFile string) ([]byte, error) {
 }
 
 type result struct {
-	Rate           int     `json:"rate"`
-	DurationS      float64 `json:"durationSeconds"`
-	Requests       int     `json:"requestsPerPath"`
-	Errors         int     `json:"errors"`
-	MutateP50Ms    float64 `json:"mutateP50Ms"`
-	MutateP99Ms    float64 `json:"mutateP99Ms"`
-	NoopP50Ms      float64 `json:"noopP50Ms"`
-	NoopP99Ms      float64 `json:"noopP99Ms"`
-	RatioP50       float64 `json:"ratioP50"`
-	RatioP99       float64 `json:"ratioP99"`
+	Rate        int     `json:"rate"`
+	DurationS   float64 `json:"durationSeconds"`
+	Requests    int     `json:"requestsPerPath"`
+	Errors      int     `json:"errors"`
+	MutateP50Ms float64 `json:"mutateP50Ms"`
+	MutateP99Ms float64 `json:"mutateP99Ms"`
+	NoopP50Ms   float64 `json:"noopP50Ms"`
+	NoopP99Ms   float64 `json:"noopP99Ms"`
+	RatioP50    float64 `json:"ratioP50"`
+	RatioP99    float64 `json:"ratioP99"`
 	// Server CPU time (user+sys) per request, from separate single-path phases:
 	// steadier than latency on a busy machine.
 	MutateCPUUs    float64 `json:"mutateCpuMicros"`
