@@ -76,6 +76,12 @@ func TestDenied(t *testing.T) {
 		{"files dir taken", func(p *corev1.Pod) {
 			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: constants.FilesDir}}
 		}, []string{`mounts volume "data" at /etc/elastic-training`}},
+		{"reserved volume name with another source", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: constants.FilesVolumeName, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/x"}}}}
+		}, []string{`volume name "elastic-training" is reserved`}},
+		{"port taken by the trainer", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: constants.SidecarHealthPort}}
+		}, []string{`container "trainer" declares port 2381, which is the sidecar's health port`}},
 		{"tls requested", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs" },
 			[]string{"rendezvous TLS is not supported"}},
 		{"bad rdzv service", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvService] = "Rdzv.svc" },

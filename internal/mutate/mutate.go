@@ -106,9 +106,16 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	pod.Annotations[constants.AnnotationMutated] = fmt.Sprintf("sidecar=%s,slots=%d", mode, s.slots)
 
 	// Volumes.
-	setVolume(pod, constants.FilesVolumeName)
+	if err := setVolume(pod, constants.FilesVolumeName); err != nil {
+		return nil, nil, err
+	}
 	if serving {
-		setVolume(pod, constants.DataVolumeName)
+		if err := setVolume(pod, constants.DataVolumeName); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := checkPorts(pod, serving); err != nil {
+		return nil, nil, err
 	}
 
 	// The training container: env and the read-only files mount.
@@ -255,16 +262,44 @@ func setEnv(c *corev1.Container, e corev1.EnvVar, w *warner) {
 	c.Env = append(c.Env, e)
 }
 
-func setVolume(pod *corev1.Pod, name string) {
+// setVolume adds the emptyDir name; a volume of that name that is not an
+// emptyDir is a conflict (the sidecar must be able to write to it).
+func setVolume(pod *corev1.Pod, name string) error {
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == name {
-			return
+			if v.EmptyDir == nil {
+				return fmt.Errorf("volume name %q is reserved for the emptyDir the webhook shares with the sidecar: rename the pod's volume", name)
+			}
+			return nil
 		}
 	}
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
 		Name:         name,
 		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}},
 	})
+	return nil
+}
+
+// checkPorts denies pods whose containers already use the sidecar's ports
+// (all containers of a pod share one network namespace).
+func checkPorts(pod *corev1.Pod, serving bool) error {
+	taken := map[int32]string{constants.SidecarHealthPort: "the sidecar's health port"}
+	if serving {
+		taken[constants.RdzvClientPort] = "the rendezvous client port"
+	}
+	for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+		for _, c := range list {
+			if c.Name == constants.SidecarContainerName {
+				continue
+			}
+			for _, p := range c.Ports {
+				if what, ok := taken[p.ContainerPort]; ok {
+					return fmt.Errorf("container %q declares port %d, which is %s: use another port", c.Name, p.ContainerPort, what)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func setMount(c *corev1.Container, volume, mountPath string, readOnly bool) error {
