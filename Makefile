@@ -5,6 +5,7 @@ CACHE ?= $(HOME)/.cache/elastic-training
 
 .PHONY: all build test test-unit test-e2e bench fuzz demo cluster-up cluster-down images lint
 .PHONY: cluster-build cluster-status
+.PHONY: all build test test-unit test-e2e bench bench-webhook fuzz demo cluster-up cluster-down images lint
 
 all: build
 
@@ -58,3 +59,11 @@ bench: bench-sidecar
 bench-sidecar:
 	$(GO) build -o bin/rdzv-sidecar ./cmd/rdzv-sidecar
 	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar
+bench: bench-webhook
+
+## bench-webhook: admission latency p50/p99 over HTTPS (/mutate-pods vs the no-op path, same server,
+## fixed rate) and idle RSS of the webhook binary; writes _out/bench-webhook.json.
+bench-webhook:
+	$(GO) build -o bin/webhook ./cmd/webhook
+	@mkdir -p _out
+	$(GO) run ./test/bench/webhook -binary bin/webhook -out _out/bench-webhook.json

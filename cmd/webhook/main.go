@@ -1,0 +1,96 @@
+// Command webhook is the elastic-training mutating admission webhook. It only
+// parses flags and wires internal/webhook; see docs/contract.md for what it does
+// to pods. It needs no Kubernetes API permissions.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/webhook"
+)
+
+// listFlag collects a repeatable, comma-separated flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func main() {
+	cfg := mutate.DefaultConfig()
+	d := &cfg.Defaults
+	var o webhook.Options
+	var extra listFlag
+	var pullPolicy string
+	flag.StringVar(&o.Host, "host", "", "address the HTTPS admission server listens on (empty: all)")
+	flag.IntVar(&o.Port, "port", 9443, "port of the HTTPS admission server")
+	flag.StringVar(&o.CertDir, "cert-dir", "/etc/elastic-training-webhook/tls", "directory with tls.crt and tls.key (reloaded on change)")
+	flag.StringVar(&o.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
+	flag.StringVar(&o.MetricsAddr, "metrics-addr", ":8080", `address of /metrics ("0" disables)`)
+	flag.StringVar(&cfg.SidecarImage, "sidecar-image", "", "rdzv-sidecar image injected into training pods (required)")
+	flag.StringVar(&pullPolicy, "sidecar-image-pull-policy", "", "imagePullPolicy of the sidecar (Always, IfNotPresent, Never; empty: Kubernetes' default)")
+	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS domain")
+	flag.StringVar(&cfg.WebhookNamespace, "webhook-namespace", "", "the webhook's own namespace, whose pods are never mutated")
+	flag.Var(&extra, "extra-accelerator", "extra resource name counted as an accelerator (repeatable or comma-separated)")
+	flag.StringVar(&d.RdzvBackend, "default-rdzv-backend", d.RdzvBackend, "rendezvous backend when a pod does not say: etcd-v2, etcd or c10d")
+	flag.IntVar(&d.JoinTimeout, "default-join-timeout", d.JoinTimeout, "seconds torchrun waits for min nodes")
+	flag.IntVar(&d.LastCallTimeout, "default-last-call-timeout", d.LastCallTimeout, "seconds torchrun waits for more nodes once min is reached")
+	flag.IntVar(&d.CloseTimeout, "default-close-timeout", d.CloseTimeout, "seconds torchrun waits for a closing rendezvous")
+	flag.IntVar(&d.KeepAliveInterval, "default-keep-alive-interval", d.KeepAliveInterval, "seconds between rendezvous heartbeats (torch >= 2.3)")
+	flag.IntVar(&d.KeepAliveMaxAttempts, "default-keep-alive-max-attempts", d.KeepAliveMaxAttempts, "missed heartbeats before a node is dropped (torch >= 2.3)")
+	flag.IntVar(&d.MaxRestarts, "default-max-restarts", d.MaxRestarts, "torchrun --max-restarts")
+	flag.IntVar(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds")
+	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: openmpi, mpich or intelmpi")
+	zopts := zap.Options{}
+	zopts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	cfg.ExtraAccelerators = extra
+	cfg.SidecarImagePullPolicy = corev1.PullPolicy(pullPolicy)
+
+	log := zap.New(zap.UseFlagOptions(&zopts))
+	ctrl.SetLogger(log)
+	if err := check(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "webhook:", err)
+		os.Exit(2)
+	}
+	o.Config = cfg
+	o.Log = log
+	if err := webhook.Run(ctrl.SetupSignalHandler(), o); err != nil {
+		log.Error(err, "webhook stopped")
+		os.Exit(1)
+	}
+}
+
+func check(cfg mutate.Config) error {
+	d := cfg.Defaults
+	switch {
+	case cfg.SidecarImage == "":
+		return fmt.Errorf("--sidecar-image is required")
+	case d.RdzvBackend != constants.BackendEtcdV2 && d.RdzvBackend != constants.BackendEtcd && d.RdzvBackend != constants.BackendC10d:
+		return fmt.Errorf("--default-rdzv-backend=%q: want etcd-v2, etcd or c10d", d.RdzvBackend)
+	case d.MPIFlavour != constants.FlavourOpenMPI && d.MPIFlavour != constants.FlavourMPICH && d.MPIFlavour != constants.FlavourIntelMPI:
+		return fmt.Errorf("--default-mpi-flavour=%q: want openmpi, mpich or intelmpi", d.MPIFlavour)
+	case cfg.SidecarImagePullPolicy != "" && cfg.SidecarImagePullPolicy != corev1.PullAlways &&
+		cfg.SidecarImagePullPolicy != corev1.PullIfNotPresent && cfg.SidecarImagePullPolicy != corev1.PullNever:
+		return fmt.Errorf("--sidecar-image-pull-policy=%q: want Always, IfNotPresent or Never", cfg.SidecarImagePullPolicy)
+	case d.JoinTimeout < 1 || d.LastCallTimeout < 1 || d.CloseTimeout < 1 || d.MonitorInterval < 1 ||
+		d.KeepAliveInterval < 1 || d.KeepAliveMaxAttempts < 1 || d.MaxRestarts < 0:
+		return fmt.Errorf("timeouts, intervals and attempts must be >= 1 and --default-max-restarts >= 0")
+	}
+	return nil
+}

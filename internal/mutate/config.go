@@ -1,0 +1,88 @@
+// Package mutate is the pure core of the admission webhook: given a training
+// pod, its namespace and the webhook's configuration it returns the pod with
+// the rendezvous settings, slot counts, hostfile wiring and the rdzv-sidecar
+// added. It reads no globals, no environment and no clock, so the same input
+// always gives the same output (golden tests rely on it).
+package mutate
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
+)
+
+// Config is the webhook's own configuration (its flags).
+type Config struct {
+	// SidecarImage is the rdzv-sidecar image; its entrypoint is the rdzv-sidecar binary.
+	SidecarImage string
+	// SidecarImagePullPolicy; empty leaves Kubernetes' default.
+	SidecarImagePullPolicy corev1.PullPolicy
+	// ClusterDomain is the cluster DNS domain (default cluster.local).
+	ClusterDomain string
+	// ExtraAccelerators are resource names counted as accelerators besides the built-in ones.
+	ExtraAccelerators []string
+	// WebhookNamespace is the namespace the webhook runs in; its pods are never mutated.
+	WebhookNamespace string
+	// Defaults for settings a pod does not carry.
+	Defaults Defaults
+}
+
+// Defaults are the values used when a pod's annotations do not say otherwise.
+// The rendezvous timeouts are chosen for fast scale-up and scale-down (see
+// docs/contract.md): torchrun's own last_call_timeout of 30 s makes every
+// elastic start wait 30 s; 5 s is enough for pods created together.
+type Defaults struct {
+	RdzvBackend          string
+	JoinTimeout          int // seconds an agent waits for min nodes
+	LastCallTimeout      int // seconds to wait for more nodes once min is reached
+	CloseTimeout         int // seconds to wait for a closing rendezvous
+	KeepAliveInterval    int // seconds between rendezvous heartbeats (torch >= 2.3)
+	KeepAliveMaxAttempts int // missed heartbeats before a node is dropped (torch >= 2.3)
+	MaxRestarts          int
+	MonitorInterval      int // seconds
+	MPIFlavour           string
+	SidecarResources     SidecarResources
+}
+
+// SidecarResources are the sidecar's resource requirements per mode.
+type SidecarResources struct {
+	Serve corev1.ResourceRequirements
+	Join  corev1.ResourceRequirements
+}
+
+// DefaultConfig returns the configuration the webhook uses without flags
+// (the sidecar image excepted, which has no sensible default).
+func DefaultConfig() Config {
+	return Config{
+		ClusterDomain: naming.DefaultClusterDomain,
+		Defaults: Defaults{
+			RdzvBackend:          constants.BackendEtcdV2,
+			JoinTimeout:          600,
+			LastCallTimeout:      5,
+			CloseTimeout:         10,
+			KeepAliveInterval:    2,
+			KeepAliveMaxAttempts: 3,
+			MaxRestarts:          3,
+			MonitorInterval:      1,
+			MPIFlavour:           constants.FlavourOpenMPI,
+			SidecarResources: SidecarResources{
+				Serve: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{
+						corev1.ResourceCPU:    resource.MustParse("50m"),
+						corev1.ResourceMemory: resource.MustParse("64Mi"),
+					},
+					Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
+				},
+				Join: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{
+						corev1.ResourceCPU:    resource.MustParse("10m"),
+						corev1.ResourceMemory: resource.MustParse("32Mi"),
+					},
+					Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+				},
+			},
+		},
+	}
+}

@@ -1,0 +1,189 @@
+package mutate
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+)
+
+// base is a valid pytorch member; each bad case breaks one thing.
+func base(t testing.TB) *corev1.Pod {
+	return readPod(t, "testdata/pytorch-worker3-joins.yaml")
+}
+
+func TestDenied(t *testing.T) {
+	cases := []struct {
+		desc  string
+		edit  func(p *corev1.Pod)
+		wants []string // substrings of the message
+	}{
+		{"framework missing", func(p *corev1.Pod) { delete(p.Annotations, constants.AnnotationFramework) },
+			[]string{"annotation elastic-training.io/framework is missing", "one of custom, mpi, mxnet, pytorch"}},
+		{"framework typo", func(p *corev1.Pod) { p.Annotations[constants.AnnotationFramework] = "pytroch" },
+			[]string{`elastic-training.io/framework="pytroch" is invalid`}},
+		{"role not known to framework", func(p *corev1.Pod) { p.Labels[constants.LabelRole] = "launcher" },
+			[]string{`label elastic-training.io/role="launcher" is invalid: want one of worker for framework pytorch`}},
+		{"role missing", func(p *corev1.Pod) { delete(p.Labels, constants.LabelRole) },
+			[]string{"label elastic-training.io/role is missing"}},
+		{"job not a DNS label", func(p *corev1.Pod) { p.Labels[constants.LabelJob] = "Bert_Large" },
+			[]string{`label elastic-training.io/job="Bert_Large" is invalid: want a DNS label`}},
+		{"job name too long for the rdzv Service", func(p *corev1.Pod) {
+			p.Labels[constants.LabelJob] = "a23456789012345678901234567890123456789012345678901234567890"
+		},
+			[]string{"at most 58 characters"}},
+		{"min nodes not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMinNodes] = "two" },
+			[]string{`elastic-training.io/min-nodes="two" is invalid: want a whole number from 1 to 100000`}},
+		{"max nodes missing", func(p *corev1.Pod) { delete(p.Annotations, constants.AnnotationMaxNodes) },
+			[]string{"annotation elastic-training.io/max-nodes is missing"}},
+		{"min greater than max", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMinNodes] = "9" },
+			[]string{"elastic-training.io/min-nodes=9 is greater than elastic-training.io/max-nodes=8"}},
+		{"run id missing", func(p *corev1.Pod) { delete(p.Annotations, constants.AnnotationRunID) },
+			[]string{"annotation elastic-training.io/run-id is missing"}},
+		{"run id with a slash", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRunID] = "a/b" },
+			[]string{`elastic-training.io/run-id="a/b" is invalid`}},
+		{"unknown backend", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvBackend] = "zookeeper" },
+			[]string{`elastic-training.io/rdzv-backend="zookeeper" is invalid: want one of etcd-v2, etcd, c10d`}},
+		{"negative timeout", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvLastCallTimeout] = "-5" },
+			[]string{`elastic-training.io/rdzv-last-call-timeout="-5" is invalid: want a whole number from 1 to 86400 (seconds)`}},
+		{"duration instead of seconds", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvJoinTimeout] = "10m" },
+			[]string{`elastic-training.io/rdzv-join-timeout="10m" is invalid`}},
+		{"slots zero", func(p *corev1.Pod) { p.Annotations[constants.AnnotationSlots] = "0" },
+			[]string{`elastic-training.io/slots="0" is invalid: want a whole number from 1 to 1024`}},
+		{"slots absurd", func(p *corev1.Pod) { p.Annotations[constants.AnnotationSlots] = "40000" },
+			[]string{`elastic-training.io/slots="40000" is invalid`}},
+		{"rdzv-host not a bool", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvHost] = "yes" },
+			[]string{`elastic-training.io/rdzv-host="yes" is invalid: want "true" or "false"`}},
+		{"mpi flavour typo", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMPIFlavour] = "open-mpi" },
+			[]string{`elastic-training.io/mpi-flavour="open-mpi" is invalid: want one of openmpi, mpich, intelmpi`}},
+		{"container annotation names no container", func(p *corev1.Pod) { p.Annotations[constants.AnnotationContainer] = "train" },
+			[]string{`elastic-training.io/container="train" is invalid: want the name of one of the pod's containers (trainer)`}},
+		{"two kinds of accelerator", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["amd.com/gpu"] = p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"]
+		}, []string{"more than one kind of accelerator (amd.com/gpu=4, nvidia.com/gpu=4)", "set annotation elastic-training.io/slots"}},
+		{"no index", func(p *corev1.Pod) { delete(p.Annotations, "batch.kubernetes.io/job-completion-index") },
+			[]string{"pod index unknown", "batch.kubernetes.io/job-completion-index", "apps.kubernetes.io/pod-index"}},
+		{"bad index", func(p *corev1.Pod) { p.Annotations["batch.kubernetes.io/job-completion-index"] = "x" },
+			[]string{`annotation batch.kubernetes.io/job-completion-index="x" is invalid`}},
+		{"no stable hostname", func(p *corev1.Pod) { p.Spec.Hostname = "" },
+			[]string{"pod has neither spec.hostname nor a name"}},
+		{"reserved container name", func(p *corev1.Pod) { p.Spec.Containers[0].Name = constants.SidecarContainerName },
+			[]string{`container name "rdzv-sidecar" is reserved`}},
+		{"files dir taken", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: constants.FilesDir}}
+		}, []string{`mounts volume "data" at /etc/elastic-training`}},
+		{"reserved volume name with another source", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: constants.FilesVolumeName, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/x"}}}}
+		}, []string{`volume name "elastic-training" is reserved`}},
+		{"port taken by the trainer", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: constants.SidecarHealthPort}}
+		}, []string{`container "trainer" declares port 2381, which is the sidecar's health port`}},
+		{"tls requested", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs" },
+			[]string{"rendezvous TLS is not supported"}},
+		{"bad rdzv service", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvService] = "Rdzv.svc" },
+			[]string{`elastic-training.io/rdzv-service="Rdzv.svc" is invalid`}},
+		{"mxnet counts missing", func(p *corev1.Pod) { p.Annotations[constants.AnnotationFramework] = constants.FrameworkMXNet },
+			[]string{"elastic-training.io/num-servers is missing", "elastic-training.io/num-workers is missing"}},
+		{"mxnet port out of range", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationFramework] = constants.FrameworkMXNet
+			p.Annotations[constants.AnnotationNumServers] = "1"
+			p.Annotations[constants.AnnotationNumWorkers] = "1"
+			p.Annotations[constants.AnnotationPSPort] = "70000"
+		}, []string{`elastic-training.io/ps-port="70000" is invalid: want a whole number from 1 to 65535 (port)`}},
+		{"several problems reported at once", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationMinNodes] = "x"
+			p.Annotations[constants.AnnotationSlots] = "y"
+		}, []string{"min-nodes", "slots", "; "}},
+	}
+	require.GreaterOrEqual(t, len(cases), 15)
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			p := base(t)
+			tc.edit(p)
+			got, _, err := Mutate(Input{Pod: p, Namespace: "team-a", Config: testConfig()})
+			require.Error(t, err)
+			assert.Nil(t, got)
+			for _, w := range tc.wants {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestMisconfiguredWebhook(t *testing.T) {
+	cfg := testConfig()
+	cfg.SidecarImage = ""
+	_, _, err := Mutate(Input{Pod: base(t), Namespace: "team-a", Config: cfg})
+	require.ErrorContains(t, err, "no sidecar image")
+	_, _, err = Mutate(Input{Pod: nil, Config: testConfig()})
+	require.Error(t, err)
+}
+
+func TestShouldMutate(t *testing.T) {
+	cfg := testConfig()
+	cases := []struct {
+		desc string
+		pod  func(p *corev1.Pod)
+		ns   string
+		want bool
+		why  string
+	}{
+		{"training pod", func(*corev1.Pod) {}, "team-a", true, ""},
+		{"no job label", func(p *corev1.Pod) { delete(p.Labels, constants.LabelJob) }, "team-a", false, "no elastic-training.io/job label"},
+		{"kube-system", func(*corev1.Pod) {}, "kube-system", false, "kube-system"},
+		{"webhook namespace", func(*corev1.Pod) {}, "elastic-training-system", false, "own namespace"},
+		{"dedicated rdzv pod", func(p *corev1.Pod) { p.Labels[constants.LabelRole] = constants.RoleRdzv }, "team-a", false, "rendered complete"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			p := base(t)
+			tc.pod(p)
+			got, why := ShouldMutate(p, tc.ns, cfg)
+			assert.Equal(t, tc.want, got)
+			assert.Contains(t, why, tc.why)
+		})
+	}
+	got, _ := ShouldMutate(nil, "team-a", cfg)
+	assert.False(t, got)
+}
+
+// FuzzMutate decodes arbitrary bytes as a pod, as the webhook does with the
+// JSON the API server sends, and mutates it: nothing may panic, and a
+// successful mutation must be idempotent.
+func FuzzMutate(f *testing.F) {
+	for _, file := range []string{"testdata/pytorch-worker0-serves-rdzv.yaml", "testdata/mpi-launcher-serves-rdzv.yaml",
+		"testdata/mxnet-worker.yaml", "testdata/pytorch-user-values-win.yaml"} {
+		p := readPod(f, file)
+		b, err := json.Marshal(p)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Add([]byte(`{"metadata":{"labels":{"elastic-training.io/job":"j"}},"spec":{"containers":[]}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		pod := &corev1.Pod{}
+		if err := json.Unmarshal(data, pod); err != nil {
+			return
+		}
+		cfg := testConfig()
+		if ok, _ := ShouldMutate(pod, "team-a", cfg); !ok {
+			return
+		}
+		got, _, err := Mutate(Input{Pod: pod, Namespace: "team-a", Config: cfg})
+		if err != nil {
+			return
+		}
+		stripped := got.DeepCopy()
+		delete(stripped.Annotations, constants.AnnotationMutated)
+		again, _, err := Mutate(Input{Pod: stripped, Namespace: "team-a", Config: cfg})
+		if err != nil {
+			t.Fatalf("re-mutation failed: %v", err)
+		}
+		if !assert.ObjectsAreEqual(got, again) {
+			t.Fatalf("not idempotent")
+		}
+	})
+}

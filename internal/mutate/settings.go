@@ -1,0 +1,312 @@
+package mutate
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/gpu"
+	"github.com/elastic-training/elastic-training/internal/naming"
+)
+
+// Keys Kubernetes' own controllers set on the pods they create (present at CREATE).
+const (
+	annotationJobCompletionIndex = "batch.kubernetes.io/job-completion-index"
+	labelPodIndex                = "apps.kubernetes.io/pod-index"
+	annotationDefaultContainer   = "kubectl.kubernetes.io/default-container"
+)
+
+// maxSlots bounds the slot count: no node has more accelerators, and a typo
+// such as 40000 should be denied rather than start 40000 processes.
+const maxSlots = 1024
+
+// rolesByFramework lists the roles each framework knows.
+var rolesByFramework = map[string][]string{
+	constants.FrameworkPyTorch: {constants.RoleWorker},
+	constants.FrameworkMPI:     {constants.RoleLauncher, constants.RoleWorker},
+	constants.FrameworkMXNet:   {constants.RoleScheduler, constants.RoleServer, constants.RoleWorker},
+	constants.FrameworkCustom:  {constants.RoleLauncher, constants.RoleScheduler, constants.RoleServer, constants.RoleWorker},
+}
+
+var runIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// settings is everything Mutate needs, read and checked from the pod.
+type settings struct {
+	job, role, group, framework string
+	container                   int // index into spec.containers of the training container
+	slots                       int
+	index                       int
+	rdzvHost                    bool
+	rdzvService                 string
+	runID                       string
+	backend                     string
+	minNodes, maxNodes          int
+	joinTimeout, lastCall       int
+	closeTimeout                int
+	maxRestarts, monitor        int
+	keepAlive                   int
+	keepAliveAttempts           int
+	flavour                     string
+	numServers, numWorkers      int
+	psPort                      int
+	warnings                    []string
+}
+
+// invalid collects readable problems, each naming the key and what would be valid.
+type invalid []string
+
+func (v *invalid) add(kind, key, value, want string) {
+	*v = append(*v, fmt.Sprintf("%s %s=%q is invalid: want %s", kind, key, value, want))
+}
+
+func (v *invalid) missing(kind, key, want string) {
+	*v = append(*v, fmt.Sprintf("%s %s is missing: want %s", kind, key, want))
+}
+
+func (v invalid) err() error {
+	if len(v) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(v, "; "))
+}
+
+// parseSettings reads the pod's labels and annotations. Every problem found is
+// reported at once, so a user fixes their values in one round.
+func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
+	var bad invalid
+	s := &settings{}
+	ann := pod.Annotations
+	lbl := pod.Labels
+
+	s.job = lbl[constants.LabelJob]
+	if errs := validation.IsDNS1035Label(s.job); len(errs) > 0 || len(s.job) > 63-len("-rdzv") {
+		bad.add("label", constants.LabelJob, s.job, "a DNS label (lowercase letters, digits, '-', starting with a letter) of at most 58 characters")
+	}
+
+	s.framework = ann[constants.AnnotationFramework]
+	roles, ok := rolesByFramework[s.framework]
+	if !ok {
+		want := "one of custom, mpi, mxnet, pytorch"
+		if s.framework == "" {
+			bad.missing("annotation", constants.AnnotationFramework, want)
+		} else {
+			bad.add("annotation", constants.AnnotationFramework, s.framework, want)
+		}
+	}
+
+	s.role = lbl[constants.LabelRole]
+	if ok && !contains(roles, s.role) {
+		want := "one of " + strings.Join(roles, ", ") + " for framework " + s.framework
+		if s.role == "" {
+			bad.missing("label", constants.LabelRole, want)
+		} else {
+			bad.add("label", constants.LabelRole, s.role, want)
+		}
+	}
+
+	s.group = lbl[constants.LabelGroup]
+	if s.group == "" {
+		s.group = s.role
+	} else if errs := validation.IsDNS1123Label(s.group); len(errs) > 0 {
+		bad.add("label", constants.LabelGroup, s.group, "a DNS label")
+	}
+
+	// The training container.
+	s.container = -1
+	if len(pod.Spec.Containers) == 0 {
+		bad = append(bad, "pod has no containers")
+	} else if name, set := ann[constants.AnnotationContainer]; set {
+		s.container = containerIndex(pod, name)
+		if s.container < 0 {
+			bad.add("annotation", constants.AnnotationContainer, name, "the name of one of the pod's containers ("+containerNames(pod)+")")
+		}
+	} else if i := containerIndex(pod, ann[annotationDefaultContainer]); i >= 0 {
+		s.container = i
+	} else {
+		s.container = 0
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == constants.SidecarContainerName {
+			bad = append(bad, fmt.Sprintf("container name %q is reserved for the injected sidecar: rename the container", c.Name))
+		}
+	}
+
+	// Slots: the annotation wins over the accelerator count.
+	if s.container >= 0 {
+		c := &pod.Spec.Containers[s.container]
+		computed, gerr := gpu.Slots(c, cfg.ExtraAccelerators)
+		if v, set := ann[constants.AnnotationSlots]; set {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxSlots {
+				bad.add("annotation", constants.AnnotationSlots, v, fmt.Sprintf("a whole number from 1 to %d", maxSlots))
+			} else {
+				s.slots = n
+				if gerr == nil && len(gpu.Accelerators(c, cfg.ExtraAccelerators)) > 0 && computed != n {
+					s.warnings = append(s.warnings, fmt.Sprintf("annotation %s=%d overrides the %d accelerators of container %q", constants.AnnotationSlots, n, computed, c.Name))
+				}
+			}
+		} else if gerr != nil {
+			bad = append(bad, fmt.Sprintf("container %q: %v: set annotation %s to the number of processes per pod", c.Name, gerr, constants.AnnotationSlots))
+		} else if computed > maxSlots {
+			bad = append(bad, fmt.Sprintf("container %q asks for %d accelerators: at most %d slots per pod are supported", c.Name, computed, maxSlots))
+		} else {
+			s.slots = computed
+		}
+	}
+
+	// The pod's index in its group, as the Job or StatefulSet controller sets it.
+	s.index = -1
+	if v, set := ann[annotationJobCompletionIndex]; set {
+		s.index = parseIndex(&bad, "annotation", annotationJobCompletionIndex, v)
+	} else if v, set := lbl[labelPodIndex]; set {
+		s.index = parseIndex(&bad, "label", labelPodIndex, v)
+	} else {
+		bad = append(bad, fmt.Sprintf("pod index unknown: create training pods through an Indexed Job (annotation %s) or a StatefulSet (label %s), or set one of them", annotationJobCompletionIndex, labelPodIndex))
+	}
+
+	s.rdzvHost = parseBool(&bad, ann, constants.AnnotationRdzvHost)
+	s.rdzvService = naming.RendezvousService(s.job)
+	if v, set := ann[constants.AnnotationRdzvService]; set {
+		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
+			bad.add("annotation", constants.AnnotationRdzvService, v, "a Service name (a DNS label starting with a letter)")
+		} else {
+			s.rdzvService = v
+		}
+	}
+	if v := ann[constants.AnnotationRdzvTLSSecret]; v != "" {
+		bad.add("annotation", constants.AnnotationRdzvTLSSecret, v, "empty: rendezvous TLS is not supported by this webhook version")
+	}
+
+	d := cfg.Defaults
+	s.backend = d.RdzvBackend
+	if v, set := ann[constants.AnnotationRdzvBackend]; set {
+		switch v {
+		case constants.BackendEtcdV2, constants.BackendEtcd, constants.BackendC10d:
+			s.backend = v
+		default:
+			bad.add("annotation", constants.AnnotationRdzvBackend, v, "one of etcd-v2, etcd, c10d")
+		}
+	}
+	s.joinTimeout = parseInt(&bad, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
+	s.lastCall = parseInt(&bad, ann, constants.AnnotationRdzvLastCallTimeout, d.LastCallTimeout, 1, 86400, "seconds")
+	s.closeTimeout = parseInt(&bad, ann, constants.AnnotationRdzvCloseTimeout, d.CloseTimeout, 1, 86400, "seconds")
+	s.maxRestarts = parseInt(&bad, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
+	s.monitor = parseInt(&bad, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, 1, 3600, "seconds")
+
+	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
+
+	s.flavour = d.MPIFlavour
+	if v, set := ann[constants.AnnotationMPIFlavour]; set {
+		switch v {
+		case constants.FlavourOpenMPI, constants.FlavourMPICH, constants.FlavourIntelMPI:
+			s.flavour = v
+		default:
+			bad.add("annotation", constants.AnnotationMPIFlavour, v, "one of openmpi, mpich, intelmpi")
+		}
+	}
+
+	switch s.framework {
+	case constants.FrameworkPyTorch:
+		s.runID = ann[constants.AnnotationRunID]
+		if s.runID == "" {
+			bad.missing("annotation", constants.AnnotationRunID, "an id unique per job install (the chart generates one)")
+		} else if !runIDPattern.MatchString(s.runID) {
+			bad.add("annotation", constants.AnnotationRunID, s.runID, "1 to 128 letters, digits, '.', '_' or '-'")
+		}
+		s.minNodes = requireInt(&bad, ann, constants.AnnotationMinNodes, 1, 100000)
+		s.maxNodes = requireInt(&bad, ann, constants.AnnotationMaxNodes, 1, 100000)
+		if s.minNodes > 0 && s.maxNodes > 0 && s.minNodes > s.maxNodes {
+			bad = append(bad, fmt.Sprintf("annotation %s=%d is greater than %s=%d: want min <= max",
+				constants.AnnotationMinNodes, s.minNodes, constants.AnnotationMaxNodes, s.maxNodes))
+		}
+	case constants.FrameworkMXNet:
+		s.numServers = requireInt(&bad, ann, constants.AnnotationNumServers, 1, 100000)
+		s.numWorkers = requireInt(&bad, ann, constants.AnnotationNumWorkers, 1, 100000)
+		s.psPort = parseInt(&bad, ann, constants.AnnotationPSPort, constants.DefaultPSPort, 1, 65535, "port")
+	}
+	return s, bad.err()
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func containerIndex(pod *corev1.Pod, name string) int {
+	if name == "" {
+		return -1
+	}
+	for i, c := range pod.Spec.Containers {
+		if c.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func containerNames(pod *corev1.Pod) string {
+	names := make([]string, len(pod.Spec.Containers))
+	for i, c := range pod.Spec.Containers {
+		names[i] = c.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+func parseIndex(bad *invalid, kind, key, v string) int {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		bad.add(kind, key, v, "a whole number >= 0")
+		return -1
+	}
+	return n
+}
+
+func parseBool(bad *invalid, ann map[string]string, key string) bool {
+	v, set := ann[key]
+	if !set {
+		return false
+	}
+	switch v {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	bad.add("annotation", key, v, `"true" or "false"`)
+	return false
+}
+
+func parseInt(bad *invalid, ann map[string]string, key string, def, lo, hi int, unit string) int {
+	v, set := ann[key]
+	if !set {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		want := fmt.Sprintf("a whole number from %d to %d", lo, hi)
+		if unit != "" {
+			want += " (" + unit + ")"
+		}
+		bad.add("annotation", key, v, want)
+		return def
+	}
+	return n
+}
+
+func requireInt(bad *invalid, ann map[string]string, key string, lo, hi int) int {
+	if _, set := ann[key]; !set {
+		bad.missing("annotation", key, fmt.Sprintf("a whole number from %d to %d", lo, hi))
+		return 0
+	}
+	return parseInt(bad, ann, key, 0, lo, hi, "")
+}

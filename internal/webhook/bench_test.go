@@ -1,0 +1,43 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/mutate"
+)
+
+// BenchmarkHandle measures the mutating handler alone (no HTTP, no TLS).
+func BenchmarkHandle(b *testing.B) {
+	raw, err := os.ReadFile("../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pod := &corev1.Pod{}
+	if err := yaml.Unmarshal(raw, pod); err != nil {
+		b.Fatal(err)
+	}
+	podJSON, _ := json.Marshal(pod)
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	h := NewPodMutator(cfg)
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Namespace: "team-a",
+		Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: podJSON},
+	}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := h.Handle(context.Background(), req); !r.Allowed {
+			b.Fatal(r.Result.Message)
+		}
+	}
+}

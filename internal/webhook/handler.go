@@ -1,0 +1,94 @@
+// Package webhook adapts the pure mutate package to controller-runtime's
+// admission webhook server: it decodes the request, asks mutate.ShouldMutate,
+// calls mutate.Mutate and turns the result into a JSON patch response. It holds
+// no logic of its own.
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/mutate"
+)
+
+// Paths the server serves.
+const (
+	PathMutatePods = "/mutate-pods"
+	// PathNoop admits everything without looking at it: the baseline the
+	// benchmark compares PathMutatePods with, on the same server.
+	PathNoop = "/noop"
+)
+
+var decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "elastic_training_webhook_pods_total",
+	Help: "Pod admission decisions of the elastic-training webhook, by result (mutated, skipped, denied, errored).",
+}, []string{"result"})
+
+func init() { metrics.Registry.MustRegister(decisions) }
+
+// PodMutator is the admission.Handler for pods.
+type PodMutator struct {
+	Config  mutate.Config
+	decoder admission.Decoder
+}
+
+// NewPodMutator returns a handler that mutates pods with cfg.
+func NewPodMutator(cfg mutate.Config) *PodMutator {
+	return &PodMutator{Config: cfg, decoder: admission.NewDecoder(runtime.NewScheme())}
+}
+
+// Handle implements admission.Handler.
+func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	log := logf.FromContext(ctx).WithValues("namespace", req.Namespace, "name", req.Name)
+	if req.Operation != admissionv1.Create || req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" {
+		decisions.WithLabelValues("skipped").Inc()
+		return admission.Allowed("only pod CREATE is mutated")
+	}
+	pod := &corev1.Pod{}
+	if err := h.decoder.Decode(req, pod); err != nil {
+		decisions.WithLabelValues("errored").Inc()
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if pod.Name == "" && req.Name != "" {
+		pod.Name = req.Name
+	}
+	if ok, why := mutate.ShouldMutate(pod, req.Namespace, h.Config); !ok {
+		decisions.WithLabelValues("skipped").Inc()
+		log.V(1).Info("pod skipped", "reason", why)
+		return admission.Allowed(why)
+	}
+	out, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: req.Namespace, Config: h.Config})
+	if err != nil {
+		decisions.WithLabelValues("denied").Inc()
+		log.Info("pod denied", "job", pod.Labels[constants.LabelJob], "generateName", pod.GenerateName, "reason", err.Error())
+		return admission.Denied("elastic-training: " + err.Error())
+	}
+	raw, err := json.Marshal(out)
+	if err != nil {
+		decisions.WithLabelValues("errored").Inc()
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	decisions.WithLabelValues("mutated").Inc()
+	// Debug level: a scale-up creates many pods at once and the decision
+	// counters already say how many were mutated; denials are logged at info.
+	log.V(1).Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
+		"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
+	return admission.PatchResponseFromRaw(req.Object.Raw, raw).WithWarnings(warnings...)
+}
+
+// Noop admits every request unchanged.
+func Noop() admission.Handler {
+	return admission.HandlerFunc(func(context.Context, admission.Request) admission.Response {
+		return admission.Allowed("")
+	})
+}

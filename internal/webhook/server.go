@@ -1,0 +1,111 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/elastic-training/elastic-training/internal/mutate"
+)
+
+// Options configure Run.
+type Options struct {
+	// Host and Port of the HTTPS admission server.
+	Host string
+	Port int
+	// CertDir holds tls.crt and tls.key; they are reloaded when they change.
+	CertDir string
+	// HealthAddr serves /healthz and /readyz over plain HTTP (ready once the HTTPS server answers).
+	HealthAddr string
+	// MetricsAddr serves Prometheus /metrics over plain HTTP; empty or "0" disables it.
+	MetricsAddr string
+	Config      mutate.Config
+	Log         logr.Logger
+	// Ready, if not nil, is closed once every listener is up (for tests and benchmarks).
+	Ready chan<- struct{}
+}
+
+// Run serves the admission webhook, health and metrics until ctx is done.
+func Run(ctx context.Context, o Options) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	srv := crwebhook.NewServer(crwebhook.Options{
+		Host:    o.Host,
+		Port:    o.Port,
+		CertDir: o.CertDir,
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
+	})
+	srv.Register(PathMutatePods, &admission.Webhook{Handler: NewPodMutator(o.Config)})
+	srv.Register(PathNoop, &admission.Webhook{Handler: Noop()})
+
+	errs := make(chan error, 3)
+	go func() { errs <- srv.Start(ctx) }()
+
+	started := srv.StartedChecker()
+	health := http.NewServeMux()
+	health.Handle("/healthz", http.StripPrefix("/healthz", &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}}))
+	health.Handle("/readyz", http.StripPrefix("/readyz", &healthz.Handler{Checks: map[string]healthz.Checker{"webhook": started}}))
+	healthLn, err := net.Listen("tcp", o.HealthAddr)
+	if err != nil {
+		return fmt.Errorf("listen health %s: %w", o.HealthAddr, err)
+	}
+	servers := []*http.Server{{Handler: health, ReadHeaderTimeout: 5 * time.Second}}
+	listeners := []net.Listener{healthLn}
+	if o.MetricsAddr != "" && o.MetricsAddr != "0" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			healthLn.Close()
+			return fmt.Errorf("listen metrics %s: %w", o.MetricsAddr, err)
+		}
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second})
+		listeners = append(listeners, ln)
+	}
+	for i := range servers {
+		go func() {
+			if err := servers[i].Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errs <- err
+			}
+		}()
+	}
+	o.Log.Info("serving", "webhook", net.JoinHostPort(o.Host, fmt.Sprint(o.Port)), "health", healthLn.Addr().String(),
+		"metrics", o.MetricsAddr, "sidecarImage", o.Config.SidecarImage)
+
+	if o.Ready != nil {
+		go func() {
+			for ctx.Err() == nil {
+				if started(nil) == nil {
+					close(o.Ready)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errs:
+		cancel()
+	}
+	shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	for _, s := range servers {
+		_ = s.Shutdown(shutdown)
+	}
+	return runErr
+}
