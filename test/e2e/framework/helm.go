@@ -35,7 +35,8 @@ func WaitForJobs(timeout time.Duration) HelmOption {
 // ReuseValues makes an upgrade merge the given values onto the release's current ones (`--reuse-values`).
 func ReuseValues() HelmOption { return func(o *helmOptions) { o.reuseValues = true } }
 
-func (c *Cluster) helmConfig(t testing.TB, ns string) *action.Configuration {
+// HelmConfig is the SDK configuration `helm -n ns` would use, for tests that drive actions themselves.
+func (c *Cluster) HelmConfig(t testing.TB, ns string) *action.Configuration {
 	t.Helper()
 	flags := genericclioptions.NewConfigFlags(false)
 	flags.KubeConfig, flags.Namespace = &c.Kubeconfig, &ns
@@ -68,7 +69,7 @@ func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, va
 		t.Fatalf("helm install %s: load chart %s: %v", releaseName, chartDir, err)
 	}
 	o := applyOptions(opts)
-	in := action.NewInstall(c.helmConfig(t, ns))
+	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
 	in.Wait, in.WaitForJobs, in.Timeout = o.wait, o.waitForJobs, o.timeout
 	rel, err := in.RunWithContext(t.Context(), ch, values)
@@ -86,7 +87,7 @@ func (c *Cluster) HelmUpgrade(t testing.TB, ns, releaseName, chartDir string, va
 		t.Fatalf("helm upgrade %s: load chart %s: %v", releaseName, chartDir, err)
 	}
 	o := applyOptions(opts)
-	up := action.NewUpgrade(c.helmConfig(t, ns))
+	up := action.NewUpgrade(c.HelmConfig(t, ns))
 	up.Namespace = ns
 	up.Wait, up.WaitForJobs, up.Timeout, up.ReuseValues = o.wait, o.waitForJobs, o.timeout, o.reuseValues
 	rel, err := up.RunWithContext(t.Context(), releaseName, ch, values)
@@ -100,7 +101,7 @@ func (c *Cluster) HelmUpgrade(t testing.TB, ns, releaseName, chartDir string, va
 // --wait`).
 func (c *Cluster) HelmUninstall(t testing.TB, ns, releaseName string, timeout time.Duration) {
 	t.Helper()
-	un := action.NewUninstall(c.helmConfig(t, ns))
+	un := action.NewUninstall(c.HelmConfig(t, ns))
 	un.Wait, un.Timeout = true, timeout
 	if _, err := un.Run(releaseName); err != nil {
 		t.Fatalf("helm uninstall %s in %s: %v", releaseName, ns, err)
@@ -110,7 +111,7 @@ func (c *Cluster) HelmUninstall(t testing.TB, ns, releaseName string, timeout ti
 // HelmTest runs the release's test hooks (as `helm test`) and fails the test if one fails.
 func (c *Cluster) HelmTest(t testing.TB, ns, releaseName string, timeout time.Duration) *release.Release {
 	t.Helper()
-	rt := action.NewReleaseTesting(c.helmConfig(t, ns))
+	rt := action.NewReleaseTesting(c.HelmConfig(t, ns))
 	rt.Namespace, rt.Timeout = ns, timeout
 	rel, err := rt.Run(releaseName)
 	if err != nil {
@@ -127,7 +128,7 @@ func (c *Cluster) HelmTest(t testing.TB, ns, releaseName string, timeout time.Du
 // HelmValues returns the release's user-supplied values (as `helm get values`).
 func (c *Cluster) HelmValues(t testing.TB, ns, releaseName string) map[string]any {
 	t.Helper()
-	gv := action.NewGetValues(c.helmConfig(t, ns))
+	gv := action.NewGetValues(c.HelmConfig(t, ns))
 	vals, err := gv.Run(releaseName)
 	if err != nil {
 		t.Fatalf("helm get values %s in %s: %v", releaseName, ns, err)
