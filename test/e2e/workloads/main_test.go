@@ -1,0 +1,206 @@
+// Package workloads runs the seed workloads for real on the local cluster, as a user would: the webhook
+// installed from its chart, a job installed with `helm install`, scaled with `helm upgrade`, watched through
+// pod logs, removed with `helm uninstall`.
+package workloads
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
+)
+
+func TestMain(m *testing.M) { framework.Main(m) }
+
+const (
+	webhookNamespace = "elastic-training-system"
+	webhookRelease   = "elastic-training-webhook"
+	trainer          = "trainer" // the chart's training container
+)
+
+var webhookOnce sync.Once
+
+// installWebhook installs the webhook chart once per test binary (replacing an install left by `make demo`, so
+// the images just built are the ones tested) and waits until the API server really mutates a training pod.
+func installWebhook(t testing.TB, c *framework.Cluster) {
+	t.Helper()
+	webhookOnce.Do(func() {
+		ctx := t.Context()
+		_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: webhookNamespace}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create namespace %s: %v", webhookNamespace, err)
+		}
+		if _, err := c.Kubectl(ctx, "-n", webhookNamespace, "get", "deployment", webhookRelease); err == nil {
+			c.HelmUninstall(t, webhookNamespace, webhookRelease, 2*time.Minute)
+		}
+		c.HelmInstall(t, webhookNamespace, webhookRelease, c.RepoPath("charts/elastic-training-webhook"), map[string]any{
+			"image":   imageValues(framework.WebhookImage),
+			"sidecar": map[string]any{"image": imageValues(framework.SidecarImage)},
+		}, framework.Wait(3*time.Minute))
+		// Ready pods do not mean the API server can call them yet (kube-proxy lags): a server-side dry-run
+		// of a training pod goes through admission exactly like a real create.
+		probe := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "webhook-probe", Labels: map[string]string{constants.LabelJob: "probe", constants.LabelRole: constants.RoleWorker, constants.LabelGroup: "worker"},
+				Annotations: map[string]string{constants.AnnotationFramework: constants.FrameworkCustom, "batch.kubernetes.io/job-completion-index": "1"}},
+			Spec: corev1.PodSpec{Hostname: "probe-worker-1", Subdomain: "probe", Containers: []corev1.Container{{Name: trainer, Image: framework.BusyboxImage}}},
+		}
+		c.WaitFor(t, 2*time.Minute, "the webhook to mutate a dry-run training pod", func(ctx context.Context) (bool, error) {
+			got, err := c.Client.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err != nil {
+				return false, err
+			}
+			return got.Annotations[constants.AnnotationMutated] != "", fmt.Errorf("pod not mutated yet")
+		})
+	})
+}
+
+func imageValues(ref string) map[string]any {
+	repo, tag, _ := strings.Cut(ref, ":")
+	return map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"}
+}
+
+// jobValues reads a values file of the repository (as `-f`), with the training script as `--set-file script=`.
+func jobValues(t testing.TB, c *framework.Cluster, valuesFile, script string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(c.RepoPath(valuesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v", valuesFile, err)
+	}
+	if script != "" {
+		s, err := os.ReadFile(c.RepoPath(script))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v["script"] = string(s)
+	}
+	return v
+}
+
+// set sets a dotted key in nested values, as --set does.
+func set(v map[string]any, key string, val any) {
+	parts := strings.Split(key, ".")
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := v[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			v[p] = next
+		}
+		v = next
+	}
+	v[parts[len(parts)-1]] = val
+}
+
+// livePods are the group's pods that are neither finished nor being deleted, by completion index.
+func livePods(ctx context.Context, c *framework.Cluster, ns, job, group string) ([]corev1.Pod, error) {
+	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job + "," + constants.LabelGroup + "=" + group})
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return podIndex(out[i]) < podIndex(out[j]) })
+	return out, nil
+}
+
+func podIndex(p corev1.Pod) int {
+	i, _ := strconv.Atoi(p.Annotations["batch.kubernetes.io/job-completion-index"])
+	return i
+}
+
+func tailLogs(ctx context.Context, c *framework.Cluster, ns, pod, container string, lines int64) (string, error) {
+	b, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, TailLines: &lines}).DoRaw(ctx)
+	return string(b), err
+}
+
+var stepLine = regexp.MustCompile(`step=(\d+) world_size=(\d+)`)
+
+// lastStep returns the last training step a pod logged and the world size it ran at (-1 when none yet).
+func lastStep(logs string) (step, world int) {
+	m := stepLine.FindAllStringSubmatch(logs, -1)
+	if len(m) == 0 {
+		return -1, -1
+	}
+	step, _ = strconv.Atoi(m[len(m)-1][1])
+	world, _ = strconv.Atoi(m[len(m)-1][2])
+	return step, world
+}
+
+// waitWorld waits until exactly n pods of the group are live and every one of them last trained at world size
+// n*slots, and returns how long that took.
+func waitWorld(t testing.TB, c *framework.Cluster, ns, job, group string, n, slots int, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var last string
+	c.WaitFor(t, timeout, fmt.Sprintf("%d %s pods training at world size %d", n, group, n*slots), func(ctx context.Context) (bool, error) {
+		pods, err := livePods(ctx, c, ns, job, group)
+		if err != nil {
+			return false, err
+		}
+		var states []string
+		ok := len(pods) == n
+		for _, p := range pods {
+			logs, err := tailLogs(ctx, c, ns, p.Name, trainer, 30)
+			if err != nil {
+				ok = false
+				states = append(states, p.Name+": "+err.Error())
+				continue
+			}
+			step, world := lastStep(logs)
+			states = append(states, fmt.Sprintf("%s: step %d world %d", p.Name, step, world))
+			ok = ok && world == n*slots
+		}
+		last = strings.Join(states, "; ")
+		if ok {
+			return true, nil
+		}
+		return false, fmt.Errorf("%d live pods: %s", len(pods), last)
+	})
+	t.Logf("%d %s pods at world size %d after %.1fs (%s)", n, group, n*slots, time.Since(start).Seconds(), last)
+	return time.Since(start)
+}
+
+// waitEmpty waits until nothing the chart created is left in ns (`helm uninstall` leaves nothing behind).
+func waitEmpty(t testing.TB, c *framework.Cluster, ns string) {
+	t.Helper()
+	c.WaitFor(t, 2*time.Minute, "an empty namespace after helm uninstall", func(ctx context.Context) (bool, error) {
+		out, err := c.Kubectl(ctx, "-n", ns, "get", "pods,services,configmaps,secrets,jobs,statefulsets,networkpolicies,poddisruptionbudgets,persistentvolumeclaims,endpointslices", "-o", "name")
+		if err != nil {
+			return false, err
+		}
+		var left []string
+		for _, l := range strings.Fields(out) {
+			if l != "configmap/kube-root-ca.crt" {
+				left = append(left, l)
+			}
+		}
+		if len(left) > 0 {
+			return false, fmt.Errorf("left: %s", strings.Join(left, " "))
+		}
+		return true, nil
+	})
+}
+
+

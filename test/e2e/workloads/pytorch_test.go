@@ -1,0 +1,95 @@
+package workloads
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
+)
+
+const (
+	pytorchValues = "examples/local/pytorch-elastic.yaml"
+	trainScript   = "examples/scripts/elastic_train.py"
+	jobChart      = "charts/elastic-training"
+)
+
+// TestElasticPyTorch is the TorchElastic ElasticJob case: 2 workers (min 1, max 4) train, `helm upgrade` takes
+// them to 3, then 4, then back to 2, every live worker trains at each new world size, the Job ends Complete,
+// and `helm uninstall` leaves nothing behind. Both etcd rendezvous backends torch has.
+func TestElasticPyTorch(t *testing.T) {
+	for _, backend := range []string{"etcd-v2", "etcd"} {
+		t.Run(backend, func(t *testing.T) {
+			c := framework.Get(t)
+			installWebhook(t, c)
+			ns := c.Namespace(t)
+			const job = "elastic"
+			v := jobValues(t, c, pytorchValues, trainScript)
+			set(v, "rendezvous.backend", backend)
+			set(v, "args", []any{"--steps=200", "--step-seconds=0.5"})
+
+			start := time.Now()
+			c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+			waitWorld(t, c, ns, job, "worker", 2, 1, 3*time.Minute)
+			t.Logf("helm install -> first training step at world 2: %.1fs", time.Since(start).Seconds())
+
+			for _, n := range []int{3, 4, 2} {
+				c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
+				d := waitWorld(t, c, ns, job, "worker", n, 1, 2*time.Minute)
+				t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
+			}
+
+			waitJobComplete(t, c, ns, naming.Workload(job, "worker"), 5*time.Minute)
+			// Survivors of the last scale-down finished the run at world size 2.
+			pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "elastic-training.io/job=" + job})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := 0
+			for _, p := range pods.Items {
+				if p.Status.Phase != corev1.PodSucceeded {
+					continue
+				}
+				logs := c.PodLogs(t, ns, p.Name, trainer)
+				if strings.Contains(logs, "done steps=200 world_size=2") {
+					done++
+				}
+			}
+			if done != 2 {
+				t.Errorf("%d succeeded pods logged the end of training at world size 2, want 2", done)
+			}
+
+			c.HelmUninstall(t, ns, job, 2*time.Minute)
+			waitEmpty(t, c, ns)
+		})
+	}
+}
+
+func waitJobComplete(t testing.TB, c *framework.Cluster, ns, name string, timeout time.Duration) {
+	t.Helper()
+	c.WaitFor(t, timeout, "Job "+name+" Complete", func(ctx context.Context) (bool, error) {
+		j, err := c.Client.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, cond := range j.Status.Conditions {
+			if cond.Status != corev1.ConditionTrue {
+				continue
+			}
+			switch cond.Type {
+			case batchv1.JobComplete:
+				return true, nil
+			case batchv1.JobFailed:
+				return false, fmt.Errorf("job failed: %s: %s", cond.Reason, cond.Message)
+			}
+		}
+		return false, fmt.Errorf("active %d succeeded %d failed %d", j.Status.Active, j.Status.Succeeded, j.Status.Failed)
+	})
+}
