@@ -231,7 +231,7 @@ makeIPTablesUtilChains: true
 maxPods: 110
 syncFrequency: 10s
 fileCheckFrequency: 10s
-nodeStatusUpdateFrequency: 10s
+nodeStatusUpdateFrequency: 2s   # a test cluster: Ready and device-plugin changes show up fast
 X
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet-config.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
   --root-dir "$RUN/kubelet" --cert-dir "$RUN/kubelet/pki" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
