@@ -144,8 +144,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-cluster-ip-range "$SVC_CIDR" --allow-privileged=true \
   --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
-  --kubelet-preferred-address-types InternalIP --profiling=false --v=1 \
-  --enable-aggregator-routing=true
+  --kubelet-preferred-address-types InternalIP --profiling=false --v=1
 
 waitfor containerd 30 test -S "$CTR_SOCK"
 "$CLUSTER_DIR/images.sh" --base | sed 's/^/  /'   # imports every tarball in $IMAGES that changed
