@@ -18,6 +18,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -355,8 +356,18 @@ func TestHelmInstallUpgradeTestUninstall(t *testing.T) {
 	}
 	c.HelmTest(t, ns, "web", time.Minute)
 	c.HelmUninstall(t, ns, "web", time.Minute)
-	if _, err := c.Client.AppsV1().StatefulSets(ns).Get(t.Context(), "web", metav1.GetOptions{}); err == nil {
-		t.Errorf("statefulset web still exists after uninstall")
+	if _, err := c.Client.AppsV1().StatefulSets(ns).Get(t.Context(), "web", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("statefulset web after uninstall: err = %v, want NotFound", err)
+	}
+
+	t.Run("a release left installed is uninstalled at cleanup", func(t *testing.T) {
+		c.HelmInstall(t, ns, "left", chart, map[string]any{"replicas": 1})
+		if _, err := c.Client.AppsV1().StatefulSets(ns).Get(t.Context(), "left", metav1.GetOptions{}); err != nil {
+			t.Fatalf("statefulset left after install: %v", err)
+		}
+	})
+	if _, err := c.Client.AppsV1().StatefulSets(ns).Get(t.Context(), "left", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("statefulset left after the subtest's cleanup: err = %v, want NotFound", err)
 	}
 }
 

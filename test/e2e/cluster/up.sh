@@ -144,8 +144,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-cluster-ip-range "$SVC_CIDR" --allow-privileged=true \
   --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
-  --kubelet-preferred-address-types InternalIP --profiling=false --v=1 \
-  --enable-aggregator-routing=true
+  --kubelet-preferred-address-types InternalIP --profiling=false --v=1
 
 waitfor containerd 30 test -S "$CTR_SOCK"
 "$CLUSTER_DIR/images.sh" --base | sed 's/^/  /'   # imports every tarball in $IMAGES that changed
@@ -231,7 +230,7 @@ makeIPTablesUtilChains: true
 maxPods: 110
 syncFrequency: 10s
 fileCheckFrequency: 10s
-nodeStatusUpdateFrequency: 10s
+nodeStatusUpdateFrequency: 2s   # a test cluster: Ready and device-plugin changes show up fast
 X
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet-config.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
   --root-dir "$RUN/kubelet" --cert-dir "$RUN/kubelet/pki" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1

@@ -60,8 +60,8 @@ func applyOptions(opts []HelmOption) helmOptions {
 }
 
 // HelmInstall installs the chart in chartDir as release in ns (a real install through the Helm SDK, as
-// `helm install`), and returns the release. The release is not uninstalled at cleanup: deleting the
-// test's namespace removes it.
+// `helm install`), and returns the release. When the test ends, a release still installed is uninstalled
+// (before the namespace goes), so cluster-scoped objects such as webhook configurations go with it.
 func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
 	t.Helper()
 	ch, err := loader.Load(chartDir)
@@ -72,11 +72,27 @@ func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, va
 	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
 	in.Wait, in.WaitForJobs, in.Timeout = o.wait, o.waitForJobs, o.timeout
+	t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })
 	rel, err := in.RunWithContext(t.Context(), ch, values)
 	if err != nil {
 		t.Fatalf("helm install %s (chart %s) in %s: %v", releaseName, chartDir, ns, err)
 	}
 	return rel
+}
+
+func (c *Cluster) uninstallLeftover(t testing.TB, ns, releaseName string) {
+	if os.Getenv("E2E_KEEP_NAMESPACES") != "" || !c.Running() {
+		return
+	}
+	cfg := c.helmConfig(t, ns)
+	if _, err := action.NewGet(cfg).Run(releaseName); err != nil {
+		return // uninstalled by the test, or never installed
+	}
+	un := action.NewUninstall(cfg)
+	un.Wait, un.Timeout = true, 2*time.Minute
+	if _, err := un.Run(releaseName); err != nil {
+		t.Errorf("cleanup: helm uninstall %s in %s: %v", releaseName, ns, err)
+	}
 }
 
 // HelmUpgrade upgrades release in ns to the chart in chartDir with values (as `helm upgrade`).
