@@ -84,7 +84,7 @@ func (c *Cluster) uninstallLeftover(t testing.TB, ns, releaseName string) {
 	if os.Getenv("E2E_KEEP_NAMESPACES") != "" || !c.Running() {
 		return
 	}
-	cfg := c.helmConfig(t, ns)
+	cfg := c.HelmConfig(t, ns)
 	if _, err := action.NewGet(cfg).Run(releaseName); err != nil {
 		return // uninstalled by the test, or never installed
 	}
