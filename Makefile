@@ -24,6 +24,11 @@ test-e2e:
 	rc=0; $(GO) test -p 1 -count=1 -timeout 40m ./test/e2e/... || rc=$$?; \
 	if [ $$started = 1 ]; then $(CLUSTER)/down.sh; fi; exit $$rc
 
+## demo: an elastic PyTorch job on the local cluster, scaled 2 -> 3 -> 4 -> 2 with helm upgrade (root; the first
+## run builds Kubernetes). Leaves the cluster running; `make cluster-down` stops it.
+demo:
+	hack/demo.sh
+
 ## bench: every performance measurement, each printing ratios against a baseline measured in the same run.
 bench: bench-sidecar bench-webhook
 

@@ -64,7 +64,10 @@ func installWebhook(t testing.TB, c *framework.Cluster) {
 			if err != nil {
 				return false, err
 			}
-			return got.Annotations[constants.AnnotationMutated] != "", fmt.Errorf("pod not mutated yet")
+			if got.Annotations[constants.AnnotationMutated] == "" {
+				return false, fmt.Errorf("pod not mutated yet")
+			}
+			return true, nil
 		})
 	})
 }
