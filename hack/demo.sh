@@ -18,7 +18,8 @@ world() {
   while :; do
     pods=$(kubectl -n "$NS" get pods -l "elastic-training.io/job=$JOB,elastic-training.io/group=worker" \
       --field-selector=status.phase!=Succeeded,status.phase!=Failed \
-      -o jsonpath='{range .items[?(!@.metadata.deletionTimestamp)]}{.metadata.name}{"\n"}{end}' 2>/dev/null || true)
+      -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' 2>/dev/null |
+      awk 'NF == 1 { print $1 }' || true)   # pods being deleted print a second field
     ok=0
     if [ "$(grep -c . <<<"$pods")" = "$n" ]; then
       ok=1
@@ -80,7 +81,7 @@ kubectl -n "$NS" wait --for=condition=complete "job/$JOB-worker" --timeout=10m
 
 say "World size per training step, from kubectl logs $w0 -c trainer"
 kubectl -n "$NS" logs "$w0" -c trainer | awk '
-  /step=/ { for (i = 1; i <= NF; i++) { if ($i ~ /^step=/) s = substr($i, 6); if ($i ~ /^world_size=/) w = substr($i, 12) }
+  / step=[0-9]/ { for (i = 1; i <= NF; i++) { if ($i ~ /^step=/) s = substr($i, 6); if ($i ~ /^world_size=/) w = substr($i, 12) }
             if (w != cur) { if (cur != "") printf "   steps %4d-%-4d world size %s\n", first, last, cur; cur = w; first = s }
             last = s }
   END { if (cur != "") printf "   steps %4d-%-4d world size %s\n", first, last, cur }'
