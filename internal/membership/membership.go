@@ -160,9 +160,19 @@ func (r *Registration) deregister(lease clientv3.LeaseID, key string, log *slog.
 // List returns the members registered now, in hostfile order. Entries that
 // do not decode or validate are skipped and reported in the error.
 func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]hostfile.Member, int64, error) {
+	ms, rev, _, err := list(ctx, cli, prefix)
+	return ms, rev, err
+}
+
+// list also returns every key under prefix, malformed ones included.
+func list(ctx context.Context, cli *clientv3.Client, prefix string) ([]hostfile.Member, int64, map[string]bool, error) {
 	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, 0, fmt.Errorf("list members: %w", err)
+		return nil, 0, nil, fmt.Errorf("list members: %w", err)
+	}
+	keys := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		keys[string(kv.Key)] = true
 	}
 	set := map[string]hostfile.Member{}
 	var errs []error
@@ -174,7 +184,7 @@ func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]hostfile.
 		}
 		set[string(kv.Key)] = m
 	}
-	return sorted(set), resp.Header.Revision, errors.Join(errs...)
+	return sorted(set), resp.Header.Revision, keys, errors.Join(errs...)
 }
 
 func sorted(set map[string]hostfile.Member) []hostfile.Member {
@@ -207,7 +217,7 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, resync time
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ms, rev, err := List(lctx, cli, prefix)
+		ms, rev, keys, err := list(lctx, cli, prefix)
 		cancel()
 		if err != nil && ms == nil {
 			if ctx.Err() == nil {
@@ -228,40 +238,51 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, resync time
 			set[Key(prefix, m.Host)] = m
 		}
 		emit(ms)
-		watchFrom(ctx, cli, prefix, rev, resync, set, log, emit)
+		watchFrom(ctx, cli, prefix, rev, keys, resync, set, log, emit)
 	}
 }
 
 // watchFrom follows changes after rev until the watch breaks or a resync
 // finds it stale.
-func watchFrom(ctx context.Context, cli *clientv3.Client, prefix string, rev int64, resync time.Duration,
+func watchFrom(ctx context.Context, cli *clientv3.Client, prefix string, rev int64, keys map[string]bool, resync time.Duration,
 	set map[string]hostfile.Member, log *slog.Logger, emit func([]hostfile.Member)) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(resync)
 	defer tick.Stop()
+	var clusterID uint64
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			// A cheap check (count only; with 1,000 members, 1,000 watchers
+			// must not each list everything every few seconds): a server that
+			// restarted empty has another cluster ID or an older revision.
 			lctx, lcancel := context.WithTimeout(ctx, 5*time.Second)
-			ms, now, err := List(lctx, cli, prefix)
+			resp, err := cli.Get(lctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 			lcancel()
-			if err == nil && (now < rev || !equal(ms, sorted(set))) {
-				log.Info("membership watch was stale; listing again", "revision", now, "watched_revision", rev)
+			if err != nil {
+				continue
+			}
+			if clusterID == 0 {
+				clusterID = resp.Header.ClusterId
+			}
+			if resp.Header.ClusterId != clusterID || resp.Header.Revision < rev || int(resp.Count) != len(keys) {
+				log.Info("membership watch was stale; listing again", "revision", resp.Header.Revision,
+					"watched_revision", rev, "count", resp.Count, "known", len(set))
 				return
 			}
 		case resp, ok := <-wch:
 			if !ok || resp.Err() != nil || resp.Canceled {
 				return
 			}
-			apply(resp, set, log)
+			apply(resp, set, keys, log)
 			rev = resp.Header.Revision
 			// Coalesce a burst (many members joining at once) into one
 			// emit, so the files are rewritten once, not once per event.
-			if !drain(wch, set, &rev, log) {
+			if !drain(wch, set, keys, &rev, log) {
 				return
 			}
 			emit(sorted(set))
@@ -269,13 +290,15 @@ func watchFrom(ctx context.Context, cli *clientv3.Client, prefix string, rev int
 	}
 }
 
-func apply(resp clientv3.WatchResponse, set map[string]hostfile.Member, log *slog.Logger) {
+func apply(resp clientv3.WatchResponse, set map[string]hostfile.Member, keys map[string]bool, log *slog.Logger) {
 	for _, ev := range resp.Events {
 		k := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete {
 			delete(set, k)
+			delete(keys, k)
 			continue
 		}
+		keys[k] = true
 		m, err := Decode(k, ev.Kv.Value)
 		if err != nil {
 			log.Warn("ignoring malformed member entry", "key", k, "err", err)
@@ -288,14 +311,14 @@ func apply(resp clientv3.WatchResponse, set map[string]hostfile.Member, log *slo
 
 // drain applies every watch response already queued; false means the watch
 // broke.
-func drain(wch clientv3.WatchChan, set map[string]hostfile.Member, rev *int64, log *slog.Logger) bool {
+func drain(wch clientv3.WatchChan, set map[string]hostfile.Member, keys map[string]bool, rev *int64, log *slog.Logger) bool {
 	for {
 		select {
 		case resp, ok := <-wch:
 			if !ok || resp.Err() != nil || resp.Canceled {
 				return false
 			}
-			apply(resp, set, log)
+			apply(resp, set, keys, log)
 			*rev = resp.Header.Revision
 		default:
 			return true

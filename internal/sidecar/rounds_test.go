@@ -31,8 +31,8 @@ func TestRoundFromEvent(t *testing.T) {
 			want:  Round{Backend: "etcd-v2", RunID: "my.run.id", Round: "2", Participants: -1, Master: "worker-0.job.ns.svc"}, ok: true,
 		},
 		"etcd-v2 other store key": {key: "/torch/elastic/store/" + b64("torch.rendezvous.r.0/MASTER_PORT"), value: b64("1")},
-		"etcd-v2 bad base64":       {key: "/torch/elastic/store/%%%", value: ""},
-		"unrelated key":            {key: "/k", value: "v"},
+		"etcd-v2 bad base64":      {key: "/torch/elastic/store/%%%", value: ""},
+		"unrelated key":           {key: "/k", value: "v"},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {

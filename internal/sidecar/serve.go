@@ -92,6 +92,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		os.Remove(snapPath)
 	}
 
+	// torch 2.4/2.5's etcd-v2 backend fails on a store without this
+	// directory ("Key not found : /torch/elastic/store"; fixed upstream later).
+	if err := v2.EnsureDir("/torch/elastic/store"); err != nil {
+		return fmt.Errorf("prepare v2 store: %w", err)
+	}
+
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
 	ec.Dir = cfg.DataDir

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -123,6 +124,9 @@ func Start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
 	t.Cleanup(func() {
 		p.Signal(syscall.SIGKILL)
 		<-p.done
+		if strings.Contains(p.Output(), "WARNING: DATA RACE") {
+			t.Errorf("%s reported a data race", name)
+		}
 		if t.Failed() {
 			t.Logf("--- output of %s ---\n%s", name, p.Output())
 		}

@@ -234,3 +234,14 @@ func TestSnapshotRestore(t *testing.T) {
 	require.Equal(t, a.Store().Index(), b.Store().Index())
 	require.Error(t, b.Restore([]byte("{")))
 }
+
+func TestEnsureDir(t *testing.T) {
+	s := &testServer{New(Config{})}
+	require.NoError(t, s.EnsureDir("/torch/elastic/store"))
+	require.NoError(t, s.EnsureDir("/torch/elastic/store"), "idempotent")
+	code, body := do(t, s.mux(), "GET", "/v2/keys/torch/elastic/store", "")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `"dir":true`)
+	do(t, s.mux(), "PUT", "/v2/keys/file", "value=x")
+	require.Error(t, s.EnsureDir("/file/sub"))
+}

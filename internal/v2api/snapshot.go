@@ -2,8 +2,13 @@ package v2api
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"path"
 	"time"
+
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2error"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 )
 
 // snapshot is what Snapshot writes: the store as etcd saves it, plus the
@@ -52,4 +57,15 @@ func (s *Server) Restore(data []byte) error {
 		s.dirs.dirs[p] = &dirTTL{ttl: e.TTL, deadline: e.Deadline, lastWrite: e.LastWrite, createdIndex: e.CreatedIndex}
 	}
 	return nil
+}
+
+// EnsureDir creates the permanent directory key (as clients name it) unless
+// it exists.
+func (s *Server) EnsureDir(key string) error {
+	_, err := s.store.Create(path.Join(storeKeysPrefix, key), true, "", false, v2store.TTLOptionSet{})
+	var e *v2error.Error
+	if errors.As(err, &e) && e.ErrorCode == v2error.EcodeNodeExist {
+		return nil
+	}
+	return err
 }

@@ -43,7 +43,7 @@ var (
 	members   = flag.Int("members", 1000, "registered members for the size test")
 	parts     = flag.String("parts", "v2ops,probe,torchrun,latency,scale", "which measurements to run, comma-separated")
 	probe     = flag.String("probe", "test/bench/sidecarbench/testdata/rdzv_probe.py", "rendezvous-only probe")
-	probeReps = flag.Int("probe-reps", 5, "repetitions of the rendezvous-only measurement")
+	probeReps = flag.Int("probe-reps", 9, "repetitions of the rendezvous-only measurement")
 )
 
 func main() {

@@ -34,7 +34,11 @@ func TestMain(m *testing.M) {
 	sidecarBin = filepath.Join(dir, "rdzv-sidecar")
 	_, self, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(self), "../../..")
-	build := exec.Command("go", "build", "-o", sidecarBin, "./cmd/rdzv-sidecar")
+	args := []string{"build", "-o", sidecarBin}
+	if os.Getenv("ET_SIDECAR_RACE") != "" {
+		args = append(args, "-race") // the binary then exits 66 on a data race
+	}
+	build := exec.Command("go", append(args, "./cmd/rdzv-sidecar")...)
 	build.Dir = root
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
