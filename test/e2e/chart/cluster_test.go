@@ -22,7 +22,9 @@ func getCluster(t *testing.T) *cluster { return &cluster{framework.Get(t)} }
 
 func (c *cluster) namespace(t *testing.T) string { return c.Namespace(t) }
 
-func (c *cluster) helmConfig(t *testing.T, ns string) *action.Configuration { return c.HelmConfig(t, ns) }
+func (c *cluster) helmConfig(t *testing.T, ns string) *action.Configuration {
+	return c.HelmConfig(t, ns)
+}
 
 func waitFor(t *testing.T, timeout time.Duration, desc string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()

@@ -112,9 +112,19 @@ func set(v map[string]any, key string, val any) {
 	v[parts[len(parts)-1]] = val
 }
 
-// livePods are the group's pods that are neither finished nor being deleted, by completion index.
-func livePods(ctx context.Context, c *framework.Cluster, ns, job, group string) ([]corev1.Pod, error) {
-	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job + "," + constants.LabelGroup + "=" + group})
+// groupSelector selects the pods of one group of a job.
+func groupSelector(job, group string) string {
+	return constants.LabelJob + "=" + job + "," + constants.LabelGroup + "=" + group
+}
+
+// workersSelector selects the training members of a job, whatever their group.
+func workersSelector(job string) string {
+	return constants.LabelJob + "=" + job + "," + constants.LabelRole + "=" + constants.RoleWorker
+}
+
+// livePods are the selected pods that are neither finished nor being deleted, by group and completion index.
+func livePods(ctx context.Context, c *framework.Cluster, ns, selector string) ([]corev1.Pod, error) {
+	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +134,10 @@ func livePods(ctx context.Context, c *framework.Cluster, ns, job, group string) 
 			out = append(out, p)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return podIndex(out[i]) < podIndex(out[j]) })
+	sort.Slice(out, func(i, j int) bool {
+		gi, gj := out[i].Labels[constants.LabelGroup], out[j].Labels[constants.LabelGroup]
+		return gi < gj || gi == gj && podIndex(out[i]) < podIndex(out[j])
+	})
 	return out, nil
 }
 
@@ -151,14 +164,14 @@ func lastStep(logs string) (step, world int) {
 	return step, world
 }
 
-// waitWorld waits until exactly n pods of the group are live and every one of them last trained at world size
+// waitWorld waits until exactly n selected pods are live and every one of them last trained at world size
 // n*slots, and returns how long that took.
-func waitWorld(t testing.TB, c *framework.Cluster, ns, job, group string, n, slots int, timeout time.Duration) time.Duration {
+func waitWorld(t testing.TB, c *framework.Cluster, ns, selector string, n, slots int, timeout time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	var last string
-	c.WaitFor(t, timeout, fmt.Sprintf("%d %s pods training at world size %d", n, group, n*slots), func(ctx context.Context) (bool, error) {
-		pods, err := livePods(ctx, c, ns, job, group)
+	c.WaitFor(t, timeout, fmt.Sprintf("%d pods (%s) training at world size %d", n, selector, n*slots), func(ctx context.Context) (bool, error) {
+		pods, err := livePods(ctx, c, ns, selector)
 		if err != nil {
 			return false, err
 		}
@@ -181,7 +194,7 @@ func waitWorld(t testing.TB, c *framework.Cluster, ns, job, group string, n, slo
 		}
 		return false, fmt.Errorf("%d live pods: %s", len(pods), last)
 	})
-	t.Logf("%d %s pods at world size %d after %.1fs (%s)", n, group, n*slots, time.Since(start).Seconds(), last)
+	t.Logf("%d pods at world size %d after %.1fs (%s)", n, n*slots, time.Since(start).Seconds(), last)
 	return time.Since(start)
 }
 
@@ -205,5 +218,3 @@ func waitEmpty(t testing.TB, c *framework.Cluster, ns string) {
 		return true, nil
 	})
 }
-
-

@@ -37,12 +37,12 @@ func TestElasticPyTorch(t *testing.T) {
 
 			start := time.Now()
 			c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
-			waitWorld(t, c, ns, job, "worker", 2, 1, 3*time.Minute)
+			waitWorld(t, c, ns, groupSelector(job, "worker"), 2, 1, 3*time.Minute)
 			t.Logf("helm install -> first training step at world 2: %.1fs", time.Since(start).Seconds())
 
 			for _, n := range []int{3, 4, 2} {
 				c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
-				d := waitWorld(t, c, ns, job, "worker", n, 1, 2*time.Minute)
+				d := waitWorld(t, c, ns, groupSelector(job, "worker"), n, 1, 2*time.Minute)
 				t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
 			}
 
