@@ -1,0 +1,147 @@
+package workloads
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
+)
+
+// priorityClass creates a cluster-wide PriorityClass for the test (they are not namespaced) and removes it after.
+func priorityClass(t *testing.T, c *framework.Cluster, name string, value int32) {
+	t.Helper()
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}
+	if _, err := c.Client.SchedulingV1().PriorityClasses().Create(t.Context(), pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("priority class %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.SchedulingV1().PriorityClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// TestRolesAndPriorities is the ElasticDL case: 2 core workers at high priority and 2 burst workers at low
+// priority (preemptible, so the rendezvous moves to a dedicated high-priority pod) train in one world. A
+// higher-priority pod that needs the node's (fake) GPUs makes the real kube-scheduler preempt the burst
+// workers: the core workers keep training at world 2. When that pod goes, the burst workers' replacements are
+// scheduled again and the job takes them back at world 4.
+func TestRolesAndPriorities(t *testing.T) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ns := c.Namespace(t)
+	const job = "edl"
+	priorityClass(t, c, "e2e-core", 100000)
+	priorityClass(t, c, "e2e-hog", 50000)
+	priorityClass(t, c, "e2e-burst", 1000)
+
+	v := jobValues(t, c, pytorchValues, trainScript)
+	set(v, "args", []any{"--steps=2000", "--step-seconds=0.5"})
+	set(v, "workers", map[string]any{"replicas": 2, "minReplicas": 2, "maxReplicas": 2, "gpus": 1, "priorityClassName": "e2e-core"})
+	set(v, "workerGroups", map[string]any{"burst": map[string]any{"replicas": 2, "minReplicas": 0, "maxReplicas": 2, "gpus": 1,
+		"preemptible": true, "priorityClassName": "e2e-burst"}})
+	set(v, "rendezvous.priorityClassName", "e2e-core")
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+
+	rdzv, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: groupSelector(job, constants.GroupRdzv)})
+	if err != nil || len(rdzv.Items) != 1 {
+		t.Fatalf("want one dedicated rendezvous pod (burst workers are preemptible): %d pods, err %v", len(rdzv.Items), err)
+	}
+	waitWorld(t, c, ns, workersSelector(job), 4, 1, 3*time.Minute)
+
+	// All 8 fake GPUs are needed by a pod above the burst workers' priority and below the core's.
+	free := framework.FakeGPUCount - 2
+	hog := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-hog"},
+		Spec: corev1.PodSpec{
+			PriorityClassName:             "e2e-hog",
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "hog", Image: framework.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sleep", "3600"},
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+					corev1.ResourceName(framework.FakeGPUResource): resource.MustParse(fmt.Sprint(free))}}}},
+		},
+	}
+	start := time.Now()
+	if _, err := c.Client.CoreV1().Pods(ns).Create(t.Context(), hog, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitPodPhase(t, ns, hog.Name, corev1.PodRunning, 2*time.Minute)
+	t.Logf("burst workers preempted, gpu-hog running after %.1fs", time.Since(start).Seconds())
+	d := waitWorld(t, c, ns, workersSelector(job), 2, 1, 2*time.Minute)
+	core, err := livePods(t.Context(), c, ns, workersSelector(job))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range core {
+		if p.Labels[constants.LabelGroup] != constants.GroupWorker {
+			t.Errorf("pod %s of group %s trains while the burst group should be preempted", p.Name, p.Labels[constants.LabelGroup])
+		}
+	}
+	t.Logf("core workers training alone at world 2 %.1fs after preemption", d.Seconds())
+	ev, _ := c.Kubectl(t.Context(), "-n", ns, "get", "events", "--field-selector=reason=Preempted", "-o", "name")
+	if !strings.Contains(ev, "event") {
+		t.Errorf("no Preempted event: the burst workers were not preempted by the scheduler")
+	}
+
+	if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), hog.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d = waitWorld(t, c, ns, workersSelector(job), 4, 1, 3*time.Minute)
+	t.Logf("burst workers back, world 4 again %.1fs after the GPUs were freed", d.Seconds())
+
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+	waitEmpty(t, c, ns)
+}
+
+// TestScriptRun is the petctl case: `--set-file script=train.py` with arguments runs on 3 workers in a stock
+// image (the host runtime image), with a shared directory (hostPath here, a PVC on a real cluster) where the
+// job writes its checkpoints.
+func TestScriptRun(t *testing.T) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ns := c.Namespace(t)
+	const job = "script"
+	shared := filepath.Join(os.TempDir(), "et-e2e-"+ns)
+	t.Cleanup(func() { os.RemoveAll(shared) })
+
+	v := jobValues(t, c, pytorchValues, trainScript)
+	set(v, "args", []any{"--steps=20", "--step-seconds=0.2", "--checkpoint-dir=/data/checkpoints"})
+	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 3, "maxReplicas": 3})
+	set(v, "volumes", append(v["volumes"].([]any), map[string]any{"name": "shared", "hostPath": map[string]any{"path": shared, "type": "DirectoryOrCreate"}}))
+	set(v, "volumeMounts", append(v["volumeMounts"].([]any), map[string]any{"name": "shared", "mountPath": "/data"}))
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+
+	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 3*time.Minute)
+	ckpts, _ := filepath.Glob(filepath.Join(shared, "checkpoints", "state-*.pt"))
+	if len(ckpts) != 3 {
+		t.Fatalf("checkpoints in the shared directory: %v, want one per worker (3)", ckpts)
+	}
+	for _, f := range ckpts {
+		if !strings.Contains(f, "."+job+"."+ns+".svc") {
+			t.Errorf("checkpoint %s is not named after a worker's DNS name", f)
+		}
+	}
+	pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: groupSelector(job, constants.GroupWorker)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if logs := c.PodLogs(t, ns, p.Name, trainer); !strings.Contains(logs, "done steps=20 world_size=3") {
+			t.Errorf("%s did not finish 20 steps at world size 3 with the script's arguments:\n%s", p.Name, logs)
+		}
+	}
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+	waitEmpty(t, c, ns)
+}
