@@ -122,7 +122,8 @@ func workersSelector(job string) string {
 	return constants.LabelJob + "=" + job + "," + constants.LabelRole + "=" + constants.RoleWorker
 }
 
-// livePods are the selected pods that are neither finished nor being deleted, by group and completion index.
+// livePods are the selected pods that run and are not being deleted (a Pending replacement of a preempted pod
+// does not train), by group and completion index.
 func livePods(ctx context.Context, c *framework.Cluster, ns, selector string) ([]corev1.Pod, error) {
 	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
@@ -130,7 +131,7 @@ func livePods(ctx context.Context, c *framework.Cluster, ns, selector string) ([
 	}
 	var out []corev1.Pod
 	for _, p := range l.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
 			out = append(out, p)
 		}
 	}
