@@ -1,0 +1,213 @@
+package workloads
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
+)
+
+var joinedLine = regexp.MustCompile(`joined rank=\d+ world_size=(\d+) restart=\d+ host=\S+ resume_step=(\d+)`)
+
+// progress is what the test knows of one worker's training before a fault.
+type progress struct{ joins, step int }
+
+func snapshot(t *testing.T, c *framework.Cluster, ns, selector string) map[string]progress {
+	t.Helper()
+	pods, err := livePods(t.Context(), c, ns, selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]progress{}
+	for _, p := range pods {
+		logs := c.PodLogs(t, ns, p.Name, trainer)
+		step, _ := lastStep(logs)
+		out[p.Spec.Hostname] = progress{joins: len(joinedLine.FindAllString(logs, -1)), step: step}
+	}
+	return out
+}
+
+// waitRecovered waits until n workers train at world size n again after a fault, every one of them having
+// re-joined a rendezvous since, and checks that no training progress was lost: the step the job resumed from is
+// at least the furthest step any worker had reached before the fault.
+func waitRecovered(t *testing.T, c *framework.Cluster, ns, selector string, n int, before map[string]progress, start time.Time) time.Duration {
+	t.Helper()
+	furthest := 0
+	for _, p := range before {
+		furthest = max(furthest, p.step)
+	}
+	c.WaitFor(t, 4*time.Minute, fmt.Sprintf("%d workers re-joined and training at world size %d", n, n), func(ctx context.Context) (bool, error) {
+		pods, err := livePods(ctx, c, ns, selector)
+		if err != nil || len(pods) != n {
+			return false, fmt.Errorf("%d live pods (err %v)", len(pods), err)
+		}
+		for _, p := range pods {
+			logs, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: trainer}).DoRaw(ctx)
+			if err != nil {
+				return false, err
+			}
+			joins := joinedLine.FindAllStringSubmatch(string(logs), -1)
+			if len(joins) <= before[p.Spec.Hostname].joins { // a replacement pod starts from 0 joins
+				return false, fmt.Errorf("%s has not re-joined yet", p.Name)
+			}
+			if _, world := lastStep(string(logs)); world != n {
+				return false, fmt.Errorf("%s last trained at world %d", p.Name, world)
+			}
+			if resume, _ := strconv.Atoi(joins[len(joins)-1][2]); resume < furthest {
+				t.Errorf("%s resumed from step %d, but step %d had been reached before the fault: progress lost", p.Name, resume, furthest)
+			}
+		}
+		return true, nil
+	})
+	return time.Since(start)
+}
+
+// TestFaults breaks a running elastic PyTorch job in the ways clusters do and checks that it recovers with
+// nothing lost. Checkpoints are on a shared directory (hostPath here, a PVC on a real cluster), since a
+// replaced pod starts with an empty filesystem.
+func TestFaults(t *testing.T) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ns := c.Namespace(t)
+	const job = "faulty"
+	shared := filepath.Join(os.TempDir(), "et-e2e-"+ns)
+	t.Cleanup(func() { os.RemoveAll(shared) })
+	v := jobValues(t, c, pytorchValues, trainScript)
+	set(v, "args", []any{"--steps=5000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
+	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4})
+	set(v, "volumes", append(v["volumes"].([]any), map[string]any{"name": "shared", "hostPath": map[string]any{"path": shared, "type": "DirectoryOrCreate"}}))
+	set(v, "volumeMounts", append(v["volumeMounts"].([]any), map[string]any{"name": "shared", "mountPath": "/data"}))
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	sel := groupSelector(job, constants.GroupWorker)
+	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)
+	// Let every worker write a checkpoint before breaking things.
+	c.WaitFor(t, time.Minute, "a few training steps", func(ctx context.Context) (bool, error) {
+		for _, p := range snapshot(t, c, ns, sel) {
+			if p.step < 3 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	podOf := func(index int) corev1.Pod {
+		t.Helper()
+		pods, err := livePods(t.Context(), c, ns, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods {
+			if podIndex(p) == index {
+				return p
+			}
+		}
+		t.Fatalf("no live worker with index %d", index)
+		return corev1.Pod{}
+	}
+
+	t.Run("kill -9 of a training process", func(t *testing.T) {
+		before, p := snapshot(t, c, ns, sel), podOf(1)
+		start := time.Now()
+		// torchrun starts the training script as `python3 -u <script>`; the agent's own command line differs.
+		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "sh", "-c", `kill -9 $(pgrep -f -- "-u /etc/elastic-training-script/")`)
+		if err != nil {
+			t.Fatalf("kill: %v: %s", err, out)
+		}
+		t.Logf("recovered from kill -9 of the trainer in %s in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
+	})
+
+	t.Run("delete a worker pod", func(t *testing.T) {
+		before, p := snapshot(t, c, ns, sel), podOf(2)
+		start := time.Now()
+		if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("recovered from deleting %s in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
+	})
+
+	t.Run("delete the pod that serves the rendezvous", func(t *testing.T) {
+		before, p := snapshot(t, c, ns, sel), podOf(0)
+		if p.Labels[constants.LabelRdzvServer] != "true" {
+			t.Fatalf("worker 0 (%s) does not carry %s=true", p.Name, constants.LabelRdzvServer)
+		}
+		start := time.Now()
+		if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("recovered from deleting the rendezvous pod %s in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
+	})
+
+	t.Run("webhook stopped", func(t *testing.T) {
+		scaleWebhook(t, c, 0)
+		stopped := true
+		t.Cleanup(func() {
+			if stopped {
+				scaleWebhook(t, c, 2)
+			}
+		})
+		// A new pod of the job is refused, with an event that says why...
+		c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 4}}, framework.ReuseValues())
+		var msg string
+		c.WaitFor(t, 2*time.Minute, "a FailedCreate event on the Job naming the webhook", func(ctx context.Context) (bool, error) {
+			evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedCreate,involvedObject.name=" + naming.Workload(job, constants.GroupWorker)})
+			if err != nil {
+				return false, err
+			}
+			for _, e := range evs.Items {
+				if strings.Contains(e.Message, "elastic-training") && strings.Contains(e.Message, "webhook") {
+					msg = e.Message
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("%d FailedCreate events, none naming the webhook", len(evs.Items))
+		})
+		t.Logf("job pod refused while the webhook is down: %s", msg)
+		// ...while a pod of any other workload is created as usual,
+		other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "unrelated"}, Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: new(int64),
+			Containers:                    []corev1.Container{{Name: "c", Image: framework.BusyboxImage, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "600"}}}}}
+		if _, err := c.Client.CoreV1().Pods(ns).Create(t.Context(), other, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("a pod without the job label was refused while the webhook is down: %v", err)
+		}
+		// ...and the job keeps training at its size.
+		waitWorld(t, c, ns, sel, 3, 1, time.Minute)
+		before := snapshot(t, c, ns, sel)
+		start := time.Now()
+		scaleWebhook(t, c, 2)
+		stopped = false
+		t.Logf("webhook back: job scaled to 4 after %.1fs", waitRecovered(t, c, ns, sel, 4, before, start).Seconds())
+	})
+
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+}
+
+func scaleWebhook(t *testing.T, c *framework.Cluster, n int) {
+	t.Helper()
+	if out, err := c.Kubectl(context.Background(), "-n", webhookNamespace, "scale", "deployment/"+webhookRelease, fmt.Sprintf("--replicas=%d", n)); err != nil {
+		t.Fatalf("scale webhook to %d: %v: %s", n, err, out)
+	}
+	c.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d webhook pods", n), func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(webhookNamespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		ready := 0
+		for i := range pods.Items {
+			if pods.Items[i].DeletionTimestamp == nil && framework.PodReady(&pods.Items[i]) {
+				ready++
+			}
+		}
+		return ready == n && len(pods.Items) == n, fmt.Errorf("%d pods, %d ready", len(pods.Items), ready)
+	})
+}
