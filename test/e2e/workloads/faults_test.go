@@ -208,6 +208,9 @@ func scaleWebhook(t *testing.T, c *framework.Cluster, n int) {
 				ready++
 			}
 		}
-		return ready == n && len(pods.Items) == n, fmt.Errorf("%d pods, %d ready", len(pods.Items), ready)
+		if ready != n || len(pods.Items) != n {
+			return false, fmt.Errorf("%d pods, %d ready", len(pods.Items), ready)
+		}
+		return true, nil
 	})
 }
