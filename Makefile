@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CACHE ?= $(HOME)/.cache/elastic-training
 
-.PHONY: all build test test-unit test-e2e bench bench-sidecar bench-webhook demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all build test test-unit test-e2e bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
 
 all: build
 
@@ -30,7 +30,12 @@ demo:
 	hack/demo.sh
 
 ## bench: every performance measurement, each printing ratios against a baseline measured in the same run.
-bench: bench-sidecar bench-webhook
+bench: bench-sidecar bench-webhook bench-e2e
+
+## bench-e2e: elastic PyTorch on the local cluster (root): helm install -> first step, scale up/down -> every
+## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run.
+bench-e2e:
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkScaling -benchtime 1x ./test/e2e/workloads
 
 ## Local single-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root; state under $(CACHE).
 CLUSTER := test/e2e/cluster
