@@ -227,7 +227,10 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 			var left []string
 			waitFor(t, 90*time.Second, "an empty namespace after helm uninstall", func(ctx context.Context) (bool, error) {
 				left = leftovers(ctx, t, dc, mapper, disc, ns)
-				return len(left) == 0, fmt.Errorf("left: %v", left)
+				if len(left) > 0 {
+					return false, fmt.Errorf("left: %v", left)
+				}
+				return true, nil
 			})
 		})
 	}

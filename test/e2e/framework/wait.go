@@ -16,7 +16,8 @@ import (
 const PollInterval = 250 * time.Millisecond
 
 // WaitFor polls cond until it returns true, and fails the test when timeout passes first. An error from
-// cond means "not yet, because...": polling goes on, and the last error is part of the failure message.
+// cond with false means "not yet, because...": polling goes on, and the last error is part of the failure
+// message. True ends the wait even with an error.
 // It returns as soon as the test's context is done.
 func (c *Cluster) WaitFor(t testing.TB, timeout time.Duration, desc string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
@@ -35,8 +36,9 @@ func Poll(ctx context.Context, timeout time.Duration, cond func(ctx context.Cont
 	start := time.Now()
 	var last error
 	for {
+		// A condition that holds is success, whatever else it says: the error only explains a "not yet".
 		ok, err := cond(ctx)
-		if ok && err == nil {
+		if ok {
 			return nil
 		}
 		if err != nil {
