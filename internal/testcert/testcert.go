@@ -1,6 +1,6 @@
-// Package testcert makes a throwaway CA and serving certificate for tests and
-// benchmarks of the webhook (never for production: the chart or cert-manager
-// issues those).
+// Package testcert makes a throwaway CA, a serving certificate and a client
+// certificate for tests and benchmarks of the webhook and the sidecar (never for
+// production: the chart or cert-manager issues those).
 package testcert
 
 import (
@@ -18,9 +18,10 @@ import (
 	"time"
 )
 
-// Pair is a CA and a serving certificate signed by it, PEM encoded.
+// Pair is a CA, a serving certificate and a client certificate signed by it, PEM encoded.
 type Pair struct {
-	CA, Cert, Key []byte
+	CA, Cert, Key         []byte
+	ClientCert, ClientKey []byte
 }
 
 // New returns a CA and a certificate for hosts (IP addresses or DNS names), valid for a day.
@@ -40,14 +41,26 @@ func New(hosts ...string) (*Pair, error) {
 		return nil, err
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
+	p := &Pair{CA: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
+	if p.Cert, p.Key, err = issue(ca, caKey, 2, x509.ExtKeyUsageServerAuth, hosts); err != nil {
 		return nil, err
 	}
+	if p.ClientCert, p.ClientKey, err = issue(ca, caKey, 3, x509.ExtKeyUsageClientAuth, []string{"client"}); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, usage x509.ExtKeyUsage, hosts []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]},
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: hosts[0]},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -58,22 +71,19 @@ func New(hosts ...string) (*Pair, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &Pair{
-		CA:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		Cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		Key:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-	}, nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
-// WriteDir writes tls.crt, tls.key and ca.crt into dir.
+// WriteDir writes tls.crt, tls.key, ca.crt, client.crt and client.key into dir.
 func (p *Pair) WriteDir(dir string) error {
-	for name, b := range map[string][]byte{"tls.crt": p.Cert, "tls.key": p.Key, "ca.crt": p.CA} {
+	for name, b := range map[string][]byte{"tls.crt": p.Cert, "tls.key": p.Key, "ca.crt": p.CA, "client.crt": p.ClientCert, "client.key": p.ClientKey} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
 			return fmt.Errorf("write %s: %w", name, err)
 		}

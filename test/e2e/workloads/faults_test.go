@@ -3,8 +3,6 @@ package workloads
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -82,13 +80,10 @@ func TestFaults(t *testing.T) {
 	installWebhook(t, c)
 	ns := c.Namespace(t)
 	const job = "faulty"
-	shared := filepath.Join(os.TempDir(), "et-e2e-"+ns)
-	t.Cleanup(func() { os.RemoveAll(shared) })
 	v := jobValues(t, c, pytorchValues, trainScript)
+	sharedDir(t, v, ns)
 	set(v, "args", []any{"--steps=5000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4})
-	set(v, "volumes", append(v["volumes"].([]any), map[string]any{"name": "shared", "hostPath": map[string]any{"path": shared, "type": "DirectoryOrCreate"}}))
-	set(v, "volumeMounts", append(v["volumeMounts"].([]any), map[string]any{"name": "shared", "mountPath": "/data"}))
 	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
 	sel := groupSelector(job, constants.GroupWorker)
 	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)

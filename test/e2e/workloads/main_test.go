@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"regexp"
 	"sort"
@@ -120,6 +121,17 @@ func groupSelector(job, group string) string {
 // workersSelector selects the training members of a job, whatever their group.
 func workersSelector(job string) string {
 	return constants.LabelJob + "=" + job + "," + constants.LabelRole + "=" + constants.RoleWorker
+}
+
+// sharedDir mounts a host directory at /data in every pod of the job, as a PVC would on a real cluster, and
+// returns its path on this machine (the test runs on the node). It is removed when the test ends.
+func sharedDir(t *testing.T, v map[string]any, ns string) string {
+	t.Helper()
+	dir := filepath.Join(os.TempDir(), "et-e2e-"+ns)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	set(v, "volumes", append(v["volumes"].([]any), map[string]any{"name": "shared", "hostPath": map[string]any{"path": dir, "type": "DirectoryOrCreate"}}))
+	set(v, "volumeMounts", append(v["volumeMounts"].([]any), map[string]any{"name": "shared", "mountPath": "/data"}))
+	return dir
 }
 
 // livePods are the selected pods that run and are not being deleted (a Pending replacement of a preempted pod

@@ -3,7 +3,6 @@ package workloads
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -113,14 +112,11 @@ func TestScriptRun(t *testing.T) {
 	installWebhook(t, c)
 	ns := c.Namespace(t)
 	const job = "script"
-	shared := filepath.Join(os.TempDir(), "et-e2e-"+ns)
-	t.Cleanup(func() { os.RemoveAll(shared) })
 
 	v := jobValues(t, c, pytorchValues, trainScript)
+	shared := sharedDir(t, v, ns)
 	set(v, "args", []any{"--steps=20", "--step-seconds=0.2", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 3, "maxReplicas": 3})
-	set(v, "volumes", append(v["volumes"].([]any), map[string]any{"name": "shared", "hostPath": map[string]any{"path": shared, "type": "DirectoryOrCreate"}}))
-	set(v, "volumeMounts", append(v["volumeMounts"].([]any), map[string]any{"name": "shared", "mountPath": "/data"}))
 	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
 
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 3*time.Minute)

@@ -1,15 +1,7 @@
 package sidecar_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,34 +11,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/testcert"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
-// writeCerts makes a CA, a server cert for 127.0.0.1 and a client cert.
+// writeCerts writes a CA (ca.crt), a server cert for 127.0.0.1 (server.crt/key) and a client cert (client.crt/key).
 func writeCerts(t *testing.T, dir string) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	p, err := testcert.New("127.0.0.1", "localhost")
 	require.NoError(t, err)
-	ca, _ := x509.ParseCertificate(caDER)
-	write := func(name, typ string, b []byte) {
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600))
-	}
-	write("ca.crt", "CERTIFICATE", caDER)
-	for i, name := range []string{"server", "client"} {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		require.NoError(t, err)
-		kb, _ := x509.MarshalECPrivateKey(key)
-		write(name+".crt", "CERTIFICATE", der)
-		write(name+".key", "EC PRIVATE KEY", kb)
+	require.NoError(t, p.WriteDir(dir))
+	for _, f := range []string{"crt", "key"} {
+		require.NoError(t, os.Rename(filepath.Join(dir, "tls."+f), filepath.Join(dir, "server."+f)))
 	}
 }
 
