@@ -191,6 +191,10 @@ func waitWorld(t testing.TB, c *framework.Cluster, ns, selector string, n, slots
 		var states []string
 		ok := len(pods) == n
 		for _, p := range pods {
+			if p.Annotations[constants.AnnotationMutated] == "" {
+				// Without the webhook torchrun runs standalone and trains alone: say so now, not at the timeout.
+				t.Fatalf("pod %s was created without the webhook's mutation (is the MutatingWebhookConfiguration installed?)", p.Name)
+			}
 			logs, err := tailLogs(ctx, c, ns, p.Name, trainer, 30)
 			if err != nil {
 				ok = false
