@@ -17,12 +17,15 @@ test-unit:
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
 
+# The lock the e2e test binaries hold (test/e2e/framework): stopping the cluster must wait for a running one.
+E2E_LOCK := /run/lock/elastic-training-e2e.lock
+
 ## test-e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
 ## stops it again afterwards; a cluster that was already running is left running.
 test-e2e:
 	@set -e; started=0; $(CLUSTER)/status.sh >/dev/null || { started=1; $(CLUSTER)/up.sh; }; \
 	rc=0; $(GO) test -p 1 -count=1 -timeout 40m ./test/e2e/... || rc=$$?; \
-	if [ $$started = 1 ]; then $(CLUSTER)/down.sh; fi; exit $$rc
+	if [ $$started = 1 ]; then flock $(E2E_LOCK) $(CLUSTER)/down.sh; fi; exit $$rc
 
 ## demo: an elastic PyTorch job on the local cluster, scaled 2 -> 3 -> 4 -> 2 with helm upgrade (root; the first
 ## run builds Kubernetes). Leaves the cluster running; `make cluster-down` stops it.

@@ -114,8 +114,9 @@ func TestFaults(t *testing.T) {
 	t.Run("kill -9 of a training process", func(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(1)
 		start := time.Now()
-		// torchrun starts the training script as `python3 -u <script>`; the agent's own command line differs.
-		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "sh", "-c", `kill -9 $(pgrep -f -- "-u /etc/elastic-training-script/")`)
+		// torchrun starts the training script as `python3 -u <script>`; the agent's command line and this shell's
+		// own do not start with python.
+		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "sh", "-c", `kill -9 $(pgrep -f -- "^[^ ]*python[0-9.]* -u /etc/elastic-training-script/")`)
 		if err != nil {
 			t.Fatalf("kill: %v: %s", err, out)
 		}
