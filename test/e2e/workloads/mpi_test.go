@@ -68,6 +68,7 @@ func TestMPI(t *testing.T) {
 		t.Errorf("pod %s has %d slots, want 2 (its nvidia.com/gpu limit)", newPod, want[newPod])
 	}
 	checkPlacement(t, log, 2, want)
+	t.Logf("launcher log (mpirun's --display-map and the rank lines):\n%s", log)
 	c.WaitPodPhase(t, ns, launcher, corev1.PodSucceeded, time.Minute)
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.RoleLauncher), time.Minute)
 
@@ -146,6 +147,18 @@ func checkPlacement(t testing.TB, log string, round int, slots map[string]int) {
 	total := 0
 	for _, n := range slots {
 		total += n
+	}
+	// The hostfile mpirun read, as the launcher printed it just before: "round N hostfile: <fqdn> slots=N,...".
+	used := map[string]int{}
+	if m := regexp.MustCompile(fmt.Sprintf(`(?m)^round %d hostfile: (.*)$`, round)).FindStringSubmatch(log); m != nil {
+		for _, line := range strings.Split(strings.TrimSuffix(m[1], ","), ",") {
+			host, n, _ := strings.Cut(line, " slots=")
+			short, _, _ := strings.Cut(host, ".")
+			used[short], _ = strconv.Atoi(n)
+		}
+	}
+	if fmt.Sprint(used) != fmt.Sprint(slots) {
+		t.Errorf("round %d: the launcher's hostfile gave slots %v, want %v (the webhook's per pod)", round, used, slots)
 	}
 	perPod := map[string]int{}
 	seen := map[int]bool{}
