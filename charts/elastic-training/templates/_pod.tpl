@@ -136,6 +136,9 @@ spec:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if $ssh }}
+  {{- /* ssh-setup runs in the trainer image, so it gets the trainer's own volumeMounts too (an image may bring
+  its tools through them). chmod: an emptyDir is created 0777, and sshd's StrictModes rejects authorized_keys in a
+  group- or world-writable directory. */}}
   initContainers:
     - name: ssh-setup
       image: {{ printf "%s:%s" $image.repository $image.tag }}
@@ -145,6 +148,7 @@ spec:
         - |
           set -eu
           d={{ $rv.mpi.ssh.mountPath }}
+          chmod 0700 "$d"
           cp /etc/elastic-training-ssh/ssh-privatekey "$d/id_ecdsa"
           chmod 0600 "$d/id_ecdsa"
           ssh-keygen -y -f "$d/id_ecdsa" > "$d/id_ecdsa.pub"
@@ -152,6 +156,9 @@ spec:
           printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  IdentityFile %s/id_ecdsa\n' "$d" > "$d/config"
           chmod 0600 "$d/authorized_keys" "$d/config"
       volumeMounts:
+        {{- with (concat ($rv.volumeMounts | default list) ($gv.volumeMounts | default list)) }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
         - name: ssh-key
           mountPath: /etc/elastic-training-ssh
           readOnly: true

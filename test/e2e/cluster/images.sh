@@ -5,7 +5,7 @@
 #   local/busybox:1     Debian busybox-static with its applets, for test pods
 #   local/hostrt:1      "host runtime": an empty merged-/usr skeleton; pods mount the host's /usr,
 #                       /etc/alternatives and /etc/ld.so.cache read-only (hostPath) and so run the host's
-#                       python3/torch/mpirun. For tests and the demo on this machine only.
+#                       python3/torch/mpirun/sshd. For tests and the demo on this machine only.
 #   local/elastic-training-webhook:dev, local/rdzv-sidecar:dev
 #                       the project's ./cmd/webhook and ./cmd/rdzv-sidecar, static (CGO_ENABLED=0); a command
 #                       that does not exist yet is skipped with a message.
@@ -32,10 +32,13 @@ if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] |
   printf 'root:x:0:0:root:/root:/bin/sh\n' > $R/etc/passwd; printf 'root:x:0:\n' > $R/etc/group
   printf 'hosts: files dns\n' > $R/etc/nsswitch.conf
   mk "$BUSYBOX_IMAGE" $R busybox.tar /bin/sh
-  R=rootfs/hostrt; mkdir -p $R/{usr,etc,tmp,root,proc,sys,dev,run,var/tmp}
+  R=rootfs/hostrt; mkdir -p $R/{usr,etc/ssh,tmp,root,proc,sys,dev,run/sshd,var/tmp}
   ( cd $R && ln -s usr/bin bin && ln -s usr/lib lib && ln -s usr/lib64 lib64 && ln -s usr/sbin sbin && chmod 1777 tmp var/tmp )
-  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' > $R/etc/passwd
+  # sshd (MPI workers run the host's /usr/sbin/sshd) needs its privilege-separation user and an empty
+  # root-owned /run/sshd to chroot into; pods generate their own host keys into /etc/ssh.
+  printf 'root:x:0:0:root:/root:/bin/sh\nsshd:x:100:65534::/run/sshd:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' > $R/etc/passwd
   printf 'root:x:0:\nnogroup:x:65534:\n' > $R/etc/group; printf 'hosts: files dns\n' > $R/etc/nsswitch.conf
+  chmod 0755 $R/run/sshd
   mk "$HOSTRT_IMAGE" $R hostrt.tar /bin/sh
   rm -rf rootfs; echo "$base_stamp" > .base-stamp
 fi
