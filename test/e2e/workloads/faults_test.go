@@ -32,7 +32,7 @@ func snapshot(t *testing.T, c *framework.Cluster, ns, selector string) map[strin
 	for _, p := range pods {
 		logs := c.PodLogs(t, ns, p.Name, trainer)
 		step, _ := lastStep(logs)
-		out[p.Spec.Hostname] = progress{joins: len(joinedLine.FindAllString(logs, -1)), step: step}
+		out[p.Name] = progress{joins: len(joinedLine.FindAllString(logs, -1)), step: step}
 	}
 	return out
 }
@@ -57,7 +57,7 @@ func waitRecovered(t *testing.T, c *framework.Cluster, ns, selector string, n in
 				return false, err
 			}
 			joins := joinedLine.FindAllStringSubmatch(string(logs), -1)
-			if len(joins) <= before[p.Spec.Hostname].joins { // a replacement pod starts from 0 joins
+			if len(joins) <= before[p.Name].joins { // a replacement pod (a new name) starts from 0 joins
 				return false, fmt.Errorf("%s has not re-joined yet", p.Name)
 			}
 			if _, world := lastStep(string(logs)); world != n {

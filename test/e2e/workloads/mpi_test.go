@@ -81,7 +81,7 @@ func launcherPod(t testing.TB, c *framework.Cluster, ns, job string) string {
 	t.Helper()
 	var name string
 	c.WaitFor(t, time.Minute, "the launcher pod", func(ctx context.Context) (bool, error) {
-		pods, err := livePods(ctx, c, ns, job, constants.RoleLauncher)
+		pods, err := livePods(ctx, c, ns, groupSelector(job, constants.GroupLauncher))
 		if err != nil || len(pods) != 1 {
 			return false, fmt.Errorf("%d live launcher pods (%v)", len(pods), err)
 		}
