@@ -112,6 +112,15 @@ func TestWebhookTLSWiring(t *testing.T) {
 				return nil
 			})
 
+			// What the chart's helm test runs with TLS (templates/tests/test-rendezvous.yaml): the sidecar's
+			// own client lists the members with the Secret's files.
+			hosts := exec.Command(sidecarBin, "hosts", "--timeout=10s", fmt.Sprintf("--endpoints=https://localhost:%d", port),
+				"--cacert="+filepath.Join(certs, constants.TLSCAName), "--cert="+filepath.Join(certs, constants.TLSCertName),
+				"--key="+filepath.Join(certs, constants.TLSKeyName))
+			out, err := hosts.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			require.Contains(t, string(out), "bert-workers-3.bert.team-a.svc.cluster.local slots=1")
+
 			agentEnv := func(env []corev1.EnvVar) []string {
 				var out []string
 				for _, e := range env {
