@@ -123,6 +123,19 @@ const (
 	DataDir           = "/var/lib/elastic-training"
 )
 
+// Rendezvous TLS: the Secret named by AnnotationRdzvTLSSecret is mounted
+// read-only here in the sidecar and the training container. One certificate
+// (tls.crt/tls.key) serves the rendezvous and authenticates its clients, so it
+// must be valid for the rendezvous Service's DNS name and for client auth.
+// The chart's dedicated rendezvous pod mounts the same Secret at the same path.
+const (
+	TLSVolumeName = "elastic-training-tls"
+	TLSDir        = "/etc/elastic-training-tls"
+	TLSCertName   = "tls.crt"
+	TLSKeyName    = "tls.key"
+	TLSCAName     = "ca.crt"
+)
+
 // MembersPrefix is the etcd v3 key prefix under which join registers members.
 const MembersPrefix = "/elastic-training/members/"
 

@@ -82,8 +82,22 @@ func TestDenied(t *testing.T) {
 		{"port taken by the trainer", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: constants.SidecarHealthPort}}
 		}, []string{`container "trainer" declares port 2381, which is the sidecar's health port`}},
-		{"tls requested", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs" },
-			[]string{"rendezvous TLS is not supported"}},
+		{"tls secret not a DNS subdomain", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "Rdzv_Certs" },
+			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
+		{"tls secret with a slash", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "ns/certs" },
+			[]string{`elastic-training.io/rdzv-tls-secret="ns/certs" is invalid`}},
+		{"tls with the c10d backend", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
+			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendC10d
+		}, []string{"rdzv-tls-secret=\"certs\" with elastic-training.io/rdzv-backend=c10d: torch's c10d rendezvous has no TLS"}},
+		{"tls volume name taken by another volume", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
+			p.Spec.Volumes = []corev1.Volume{{Name: constants.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "other"}}}}
+		}, []string{`volume name "elastic-training-tls" is reserved for the rendezvous TLS Secret "certs"`}},
+		{"tls dir taken", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: constants.TLSDir}}
+		}, []string{`mounts volume "data" at /etc/elastic-training-tls`}},
 		{"bad rdzv service", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvService] = "Rdzv.svc" },
 			[]string{`elastic-training.io/rdzv-service="Rdzv.svc" is invalid`}},
 		{"mxnet counts missing", func(p *corev1.Pod) { p.Annotations[constants.AnnotationFramework] = constants.FrameworkMXNet },

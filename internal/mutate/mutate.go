@@ -80,7 +80,7 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	}
 	fqdn := naming.PodFQDN(pod.Spec.Hostname, pod.Spec.Subdomain, in.Namespace, domain)
 	rdzvHost := naming.ServiceFQDN(s.rdzvService, in.Namespace, domain)
-	rdzvURL := fmt.Sprintf("http://%s:%d", rdzvHost, constants.RdzvClientPort)
+	rdzvURL := fmt.Sprintf("%s://%s:%d", scheme(s), rdzvHost, constants.RdzvClientPort)
 
 	serving := s.rdzvHost && s.index == 0
 	register := s.role == constants.RoleWorker
@@ -114,6 +114,11 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 			return nil, nil, err
 		}
 	}
+	if s.tlsSecret != "" {
+		if err := setSecretVolume(pod, constants.TLSVolumeName, s.tlsSecret); err != nil {
+			return nil, nil, err
+		}
+	}
 	if err := checkPorts(pod, serving); err != nil {
 		return nil, nil, err
 	}
@@ -137,6 +142,13 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	if err := setMount(c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {
 		return nil, nil, err
 	}
+	if s.tlsSecret != "" {
+		// The trainer's own rendezvous client (torchrun, or a launcher's
+		// `rdzv-sidecar wait`) needs the CA and the client certificate too.
+		if err := setMount(c, constants.TLSVolumeName, constants.TLSDir, true); err != nil {
+			return nil, nil, err
+		}
+	}
 
 	// The native sidecar, first among the init containers so that everything
 	// after it (user init containers, then the trainer) starts once it is ready.
@@ -156,6 +168,16 @@ type warner struct{ warnings []string }
 func (w *warner) add(format string, args ...any) {
 	w.warnings = append(w.warnings, fmt.Sprintf(format, args...))
 }
+
+func scheme(s *settings) string {
+	if s.tlsSecret != "" {
+		return "https"
+	}
+	return "http"
+}
+
+// tlsFile is the path of one file of the mounted TLS Secret.
+func tlsFile(name string) string { return path.Join(constants.TLSDir, name) }
 
 func commonEnv(s *settings, fqdn, rdzvURL string) []corev1.EnvVar {
 	return []corev1.EnvVar{
@@ -192,6 +214,23 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string, serving bool) []corev1.EnvVa
 		// never matches a pod's own hostname).
 		port = constants.C10dPort
 		conf["is_host"] = strconv.FormatBool(serving)
+	}
+	if s.tlsSecret != "" {
+		// Both etcd backends talk to the store through python-etcd, but each
+		// names the TLS settings differently (torch's etcd_rendezvous.py vs
+		// etcd_rendezvous_backend.py); c10d + TLS is denied in parseSettings.
+		// The Secret's one certificate is also the client certificate.
+		conf["protocol"] = "https"
+		switch s.backend {
+		case constants.BackendEtcd:
+			conf["cacert"] = tlsFile(constants.TLSCAName)
+			conf["cert"] = tlsFile(constants.TLSCertName)
+			conf["key"] = tlsFile(constants.TLSKeyName)
+		case constants.BackendEtcdV2:
+			conf["ca_cert"] = tlsFile(constants.TLSCAName)
+			conf["ssl_cert"] = tlsFile(constants.TLSCertName)
+			conf["ssl_cert_key"] = tlsFile(constants.TLSKeyName)
+		}
 	}
 	return []corev1.EnvVar{
 		{Name: "PET_RDZV_BACKEND", Value: s.backend},
@@ -280,6 +319,27 @@ func setVolume(pod *corev1.Pod, name string) error {
 	return nil
 }
 
+// setSecretVolume adds a volume name from Secret secret. A pod volume of that
+// name from the same Secret is kept (a re-mutation, or the API server's
+// defaults on it); anything else is a conflict: the sidecar and the trainer
+// must read the Secret the annotation names, not whatever the pod put there.
+func setSecretVolume(pod *corev1.Pod, name, secret string) error {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == name {
+			if v.Secret == nil || v.Secret.SecretName != secret {
+				return fmt.Errorf("volume name %q is reserved for the rendezvous TLS Secret %q (annotation %s): rename the pod's volume",
+					name, secret, constants.AnnotationRdzvTLSSecret)
+			}
+			return nil
+		}
+	}
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
+		Name:         name,
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secret}},
+	})
+	return nil
+}
+
 // checkPorts denies pods whose containers already use the sidecar's ports
 // (all containers of a pod share one network namespace).
 func checkPorts(pod *corev1.Pod, serving bool) error {
@@ -326,14 +386,34 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 		res = cfg.Defaults.SidecarResources.Serve
 		args = []string{ModeServe,
 			"--data-dir=" + constants.DataDir,
-			fmt.Sprintf("--listen-client-urls=http://0.0.0.0:%d", constants.RdzvClientPort),
+			fmt.Sprintf("--listen-client-urls=%s://0.0.0.0:%d", scheme(s), constants.RdzvClientPort),
 			"--advertise-client-urls=" + rdzvURL,
 			"--health-addr=" + health,
 		}
 		mounts = append(mounts, corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir})
 		ports = append(ports, corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP})
+		if s.tlsSecret != "" {
+			// etcd's flag names; every client must present a certificate from the CA.
+			args = append(args,
+				"--cert-file="+tlsFile(constants.TLSCertName),
+				"--key-file="+tlsFile(constants.TLSKeyName),
+				"--trusted-ca-file="+tlsFile(constants.TLSCAName),
+				"--client-cert-auth",
+			)
+		}
 	} else {
 		args = []string{ModeJoin, "--endpoints=" + rdzvURL, "--health-addr=" + health}
+		if s.tlsSecret != "" {
+			// etcdctl's flag names: verify the server, authenticate with the same certificate.
+			args = append(args,
+				"--cacert="+tlsFile(constants.TLSCAName),
+				"--cert="+tlsFile(constants.TLSCertName),
+				"--key="+tlsFile(constants.TLSKeyName),
+			)
+		}
+	}
+	if s.tlsSecret != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: constants.TLSVolumeName, MountPath: constants.TLSDir, ReadOnly: true})
 	}
 	args = append(args,
 		"--files-dir="+constants.FilesDir,
@@ -344,6 +424,8 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 		"--member-group="+s.group,
 		"--member-index="+strconv.Itoa(s.index),
 	)
+	// The health port stays plain HTTP with or without TLS (the sidecar serves
+	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
 	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: constants.SidecarHealthPort, Protocol: corev1.ProtocolTCP})
 	probe := func(period, failures int32) *corev1.Probe {
 		return &corev1.Probe{

@@ -44,6 +44,7 @@ type settings struct {
 	index                       int
 	rdzvHost                    bool
 	rdzvService                 string
+	tlsSecret                   string // "" = plain HTTP rendezvous
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -180,7 +181,13 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		}
 	}
 	if v := ann[constants.AnnotationRdzvTLSSecret]; v != "" {
-		bad.add("annotation", constants.AnnotationRdzvTLSSecret, v, "empty: rendezvous TLS is not supported by this webhook version")
+		// Checked here so that a typo is denied at admission, not left as a pod
+		// stuck in ContainerCreating on a volume that can never mount.
+		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
+			bad.add("annotation", constants.AnnotationRdzvTLSSecret, v, "the name of a Secret in the pod's namespace (a DNS subdomain: lowercase letters, digits, '-', '.')")
+		} else {
+			s.tlsSecret = v
+		}
 	}
 
 	d := cfg.Defaults
@@ -221,6 +228,12 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		}
 		s.minNodes = requireInt(&bad, ann, constants.AnnotationMinNodes, 1, 100000)
 		s.maxNodes = requireInt(&bad, ann, constants.AnnotationMaxNodes, 1, 100000)
+		// torch's c10d rendezvous is a plain TCPStore in the serving agent: it
+		// has no TLS, so a TLS request cannot be honoured for its traffic.
+		if s.backend == constants.BackendC10d && ann[constants.AnnotationRdzvTLSSecret] != "" {
+			bad = append(bad, fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d rendezvous has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
+				constants.AnnotationRdzvTLSSecret, ann[constants.AnnotationRdzvTLSSecret], constants.AnnotationRdzvBackend, constants.BackendC10d))
+		}
 		if s.minNodes > 0 && s.maxNodes > 0 && s.minNodes > s.maxNodes {
 			bad = append(bad, fmt.Sprintf("annotation %s=%d is greater than %s=%d: want min <= max",
 				constants.AnnotationMinNodes, s.minNodes, constants.AnnotationMaxNodes, s.maxNodes))

@@ -25,7 +25,16 @@ type Pair struct {
 }
 
 // New returns a CA and a certificate for hosts (IP addresses or DNS names), valid for a day.
-func New(hosts ...string) (*Pair, error) {
+func New(hosts ...string) (*Pair, error) { return newPair(hosts) }
+
+// NewServerClient is New, but the serving certificate is also a client
+// certificate: the rendezvous TLS Secret holds one tls.crt that the sidecar
+// serves with and that every rendezvous client (join, torchrun) presents.
+func NewServerClient(hosts ...string) (*Pair, error) {
+	return newPair(hosts, x509.ExtKeyUsageClientAuth)
+}
+
+func newPair(hosts []string, moreServingUsages ...x509.ExtKeyUsage) (*Pair, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -42,7 +51,7 @@ func New(hosts ...string) (*Pair, error) {
 	}
 	ca, _ := x509.ParseCertificate(caDER)
 	p := &Pair{CA: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})}
-	if p.Cert, p.Key, err = issue(ca, caKey, 2, x509.ExtKeyUsageServerAuth, hosts); err != nil {
+	if p.Cert, p.Key, err = issue(ca, caKey, 2, x509.ExtKeyUsageServerAuth, hosts, moreServingUsages...); err != nil {
 		return nil, err
 	}
 	if p.ClientCert, p.ClientKey, err = issue(ca, caKey, 3, x509.ExtKeyUsageClientAuth, []string{"client"}); err != nil {
@@ -51,7 +60,7 @@ func New(hosts ...string) (*Pair, error) {
 	return p, nil
 }
 
-func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, usage x509.ExtKeyUsage, hosts []string) (certPEM, keyPEM []byte, err error) {
+func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, usage x509.ExtKeyUsage, hosts []string, more ...x509.ExtKeyUsage) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -60,7 +69,7 @@ func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, usage x5
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: hosts[0]},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: append([]x509.ExtKeyUsage{usage}, more...),
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
