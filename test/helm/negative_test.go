@@ -16,6 +16,7 @@ func TestRejected(t *testing.T) {
 		want string   // substring of the error
 	}{
 		{"unknown framework", []string{"framework=tensorflow"}, "at '/framework': value must be one of 'pytorch', 'mpi', 'mxnet', 'custom'"},
+		{"no member required", []string{"workers.enabled=false", "workerGroups.burst.replicas=1", "workerGroups.burst.minReplicas=0"}, "the worker groups' minReplicas add up to 0"},
 		{"min greater than max", []string{"workers.minReplicas=5", "workers.maxReplicas=2", "workers.replicas=3"}, "workers: minReplicas (5) is greater than maxReplicas (2)"},
 		{"replicas above max", []string{"workers.replicas=9"}, "workers: replicas 9 is outside minReplicas..maxReplicas (1..4); a running job keeps the range it was installed with"},
 		{"replicas below min", []string{"workers.minReplicas=3", "workers.replicas=2"}, "workers: replicas 2 is outside minReplicas..maxReplicas (3..4)"},

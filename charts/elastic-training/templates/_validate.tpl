@@ -35,6 +35,9 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "%s: StatefulSet name %q is longer than 52 characters; use a shorter release name (fullnameOverride) or group name" $g.path $name) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (gt $members 0) (lt (int $plan.minNodes) 1) -}}
+{{- fail "minReplicas: the worker groups' minReplicas add up to 0; at least one member must be required (workers.minReplicas >= 1)" -}}
+{{- end -}}
 {{- if $.Release.IsUpgrade -}}
 {{- /* min/max nodes are in every pod template; a Job's template cannot change, a StatefulSet's would restart its pods. */ -}}
 {{- range $g := $plan.groups -}}

@@ -19,6 +19,7 @@ type helmOptions struct {
 	waitForJobs bool
 	timeout     time.Duration
 	reuseValues bool
+	keep        bool
 }
 
 // Wait makes install/upgrade wait, like `helm --wait --timeout`, until the release's Deployments,
@@ -31,6 +32,10 @@ func Wait(timeout time.Duration) HelmOption {
 func WaitForJobs(timeout time.Duration) HelmOption {
 	return func(o *helmOptions) { o.wait, o.waitForJobs, o.timeout = true, true, timeout }
 }
+
+// KeepAfterTest leaves the release installed when the test that installed it ends, for something a whole
+// test binary shares (the webhook add-on); it goes when the cluster does.
+func KeepAfterTest() HelmOption { return func(o *helmOptions) { o.keep = true } }
 
 // ReuseValues makes an upgrade merge the given values onto the release's current ones (`--reuse-values`).
 func ReuseValues() HelmOption { return func(o *helmOptions) { o.reuseValues = true } }
@@ -72,7 +77,9 @@ func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, va
 	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
 	in.Wait, in.WaitForJobs, in.Timeout = o.wait, o.waitForJobs, o.timeout
-	t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })
+	if !o.keep {
+		t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })
+	}
 	rel, err := in.RunWithContext(t.Context(), ch, values)
 	if err != nil {
 		t.Fatalf("helm install %s (chart %s) in %s: %v", releaseName, chartDir, ns, err)

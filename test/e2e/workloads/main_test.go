@@ -37,7 +37,8 @@ const (
 var webhookOnce sync.Once
 
 // installWebhook installs the webhook chart once per test binary (replacing an install left by `make demo`, so
-// the images just built are the ones tested) and waits until the API server really mutates a training pod.
+// the images just built are the ones tested) and waits until the API server really mutates a training pod. It
+// stays installed after the test that happened to install it: every later test needs it.
 func installWebhook(t testing.TB, c *framework.Cluster) {
 	t.Helper()
 	webhookOnce.Do(func() {
@@ -52,7 +53,7 @@ func installWebhook(t testing.TB, c *framework.Cluster) {
 		c.HelmInstall(t, webhookNamespace, webhookRelease, c.RepoPath("charts/elastic-training-webhook"), map[string]any{
 			"image":   imageValues(framework.WebhookImage),
 			"sidecar": map[string]any{"image": imageValues(framework.SidecarImage)},
-		}, framework.Wait(3*time.Minute))
+		}, framework.Wait(3*time.Minute), framework.KeepAfterTest())
 		// Ready pods do not mean the API server can call them yet (kube-proxy lags): a server-side dry-run
 		// of a training pod goes through admission exactly like a real create.
 		probe := &corev1.Pod{
