@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -191,15 +192,8 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	}
 
 	d := cfg.Defaults
-	s.backend = d.RdzvBackend
-	if v, set := ann[constants.AnnotationRdzvBackend]; set {
-		switch v {
-		case constants.BackendEtcdV2, constants.BackendEtcd, constants.BackendC10d:
-			s.backend = v
-		default:
-			bad.add("annotation", constants.AnnotationRdzvBackend, v, "one of etcd-v2, etcd, c10d")
-		}
-	}
+	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend,
+		constants.BackendEtcdV2, constants.BackendEtcd, constants.BackendC10d)
 	s.joinTimeout = parseInt(&bad, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
 	s.lastCall = parseInt(&bad, ann, constants.AnnotationRdzvLastCallTimeout, d.LastCallTimeout, 1, 86400, "seconds")
 	s.closeTimeout = parseInt(&bad, ann, constants.AnnotationRdzvCloseTimeout, d.CloseTimeout, 1, 86400, "seconds")
@@ -208,15 +202,8 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
 
-	s.flavour = d.MPIFlavour
-	if v, set := ann[constants.AnnotationMPIFlavour]; set {
-		switch v {
-		case constants.FlavourOpenMPI, constants.FlavourMPICH, constants.FlavourIntelMPI:
-			s.flavour = v
-		default:
-			bad.add("annotation", constants.AnnotationMPIFlavour, v, "one of openmpi, mpich, intelmpi")
-		}
-	}
+	s.flavour = parseEnum(&bad, ann, constants.AnnotationMPIFlavour, d.MPIFlavour,
+		constants.FlavourOpenMPI, constants.FlavourMPICH, constants.FlavourIntelMPI)
 
 	switch s.framework {
 	case constants.FrameworkPyTorch:
@@ -314,6 +301,20 @@ func parseInt(bad *invalid, ann map[string]string, key string, def, lo, hi int, 
 		return def
 	}
 	return n
+}
+
+// parseEnum returns the annotation's value when it is one of allowed, def when it is absent, and records a
+// denial naming the valid values otherwise.
+func parseEnum(bad *invalid, ann map[string]string, key, def string, allowed ...string) string {
+	v, set := ann[key]
+	if !set {
+		return def
+	}
+	if !slices.Contains(allowed, v) {
+		bad.add("annotation", key, v, "one of "+strings.Join(allowed, ", "))
+		return def
+	}
+	return v
 }
 
 func requireInt(bad *invalid, ann map[string]string, key string, lo, hi int) int {
