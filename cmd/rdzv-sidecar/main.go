@@ -139,7 +139,7 @@ type memberFlags struct {
 }
 
 func (m *memberFlags) add(fs *flag.FlagSet) {
-	fs.StringVar(&m.filesDir, "files-dir", "", "directory to keep "+constants.HostfileName+", "+constants.DiscoverHostsName+" and a copy of this binary in (empty: write no files)")
+	fs.StringVar(&m.filesDir, "files-dir", "", "directory to keep "+constants.HostfileName+", "+constants.DiscoverHostsName+", a copy of this binary and the PyTorch preStop script "+constants.LeaveScriptName+" in (empty: write no files)")
 	fs.StringVar(&m.flavour, "hostfile-flavour", constants.FlavourOpenMPI, "hostfile syntax: openmpi (host slots=N), mpich or intelmpi (host:N)")
 	fs.BoolVar(&m.register, "register", true, "register this pod as a member (false for an MPI launcher and other non-members)")
 	fs.StringVar(&m.host, "member-host", os.Getenv(constants.EnvMemberHost), "this pod's stable DNS name (default $"+constants.EnvMemberHost+")")
@@ -181,7 +181,11 @@ func (m *memberFlags) prepareFiles(log *slog.Logger) error {
 	if err := sidecar.InstallSelf(m.filesDir, constants.SidecarBinaryName); err != nil {
 		return err
 	}
-	log.Info("installed launcher helper", "path", m.filesDir+"/"+constants.SidecarBinaryName)
+	if err := sidecar.InstallLeaveScript(m.filesDir, constants.LeaveScriptName); err != nil {
+		return err
+	}
+	log.Info("installed launcher helper and preStop script", "path", m.filesDir+"/"+constants.SidecarBinaryName,
+		"prestop", m.filesDir+"/"+constants.LeaveScriptName)
 	return nil
 }
 

@@ -119,6 +119,9 @@ const (
 	// SidecarBinaryName: the sidecar copies itself into FilesDir so launchers can run
 	// `/etc/elastic-training/rdzv-sidecar wait --members=N` in any image.
 	SidecarBinaryName = "rdzv-sidecar"
+	// LeaveScriptName: installed next to it; the webhook makes it a PyTorch trainer's
+	// preStop hook, so a pod removed by a scale-down leaves the etcd-v2 rendezvous at once.
+	LeaveScriptName = "leave-rendezvous.py"
 	DataVolumeName    = "elastic-training-data" // serve mode's etcd data (emptyDir)
 	DataDir           = "/var/lib/elastic-training"
 )

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -141,6 +142,9 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	}
 	if err := setMount(c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {
 		return nil, nil, err
+	}
+	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendEtcdV2 {
+		setLeaveHook(c, w)
 	}
 	if s.tlsSecret != "" {
 		// The trainer's own rendezvous client (torchrun, or a launcher's
@@ -284,6 +288,28 @@ func mxnetEnv(s *settings, namespace, domain string) []corev1.EnvVar {
 		env = append(env, corev1.EnvVar{Name: "DMLC_WORKER_ID", Value: strconv.Itoa(s.index)})
 	}
 	return env
+}
+
+// leaveCommand is the PyTorch trainer's preStop hook: torchrun's agent does
+// not leave the rendezvous on SIGTERM, so without it the survivors of a
+// scale-down wait for torch's dead-node timeout (15 s in torch 1.13) before
+// they re-form. The script is best effort and always exits 0.
+var leaveCommand = []string{"python3", path.Join(constants.FilesDir, constants.LeaveScriptName)}
+
+// setLeaveHook makes leaveCommand c's preStop hook unless the user set one:
+// theirs wins, with a warning, since a pod runs one preStop hook per container.
+func setLeaveHook(c *corev1.Container, w *warner) {
+	if c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
+		if h := c.Lifecycle.PreStop.Exec; h == nil || !slices.Equal(h.Command, leaveCommand) {
+			w.add("container %q keeps its own preStop hook; without %q a scale-down waits for torch's dead-node timeout",
+				c.Name, strings.Join(leaveCommand, " "))
+		}
+		return
+	}
+	if c.Lifecycle == nil {
+		c.Lifecycle = &corev1.Lifecycle{}
+	}
+	c.Lifecycle.PreStop = &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: slices.Clone(leaveCommand)}}
 }
 
 // setEnv adds e to c unless the user already set that variable: the user's

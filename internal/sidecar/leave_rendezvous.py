@@ -1,0 +1,240 @@
+"""Take this pod's torchrun agent out of the etcd-v2 rendezvous before the pod stops.
+
+The webhook runs this as the training container's preStop hook; the sidecar installs it into the shared
+files directory. torchrun's agent does not leave the rendezvous when it gets SIGTERM (torch keeps the round
+open for a restart), so after a scale-down the survivors wait until its heartbeat is judged dead: 15 s in
+torch 1.13, keep_alive_interval x keep_alive_max_attempt in newer releases. Removing the node from the
+round first lets the survivors re-form as soon as their collectives fail.
+
+Best effort by design: whatever goes wrong is logged and the script exits 0, so the pod stops as it would
+have without it. It writes the state back only with a compare-and-swap on the index it read, so a
+concurrent change by an agent is never overwritten; a stale read is retried.
+
+It does not import torch (two seconds of a preStop budget on a small node): the pickled state is read and
+written with stand-ins for torch's classes that keep every attribute they do not know about.
+"""
+
+import base64
+import io
+import json
+import os
+import pickle
+import socket
+import ssl
+import sys
+import time
+import types
+import urllib.error
+import urllib.parse
+import urllib.request
+
+KEY_PREFIX = "/torch/elastic/rendezvous"  # torch's etcd_rendezvous_backend.create_backend
+AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+DEADLINE_S = 10.0
+
+
+def log(level, msg, **kv):
+    fields = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) and (' ' in v or not v) else v}" for k, v in kv.items())
+    line = f"level={level} component=leave-rendezvous msg={json.dumps(msg)} {fields}".rstrip() + "\n"
+    # A preStop hook's output goes nowhere; PID 1's stdout is what `kubectl logs` shows.
+    target = os.environ.get("ET_LEAVE_LOG", "/proc/1/fd/1")
+    if target != "-":
+        try:
+            with open(target, "a") as f:
+                f.write(line)
+            return
+        except OSError:
+            pass
+    sys.stderr.write(line)
+
+
+class Standin:
+    """Stands for a torch class in the pickled state; compares and hashes by its attributes."""
+
+    def _key(self):
+        return tuple(sorted((k, v) for k, v in self.__dict__.items()))
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((type(self).__qualname__, self._key()))
+
+
+def install_standin(module, name):
+    """Returns a stand-in class that pickle finds again under torch's module and name."""
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        mod_name = ".".join(parts[:i])
+        if mod_name not in sys.modules:
+            sys.modules[mod_name] = types.ModuleType(mod_name)
+    mod = sys.modules[module]
+    cls = getattr(mod, name, None)
+    if cls is None:
+        cls = type(name, (Standin,), {"__module__": module, "__qualname__": name})
+        setattr(mod, name, cls)
+    return cls
+
+
+class StateUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "torch" or module.startswith("torch."):
+            return install_standin(module, name)
+        if module in ("datetime", "builtins", "collections", "copyreg"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"unexpected global {module}.{name} in the rendezvous state")
+
+
+def pickle_protocol(data):
+    # PROTO opcode (0x80) then the protocol number; write back with the one torch used.
+    return data[1] if len(data) > 1 and data[0] == 0x80 else pickle.DEFAULT_PROTOCOL
+
+
+def parse_conf(s):
+    conf = {}
+    for item in filter(None, (p.strip() for p in s.split(","))):
+        k, _, v = item.partition("=")
+        conf[k.strip()] = v.strip()
+    return conf
+
+
+def agent_pids():
+    """The torchrun agents running in this container (its own PID namespace)."""
+    if os.environ.get("ET_LEAVE_AGENT_PID"):
+        return {int(p) for p in os.environ["ET_LEAVE_AGENT_PID"].split(",")}
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        # torchrun ... or python -m torch.distributed.run ...: the marker is the program or the module.
+        words = [os.path.basename(a.decode(errors="replace")) for a in argv[:3]]
+        if any(w in AGENT_MARKERS for w in words):
+            pids.add(int(entry))
+    return pids
+
+
+class Store:
+    """The etcd v2 keys API, as python-etcd speaks it to the rendezvous sidecar."""
+
+    def __init__(self, endpoint, conf):
+        scheme = conf.get("protocol", "http").lower()
+        self.base = f"{scheme}://{endpoint}/v2/keys"
+        self.ctx = None
+        if scheme == "https":
+            self.ctx = ssl.create_default_context(cafile=conf.get("ca_cert") or None)
+            if conf.get("ssl_cert"):
+                self.ctx.load_cert_chain(conf["ssl_cert"], conf.get("ssl_cert_key") or None)
+
+    def _do(self, method, key, form=None):
+        data = urllib.parse.urlencode(form).encode() if form is not None else None
+        req = urllib.request.Request(self.base + key, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/x-www-form-urlencoded")
+        try:
+            with urllib.request.urlopen(req, timeout=3, context=self.ctx) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e) if e.headers.get_content_type() == "application/json" else {}
+
+    def get(self, key):
+        return self._do("GET", key)
+
+    def cas(self, key, value, prev_index, ttl):
+        form = {"value": value, "prevIndex": str(prev_index)}
+        if ttl:
+            form["ttl"] = str(ttl)
+        return self._do("PUT", key, form)
+
+
+def node_addr(node):
+    # torch >= 2.2 names it addr, older releases fqdn.
+    return node.__dict__.get("addr", node.__dict__.get("fqdn"))
+
+
+def leave(state, ours, min_nodes):
+    """Removes our nodes the way torch's _remove_from_participants does; returns what was removed."""
+    d = state.__dict__
+    removed = set()
+    participants = d.get("participants", {})
+    for node in ours:
+        if node in participants:
+            del participants[node]
+            removed.add(node)
+        d.get("last_heartbeats", {}).pop(node, None)
+        for name in ("wait_list", "redundancy_list"):
+            s = d.get(name)
+            if s is not None and node in s:
+                s.discard(node)
+                removed.add(node)
+    # torch's _remove_participant_epilogue.
+    if d.get("complete"):
+        if not participants:
+            d["complete"] = False
+            d["round"] = d.get("round", 0) + 1
+    elif len(participants) < min_nodes:
+        d["deadline"] = None
+    return removed
+
+
+def main():
+    backend = os.environ.get("PET_RDZV_BACKEND", "")
+    if backend != "etcd-v2":
+        log("INFO", "nothing to do for this rendezvous backend", backend=backend or "unset")
+        return
+    run_id = os.environ.get("PET_RDZV_ID", "")
+    endpoint = os.environ.get("PET_RDZV_ENDPOINT", "")
+    if not run_id or not endpoint:
+        log("WARN", "PET_RDZV_ID or PET_RDZV_ENDPOINT unset; not leaving")
+        return
+    min_nodes = int(os.environ.get("PET_NNODES", "1").split(":")[0] or 1)
+    addrs = {a for a in (os.environ.get("PET_LOCAL_ADDR"), socket.getfqdn()) if a}
+    pids = agent_pids()
+    if not pids:
+        log("INFO", "no torchrun agent runs in this container; nothing to leave")
+        return
+    store = Store(endpoint, parse_conf(os.environ.get("PET_RDZV_CONF", "")))
+    key = f"{KEY_PREFIX}/{run_id}"
+    deadline = time.monotonic() + DEADLINE_S
+    attempt = 0
+    while time.monotonic() < deadline:
+        attempt += 1
+        status, body = store.get(key)
+        if status == 404:
+            log("INFO", "no rendezvous state; nothing to leave", run_id=run_id)
+            return
+        if status != 200:
+            raise RuntimeError(f"GET {key}: HTTP {status} {body}")
+        node = body["node"]
+        raw = base64.b64decode(node["value"])
+        state = StateUnpickler(io.BytesIO(raw)).load()
+        participants = state.__dict__.get("participants", {})
+        waiting = set(state.__dict__.get("wait_list", set())) | set(state.__dict__.get("redundancy_list", set()))
+        ours = [n for n in list(participants) + list(waiting)
+                if node_addr(n) in addrs and n.__dict__.get("pid") in pids]
+        if not ours:
+            log("INFO", "this agent is not in the rendezvous", run_id=run_id, round=state.__dict__.get("round"))
+            return
+        removed = leave(state, ours, min_nodes)
+        value = base64.b64encode(pickle.dumps(state, protocol=pickle_protocol(raw))).decode()
+        status, body = store.cas(key, value, node["modifiedIndex"], node.get("ttl"))
+        if status in (200, 201):
+            log("INFO", "left the rendezvous before stopping", run_id=run_id, round=state.__dict__.get("round"),
+                removed=len(removed), remaining=len(state.__dict__.get("participants", {})), attempts=attempt)
+            return
+        if status != 412:  # 412: an agent changed the state since we read it; read again
+            raise RuntimeError(f"compare-and-swap {key}: HTTP {status} {body}")
+        time.sleep(0.05)
+    log("WARN", "gave up leaving the rendezvous: the state kept changing", run_id=run_id, attempts=attempt)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - best effort: never hold up the pod's shutdown
+        log("WARN", "could not leave the rendezvous; the others will drop this node when its heartbeat expires",
+            error=f"{type(e).__name__}: {e}")

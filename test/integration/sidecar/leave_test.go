@@ -1,0 +1,160 @@
+package sidecar_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// runLeave runs the preStop script the sidecar installed, as the webhook's
+// hook does, with env on top of what the trainer has. ET_LEAVE_AGENT_PID
+// names the agent: here all agents share one host, so the script's own
+// search (every torchrun in the container's PID namespace) would find them all.
+func runLeave(t *testing.T, filesDir string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command("/usr/bin/python3", filepath.Join(filesDir, constants.LeaveScriptName))
+	cmd.Env = append(os.Environ(), append([]string{"ET_LEAVE_LOG=-"}, env...)...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the preStop script must always exit 0:\n%s", out)
+	return string(out)
+}
+
+// participants reads the dynamic rendezvous state with torch's own backend
+// and classes, and returns the participants' agent PIDs.
+func participants(t *testing.T, s *server, runID string) []int {
+	t.Helper()
+	const read = `
+import json, pickle, sys
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import create_backend
+backend, _ = create_backend(RendezvousParameters("etcd-v2", sys.argv[1], sys.argv[2], 1, 3))
+state = pickle.loads(backend.get_state()[0])
+print(json.dumps(sorted(n.pid for n in state.participants)))
+`
+	out, err := exec.Command("/usr/bin/python3", "-c", read, strings.TrimPrefix(s.URL, "http://"), runID).CombinedOutput()
+	require.NoError(t, err, "read the rendezvous state with torch:\n%s", out)
+	var pids []int
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &pids), "%s", out)
+	return pids
+}
+
+// A torchrun agent whose pod stops runs the preStop script first: the
+// script takes it out of the etcd-v2 round, torch reads back what it wrote,
+// and the survivors re-form at world 2 once the agent gets SIGTERM.
+func TestLeaveRendezvousBeforeStop(t *testing.T) {
+	filesDir := t.TempDir()
+	s := startServe(t, "--files-dir="+filesDir)
+	require.FileExists(t, filepath.Join(filesDir, constants.LeaveScriptName), "serve installs the preStop script")
+
+	const runID = "leave"
+	script := trainScript(t)
+	args := append(agentArgs(s, "etcd-v2", runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
+	env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+	a := startAgent(t, "agent-0", env, args...)
+	b := startAgent(t, "agent-1", env, args...)
+	c := startAgent(t, "agent-2", env, args...)
+	at3 := 0
+	testenv.Eventually(t, 150*time.Second, "world 3 on every agent", func() error {
+		for _, p := range []*testenv.Proc{a, b, c} {
+			if i := strings.LastIndex(p.Output(), "world=3 "); i < 0 {
+				return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
+			} else if p == a {
+				at3 = i
+			}
+		}
+		return nil
+	})
+	all := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid, c.Cmd.Process.Pid}
+	sort.Ints(all)
+	require.Equal(t, all, participants(t, s, runID))
+
+	leaveEnv := []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ENDPOINT=" + strings.TrimPrefix(s.URL, "http://"),
+		"PET_RDZV_ID=" + runID, "PET_NNODES=2:3", "ET_LEAVE_AGENT_PID=" + strconv.Itoa(c.Cmd.Process.Pid)}
+	start := time.Now()
+	out := runLeave(t, filesDir, leaveEnv...)
+	t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
+	require.Contains(t, out, `msg="left the rendezvous before stopping"`)
+	require.Contains(t, out, "removed=1 remaining=2")
+	require.Equal(t, []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid}, participants(t, s, runID), "torch reads the state the script wrote")
+
+	// Running it again (a second preStop, or a retry) changes nothing.
+	require.Contains(t, runLeave(t, filesDir, leaveEnv...), `msg="this agent is not in the rendezvous"`)
+
+	c.Signal(syscall.SIGTERM)
+	c.Wait(t, 60*time.Second)
+	testenv.Eventually(t, 120*time.Second, "world 2 on the survivors", func() error {
+		for _, p := range []*testenv.Proc{a, b} {
+			if i := strings.LastIndex(p.Output(), "world=2 "); i < at3 {
+				return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
+			}
+		}
+		return nil
+	})
+	t.Logf("preStop + SIGTERM → survivors at world 2: %s (TestTorchrunElasticGrowShrink logs the same step without the script)",
+		time.Since(start).Round(100*time.Millisecond))
+}
+
+// What the script cannot use, it leaves alone: it logs why and exits 0.
+func TestLeaveRendezvousLosesNothing(t *testing.T) {
+	filesDir := t.TempDir()
+	s := startServe(t, "--files-dir="+filesDir)
+	endpoint := strings.TrimPrefix(s.URL, "http://")
+	key := s.URL + "/v2/keys/torch/elastic/rendezvous/"
+	put := func(run, value string) {
+		req, _ := http.NewRequest("PUT", key+run, strings.NewReader(url.Values{"value": {value}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 201, resp.StatusCode)
+	}
+	value := func(run string) string {
+		code, body, err := v2Get(key + run)
+		require.NoError(t, err)
+		require.Equal(t, 200, code, "%v", body)
+		return body["node"].(map[string]any)["value"].(string)
+	}
+	put("not-base64", "%%% not base64 %%%")
+	put("not-a-pickle", "aGVsbG8gd29ybGQ=")
+	// A pickle that names something other than torch's state must not be loaded.
+	put("foreign-global", "gASVHwAAAAAAAACMBXBvc2l4lIwGc3lzdGVtlJOUjARlY2hvlIWUUpQu")
+
+	base := []string{"PET_RDZV_ENDPOINT=" + endpoint, "PET_NNODES=1:4", "ET_LEAVE_AGENT_PID=1"}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"legacy etcd backend", []string{"PET_RDZV_BACKEND=etcd", "PET_RDZV_ID=x"}, `msg="nothing to do for this rendezvous backend" backend=etcd`},
+		{"no run id", []string{"PET_RDZV_BACKEND=etcd-v2"}, `msg="PET_RDZV_ID or PET_RDZV_ENDPOINT unset; not leaving"`},
+		{"no state yet", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=absent"}, `msg="no rendezvous state; nothing to leave"`},
+		{"state not base64", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=not-base64"}, `msg="could not leave the rendezvous`},
+		{"state not a pickle", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=not-a-pickle"}, `error="UnpicklingError`},
+		{"foreign global", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=foreign-global"}, "unexpected global posix.system"},
+		{"server down", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=x", fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", testenv.FreePort(t))}, "URLError"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := runLeave(t, filesDir, append(base, tc.env...)...)
+			require.Contains(t, out, tc.want)
+		})
+	}
+	require.Equal(t, "%%% not base64 %%%", value("not-base64"))
+	require.Equal(t, "aGVsbG8gd29ybGQ=", value("not-a-pickle"))
+	require.Equal(t, "gASVHwAAAAAAAACMBXBvc2l4lIwGc3lzdGVtlJOUjARlY2hvlIWUUpQu", value("foreign-global"))
+}
