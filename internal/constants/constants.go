@@ -122,8 +122,8 @@ const (
 	// LeaveScriptName: installed next to it; the webhook makes it a PyTorch trainer's
 	// preStop hook, so a pod removed by a scale-down leaves the etcd-v2 rendezvous at once.
 	LeaveScriptName = "leave-rendezvous.py"
-	DataVolumeName    = "elastic-training-data" // serve mode's etcd data (emptyDir)
-	DataDir           = "/var/lib/elastic-training"
+	DataVolumeName  = "elastic-training-data" // serve mode's etcd data (emptyDir)
+	DataDir         = "/var/lib/elastic-training"
 )
 
 // Rendezvous TLS: the Secret named by AnnotationRdzvTLSSecret is mounted
