@@ -32,7 +32,7 @@ type Config struct {
 // Defaults are the values used when a pod's annotations do not say otherwise.
 // The rendezvous timeouts are chosen for fast scale-up and scale-down (see
 // docs/contract.md): torchrun's own last_call_timeout of 30 s makes every
-// elastic start wait 30 s; 5 s is enough for pods created together.
+// elastic start wait 30 s; 2 s is enough for pods created together.
 type Defaults struct {
 	RdzvBackend          string
 	JoinTimeout          int // seconds an agent waits for min nodes
@@ -60,7 +60,7 @@ func DefaultConfig() Config {
 		Defaults: Defaults{
 			RdzvBackend:          constants.BackendEtcdV2,
 			JoinTimeout:          600,
-			LastCallTimeout:      5,
+			LastCallTimeout:      2,
 			CloseTimeout:         10,
 			KeepAliveInterval:    2,
 			KeepAliveMaxAttempts: 3,

@@ -55,7 +55,7 @@ func TestDefaults(t *testing.T) {
 	c := pod.Containers[0]
 	assert.Contains(t, c.Args, "--webhook-namespace="+ns)
 	assert.Contains(t, c.Args, "--sidecar-image=ghcr.io/elastic-training/rdzv-sidecar:0.1.0")
-	assert.Contains(t, c.Args, "--default-last-call-timeout=5")
+	assert.Contains(t, c.Args, "--default-last-call-timeout=2")
 	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
 	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
 	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
