@@ -143,7 +143,7 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	if err := setMount(c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {
 		return nil, nil, err
 	}
-	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendEtcdV2 {
+	if s.framework == constants.FrameworkPyTorch && s.backend != constants.BackendC10d {
 		setLeaveHook(c, w)
 	}
 	if s.tlsSecret != "" {

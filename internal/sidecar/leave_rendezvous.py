@@ -1,10 +1,11 @@
-"""Take this pod's torchrun agent out of the etcd-v2 rendezvous before the pod stops.
+"""Take this pod's torchrun agent out of the etcd-v2 (or legacy etcd) rendezvous before the pod stops.
 
 The webhook runs this as the training container's preStop hook; the sidecar installs it into the shared
 files directory. torchrun's agent does not leave the rendezvous when it gets SIGTERM (torch keeps the round
 open for a restart), so after a scale-down the survivors wait until its heartbeat is judged dead: 15 s in
-torch 1.13, keep_alive_interval x keep_alive_max_attempt in newer releases. Removing the node from the
-round first lets the survivors re-form as soon as their collectives fail.
+torch 1.13, keep_alive_interval x keep_alive_max_attempt in newer releases; the legacy etcd backend waits for
+its 10 s keep-alive key to expire. Removing the node from the round (or deleting its keep-alive key) first lets
+the survivors re-form as soon as their collectives fail.
 
 Best effort by design: whatever goes wrong is logged and the script exits 0, so the pod stops as it would
 have without it. It writes the state back only with a compare-and-swap on the index it read, so a
@@ -144,11 +145,63 @@ class Store:
     def get(self, key):
         return self._do("GET", key)
 
+    def delete(self, key):
+        return self._do("DELETE", key)
+
     def cas(self, key, value, prev_index, ttl):
         form = {"value": value, "prevIndex": str(prev_index)}
         if ttl:
             form["ttl"] = str(ttl)
         return self._do("PUT", key, form)
+
+
+def group_rank(pids, run_id):
+    """The agent's rank in the legacy rendezvous, as its workers got it (GROUP_RANK)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid not in pids:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        if env.get(b"TORCHELASTIC_RUN_ID", b"").decode() == run_id and b"GROUP_RANK" in env:
+            return int(env[b"GROUP_RANK"])
+    return None
+
+
+def leave_legacy(store, run_id, conf, pids):
+    """Deletes this agent's keep-alive key, which the others take as the end of the round (etcd_rendezvous.py)."""
+    prefix = conf.get("etcd_prefix", "/torchelastic/p2p")
+    prefix += "" if prefix.endswith("/") else "/"
+    active = f"{prefix}run_{run_id}/rdzv/active_version"
+    status, body = store.get(active)
+    if status == 404:
+        log("INFO", "no rendezvous state; nothing to leave", run_id=run_id)
+        return
+    if status != 200:
+        raise RuntimeError(f"GET {active}: HTTP {status} {body}")
+    state = json.loads(body["node"]["value"])
+    if state.get("status") != "final":
+        log("INFO", "the rendezvous is not final; nothing to leave", run_id=run_id, status=state.get("status"))
+        return
+    rank = group_rank(pids, run_id)
+    keys = [k for k in state.get("keep_alives", []) if rank is not None and k.endswith(f"/rank_{rank}")]
+    if not keys:
+        log("INFO", "this agent is not in the rendezvous", run_id=run_id, version=state.get("version"), rank=rank)
+        return
+    status, body = store.delete(keys[0])
+    if status == 404:  # expired, or a preStop already ran
+        log("INFO", "this agent is not in the rendezvous", run_id=run_id, version=state.get("version"), rank=rank)
+        return
+    if status != 200:
+        raise RuntimeError(f"DELETE {keys[0]}: HTTP {status} {body}")
+    log("INFO", "left the rendezvous before stopping", run_id=run_id, version=state.get("version"), rank=rank,
+        key=keys[0])
 
 
 def node_addr(node):
@@ -183,7 +236,7 @@ def leave(state, ours, min_nodes):
 
 def main():
     backend = os.environ.get("PET_RDZV_BACKEND", "")
-    if backend != "etcd-v2":
+    if backend not in ("etcd-v2", "etcd"):
         log("INFO", "nothing to do for this rendezvous backend", backend=backend or "unset")
         return
     run_id = os.environ.get("PET_RDZV_ID", "")
@@ -197,7 +250,14 @@ def main():
     if not pids:
         log("INFO", "no torchrun agent runs in this container; nothing to leave")
         return
-    store = Store(endpoint, parse_conf(os.environ.get("PET_RDZV_CONF", "")))
+    conf = parse_conf(os.environ.get("PET_RDZV_CONF", ""))
+    if backend == "etcd":
+        # The legacy backend names its TLS files differently (etcd_rendezvous.py's cacert, cert, key).
+        conf.update({"ca_cert": conf.get("cacert", ""), "ssl_cert": conf.get("cert", ""), "ssl_cert_key": conf.get("key", "")})
+    store = Store(endpoint, conf)
+    if backend == "etcd":
+        leave_legacy(store, run_id, conf, pids)
+        return
     key = f"{KEY_PREFIX}/{run_id}"
     deadline = time.monotonic() + DEADLINE_S
     attempt = 0

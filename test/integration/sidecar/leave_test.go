@@ -54,60 +54,110 @@ print(json.dumps(sorted(n.pid for n in state.participants)))
 	return pids
 }
 
-// A torchrun agent whose pod stops runs the preStop script first: the
-// script takes it out of the etcd-v2 round, torch reads back what it wrote,
-// and the survivors re-form at world 2 once the agent gets SIGTERM.
+// A torchrun agent whose pod stops runs the preStop script first. On
+// etcd-v2 the script takes the agent out of the round and torch reads back
+// what it wrote; on the legacy etcd backend it deletes the agent's keep-alive
+// key. Either way the survivors re-form at world 2 once the agent gets SIGTERM.
 func TestLeaveRendezvousBeforeStop(t *testing.T) {
-	filesDir := t.TempDir()
-	s := startServe(t, "--files-dir="+filesDir)
-	require.FileExists(t, filepath.Join(filesDir, constants.LeaveScriptName), "serve installs the preStop script")
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			filesDir := t.TempDir()
+			s := startServe(t, "--files-dir="+filesDir)
+			require.FileExists(t, filepath.Join(filesDir, constants.LeaveScriptName), "serve installs the preStop script")
 
-	const runID = "leave"
-	script := trainScript(t)
-	args := append(agentArgs(s, "etcd-v2", runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
-	env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
-	a := startAgent(t, "agent-0", env, args...)
-	b := startAgent(t, "agent-1", env, args...)
-	c := startAgent(t, "agent-2", env, args...)
-	at3 := 0
-	testenv.Eventually(t, 150*time.Second, "world 3 on every agent", func() error {
-		for _, p := range []*testenv.Proc{a, b, c} {
-			if i := strings.LastIndex(p.Output(), "world=3 "); i < 0 {
-				return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
-			} else if p == a {
-				at3 = i
+			runID := "leave-" + backend
+			script := trainScript(t)
+			args := append(agentArgs(s, backend, runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
+			env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+			a := startAgent(t, "agent-0", env, args...)
+			b := startAgent(t, "agent-1", env, args...)
+			c := startAgent(t, "agent-2", env, args...)
+			at3 := 0
+			testenv.Eventually(t, 150*time.Second, "world 3 on every agent", func() error {
+				for _, p := range []*testenv.Proc{a, b, c} {
+					if i := strings.LastIndex(p.Output(), "world=3 "); i < 0 {
+						return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
+					} else if p == a {
+						at3 = i
+					}
+				}
+				return nil
+			})
+			var check func(leaveOutput string)
+			switch backend {
+			case "etcd-v2":
+				all := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid, c.Cmd.Process.Pid}
+				sort.Ints(all)
+				require.Equal(t, all, participants(t, s, runID))
+				check = func(out string) {
+					require.Contains(t, out, "removed=1 remaining=2")
+					survivors := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid}
+					sort.Ints(survivors)
+					require.Equal(t, survivors, participants(t, s, runID), "torch reads the state the script wrote")
+				}
+			case "etcd":
+				rank := groupRankOf(t, c)
+				key := fmt.Sprintf("%s/v2/keys/torchelastic/p2p/run_%s/rdzv/v_%s/rank_%d", s.URL, runID, legacyVersion(t, s, runID), rank)
+				code, _, err := v2Get(key)
+				require.NoError(t, err)
+				require.Equal(t, 200, code, "agent-2's keep-alive key %s", key)
+				check = func(out string) {
+					require.Contains(t, out, fmt.Sprintf("rank=%d", rank))
+					code, _, err := v2Get(key)
+					require.NoError(t, err)
+					require.Equal(t, 404, code, "the keep-alive key is gone")
+				}
 			}
-		}
-		return nil
-	})
-	all := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid, c.Cmd.Process.Pid}
-	sort.Ints(all)
-	require.Equal(t, all, participants(t, s, runID))
 
-	leaveEnv := []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ENDPOINT=" + strings.TrimPrefix(s.URL, "http://"),
-		"PET_RDZV_ID=" + runID, "PET_NNODES=2:3", "ET_LEAVE_AGENT_PID=" + strconv.Itoa(c.Cmd.Process.Pid)}
-	start := time.Now()
-	out := runLeave(t, filesDir, leaveEnv...)
-	t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
-	require.Contains(t, out, `msg="left the rendezvous before stopping"`)
-	require.Contains(t, out, "removed=1 remaining=2")
-	require.Equal(t, []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid}, participants(t, s, runID), "torch reads the state the script wrote")
+			leaveEnv := []string{"PET_RDZV_BACKEND=" + backend, "PET_RDZV_ENDPOINT=" + strings.TrimPrefix(s.URL, "http://"),
+				"PET_RDZV_ID=" + runID, "PET_NNODES=2:3", "ET_LEAVE_AGENT_PID=" + strconv.Itoa(c.Cmd.Process.Pid)}
+			start := time.Now()
+			out := runLeave(t, filesDir, leaveEnv...)
+			t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
+			require.Contains(t, out, `msg="left the rendezvous before stopping"`)
+			check(out)
 
-	// Running it again (a second preStop, or a retry) changes nothing.
-	require.Contains(t, runLeave(t, filesDir, leaveEnv...), `msg="this agent is not in the rendezvous"`)
+			// Running it again (a second preStop, or a retry) changes nothing.
+			require.Contains(t, runLeave(t, filesDir, leaveEnv...), `msg="this agent is not in the rendezvous"`)
 
-	c.Signal(syscall.SIGTERM)
-	c.Wait(t, 60*time.Second)
-	testenv.Eventually(t, 120*time.Second, "world 2 on the survivors", func() error {
-		for _, p := range []*testenv.Proc{a, b} {
-			if i := strings.LastIndex(p.Output(), "world=2 "); i < at3 {
-				return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
-			}
-		}
-		return nil
-	})
-	t.Logf("preStop + SIGTERM → survivors at world 2: %s (TestTorchrunElasticGrowShrink logs the same step without the script)",
-		time.Since(start).Round(100*time.Millisecond))
+			c.Signal(syscall.SIGTERM)
+			c.Wait(t, 60*time.Second)
+			testenv.Eventually(t, 120*time.Second, "world 2 on the survivors", func() error {
+				for _, p := range []*testenv.Proc{a, b} {
+					if i := strings.LastIndex(p.Output(), "world=2 "); i < at3 {
+						return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
+					}
+				}
+				return nil
+			})
+			t.Logf("%s: preStop + SIGTERM -> survivors at world 2: %s (TestTorchrunElasticGrowShrink logs the same step without the script)",
+				backend, time.Since(start).Round(100*time.Millisecond))
+		})
+	}
+}
+
+// groupRankOf is the GROUP_RANK torchrun gave the workers of agent p.
+func groupRankOf(t *testing.T, p *testenv.Proc) int {
+	t.Helper()
+	out, err := exec.Command("sh", "-c", fmt.Sprintf("for c in $(pgrep -P %d); do tr '\\0' '\\n' < /proc/$c/environ | sed -n 's/^GROUP_RANK=//p'; done", p.Cmd.Process.Pid)).Output()
+	require.NoError(t, err)
+	f := strings.Fields(string(out))
+	require.NotEmpty(t, f, "no worker of %s has GROUP_RANK", p.Name)
+	rank, err := strconv.Atoi(f[0])
+	require.NoError(t, err)
+	return rank
+}
+
+// legacyVersion is the version of the legacy etcd backend's final round.
+func legacyVersion(t *testing.T, s *server, runID string) string {
+	t.Helper()
+	code, body, err := v2Get(fmt.Sprintf("%s/v2/keys/torchelastic/p2p/run_%s/rdzv/active_version", s.URL, runID))
+	require.NoError(t, err)
+	require.Equal(t, 200, code, "%v", body)
+	var state struct{ Status, Version string }
+	require.NoError(t, json.Unmarshal([]byte(body["node"].(map[string]any)["value"].(string)), &state))
+	require.Equal(t, "final", state.Status)
+	return state.Version
 }
 
 // What the script cannot use, it leaves alone: it logs why and exits 0.
@@ -141,7 +191,8 @@ func TestLeaveRendezvousLosesNothing(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"legacy etcd backend", []string{"PET_RDZV_BACKEND=etcd", "PET_RDZV_ID=x"}, `msg="nothing to do for this rendezvous backend" backend=etcd`},
+		{"c10d backend", []string{"PET_RDZV_BACKEND=c10d", "PET_RDZV_ID=x"}, `msg="nothing to do for this rendezvous backend" backend=c10d`},
+		{"legacy etcd, no state yet", []string{"PET_RDZV_BACKEND=etcd", "PET_RDZV_ID=absent"}, `msg="no rendezvous state; nothing to leave"`},
 		{"no run id", []string{"PET_RDZV_BACKEND=etcd-v2"}, `msg="PET_RDZV_ID or PET_RDZV_ENDPOINT unset; not leaving"`},
 		{"no state yet", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=absent"}, `msg="no rendezvous state; nothing to leave"`},
 		{"state not base64", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=not-base64"}, `msg="could not leave the rendezvous`},
