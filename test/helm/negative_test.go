@@ -32,7 +32,7 @@ func TestRejected(t *testing.T) {
 		{"worker group without replicas", []string{"workerGroups.burst.gpus=1"}, "missing property 'replicas'"},
 		{"unknown rendezvous backend", []string{"rendezvous.backend=zookeeper"}, "at '/rendezvous/backend': value must be one of 'etcd-v2', 'etcd', 'c10d'"},
 		{"unknown MPI flavour", []string{"framework=mpi", "mpi.flavour=mvapich", "mpi.launcher.command={mpirun}"}, "at '/mpi/flavour': value must be one of 'openmpi', 'mpich', 'intelmpi'"},
-		{"unknown restart policy", []string{"restartPolicy=Always"}, "at '/restartPolicy': value must be one of 'Never', 'OnFailure'"},
+		{"unknown restart policy", []string{"restartPolicy=Always"}, "at '/restartPolicy': value must be one of 'auto', 'Never', 'OnFailure'"},
 		{"bad group name", []string{"workerGroups.Burst_1.replicas=1"}, "at '/workerGroups': additional properties 'Burst_1' not allowed"},
 		{"reserved group name", []string{"workerGroups.launcher.replicas=1"}, `workerGroups.launcher: the group name "launcher" is reserved`},
 		{"MPI without a launcher command", []string{"framework=mpi"}, "mpi.launcher.command is empty"},

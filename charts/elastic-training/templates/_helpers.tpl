@@ -173,3 +173,18 @@ elastic-training.io/ps-port: {{ $v.mxnet.psPort | quote }}
 {{- define "elastic-training.hasScript" -}}
 {{- if or .Values.script .Values.scriptFiles -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+The restart policy of a group that runs as a Job: the group's value, else the job's; "auto" is OnFailure for
+PyTorch worker groups that are not preemptible (torchrun agents restart in place and rejoin when the
+rendezvous pod is replaced) and Never otherwise (preemptible groups keep the podFailurePolicy that ignores
+disruptions, which needs Never).
+*/}}
+{{- define "elastic-training.restartPolicy" -}}
+{{- $gv := .g.values | default dict -}}
+{{- $p := $gv.restartPolicy | default .root.Values.restartPolicy -}}
+{{- if eq $p "auto" -}}
+{{- $p = (and (eq .root.Values.framework "pytorch") (eq .g.role "worker") (not .g.preemptible)) | ternary "OnFailure" "Never" -}}
+{{- end -}}
+{{- $p -}}
+{{- end -}}

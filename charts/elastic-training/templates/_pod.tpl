@@ -94,7 +94,7 @@ metadata:
     {{- end }}
 spec:
   {{- if eq $g.kind "Job" }}
-  restartPolicy: {{ $gv.restartPolicy | default $rv.restartPolicy }}
+  restartPolicy: {{ include "elastic-training.restartPolicy" (dict "root" $root "g" $g) }}
   {{- else }}
   restartPolicy: Always
   {{- end }}
