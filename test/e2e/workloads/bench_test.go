@@ -1,6 +1,7 @@
 package workloads
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -8,17 +9,24 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
-// scaling is one measurement of an elastic PyTorch job on the real cluster.
-type scaling struct{ install, up, down time.Duration }
+// scaling is one measurement of an elastic PyTorch job on the real cluster. newAgent and workersStart split
+// the scale-up: from `helm upgrade` until the new pod's torchrun agent asks to join (pod start, Python and
+// torch imports), and the workers' own start once the rendezvous is complete (the training script's torch
+// import and process group, the same with any rendezvous).
+type scaling struct{ install, up, down, newAgent, workersStart time.Duration }
 
 func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) scaling {
 	ns := c.Namespace(b)
 	const job = "bench"
 	v := jobValues(b, c, pytorchValues, trainScript)
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
+	// torchrun's INFO log says when an agent joins a rendezvous and when it starts the workers.
+	v["env"] = append(v["env"].([]any), map[string]any{"name": "LOGLEVEL", "value": "INFO"})
 	for k, x := range rdzv {
 		set(v, "rendezvous."+k, x)
 	}
@@ -32,6 +40,7 @@ func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) sca
 	c.HelmUpgrade(b, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 3}}, framework.ReuseValues())
 	waitWorld(b, c, ns, sel, 3, 1, 5*time.Minute)
 	s.up = time.Since(start)
+	s.newAgent, s.workersStart = phases(b, c, ns, sel, 3, start)
 	start = time.Now()
 	c.HelmUpgrade(b, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 2}}, framework.ReuseValues())
 	waitWorld(b, c, ns, sel, 2, 1, 5*time.Minute)
@@ -90,11 +99,55 @@ func BenchmarkScaling(b *testing.B) {
 	}{
 		{"helm install -> first step", func(s scaling) time.Duration { return s.install }},
 		{"scale up 2->3 -> all at world 3", func(s scaling) time.Duration { return s.up }},
+		{"  of which: new pod's agent up", func(s scaling) time.Duration { return s.newAgent }},
+		{"  of which: workers' own start", func(s scaling) time.Duration { return s.workersStart }},
 		{"scale down 3->2 -> all at world 2", func(s scaling) time.Duration { return s.down }},
 	} {
 		a, t := pick(0, m.f), pick(1, m.f)
 		fmt.Fprintf(&out, "%-32s %14.1f %14.1f %8.2f\n", m.name, a.Seconds(), t.Seconds(), a.Seconds()/t.Seconds())
-		b.ReportMetric(a.Seconds(), strings.Fields(m.name)[0]+"-"+strings.Fields(m.name)[1]+"-s")
+		if !strings.HasPrefix(m.name, " ") {
+			b.ReportMetric(a.Seconds(), strings.Fields(m.name)[0]+"-"+strings.Fields(m.name)[1]+"-s")
+		}
 	}
 	fmt.Print(out.String())
+}
+
+// phases reads the timestamped logs of the live pods after a scale-up that began at since: when the new pod's
+// agent started its rendezvous, and the longest time any worker took from torchrun's "Starting worker group"
+// to its first line at the new world size.
+func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since time.Time) (newAgent, workersStart time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pods, err := livePods(ctx, c, ns, sel)
+	if err != nil {
+		b.Fatal(err)
+	}
+	want := fmt.Sprintf("world_size=%d ", world)
+	for _, p := range pods {
+		raw, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: trainer, Timestamps: true}).DoRaw(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var starting, first time.Time
+		for _, line := range strings.Split(string(raw), "\n") {
+			ts, text, ok := strings.Cut(line, " ")
+			t, err := time.Parse(time.RFC3339Nano, ts)
+			if !ok || err != nil {
+				continue
+			}
+			switch {
+			case strings.Contains(text, "Rendezvous'ing worker group") && p.CreationTimestamp.After(since.Add(-time.Second)) && newAgent == 0:
+				newAgent = t.Sub(since)
+			case strings.Contains(text, "Starting worker group"):
+				starting, first = t, time.Time{}
+			case strings.Contains(text, want) && !starting.IsZero() && first.IsZero():
+				first = t
+			}
+		}
+		if starting.IsZero() || first.IsZero() {
+			b.Fatalf("%s: no \"Starting worker group\" followed by a line at world %d in its log", p.Name, world)
+		}
+		workersStart = max(workersStart, first.Sub(starting))
+	}
+	return newAgent, workersStart
 }

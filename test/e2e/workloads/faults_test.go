@@ -19,8 +19,18 @@ import (
 
 var joinedLine = regexp.MustCompile(`joined rank=\d+ world_size=(\d+) restart=\d+ host=\S+ resume_step=(\d+)`)
 
-// progress is what the test knows of one worker's training before a fault.
-type progress struct{ joins, step int }
+// progress is what the test knows of one worker's training before a fault. restarts counts the trainer
+// container's restarts in place (restartPolicy OnFailure), after which its log starts again from nothing.
+type progress struct{ joins, step, restarts int }
+
+func trainerRestarts(p corev1.Pod) int {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == trainer {
+			return int(cs.RestartCount)
+		}
+	}
+	return 0
+}
 
 func snapshot(t *testing.T, c *framework.Cluster, ns, selector string) map[string]progress {
 	t.Helper()
@@ -32,7 +42,7 @@ func snapshot(t *testing.T, c *framework.Cluster, ns, selector string) map[strin
 	for _, p := range pods {
 		logs := c.PodLogs(t, ns, p.Name, trainer)
 		step, _ := lastStep(logs)
-		out[p.Name] = progress{joins: len(joinedLine.FindAllString(logs, -1)), step: step}
+		out[p.Name] = progress{joins: len(joinedLine.FindAllString(logs, -1)), step: step, restarts: trainerRestarts(p)}
 	}
 	return out
 }
@@ -57,7 +67,12 @@ func waitRecovered(t *testing.T, c *framework.Cluster, ns, selector string, n in
 				return false, err
 			}
 			joins := joinedLine.FindAllStringSubmatch(string(logs), -1)
-			if len(joins) <= before[p.Name].joins { // a replacement pod (a new name) starts from 0 joins
+			// A replacement pod (a new name) starts from 0 joins, and so does a trainer restarted in place.
+			already := before[p.Name].joins
+			if trainerRestarts(p) > before[p.Name].restarts {
+				already = 0
+			}
+			if len(joins) <= already {
 				return false, fmt.Errorf("%s has not re-joined yet", p.Name)
 			}
 			if _, world := lastStep(string(logs)); world != n {
