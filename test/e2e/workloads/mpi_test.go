@@ -138,10 +138,11 @@ func slotsByPod(t testing.TB, pods []corev1.Pod) map[string]int {
 	return out
 }
 
-var rankLine = regexp.MustCompile(`(?m)^round=(\d+) rank=(\d+) size=(\d+) host=(\S+)$`)
+var rankLine = regexp.MustCompile(`(?m)^round=(\d+) rank=(\d+) size=(\d+) host=(\S+) sum=(\d+)$`)
 
 // checkPlacement parses one mpirun round's rank lines and checks that ranks 0..size-1 ran once each and that
-// every pod ran exactly as many ranks as it has slots (and no rank ran anywhere else).
+// every pod ran exactly as many ranks as it has slots (and no rank ran anywhere else), and that every rank got
+// the right sum from an MPI allreduce across the pods.
 func checkPlacement(t testing.TB, log string, round int, slots map[string]int) {
 	t.Helper()
 	total := 0
@@ -170,6 +171,9 @@ func checkPlacement(t testing.TB, log string, round int, slots map[string]int) {
 		size, _ := strconv.Atoi(m[3])
 		if size != total {
 			t.Errorf("round %d: rank %d on %s reports world size %d, want %d (the sum of slots)", round, rank, m[4], size, total)
+		}
+		if sum, _ := strconv.Atoi(m[5]); sum != total*(total-1)/2 {
+			t.Errorf("round %d: rank %d on %s got %d from MPI allreduce of the ranks, want %d", round, rank, m[4], sum, total*(total-1)/2)
 		}
 		if seen[rank] {
 			t.Errorf("round %d: rank %d printed twice", round, rank)
