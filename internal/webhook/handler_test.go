@@ -1,0 +1,91 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/elastic-training/elastic-training/internal/mutate"
+)
+
+// goldenConfig is the configuration internal/mutate's golden files were made with.
+func goldenConfig() mutate.Config {
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	cfg.ExtraAccelerators = []string{"example.com/tpu"}
+	cfg.WebhookNamespace = "elastic-training-system"
+	return cfg
+}
+
+// admit runs raw through the handler the way the server does (including
+// Response.Complete, which serialises the patch) and returns the response.
+func admit(t *testing.T, cfg mutate.Config, namespace string, raw []byte) admission.Response {
+	t.Helper()
+	wh := &admission.Webhook{Handler: NewPodMutator(cfg)}
+	return wh.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "uid-1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Namespace: namespace,
+		Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw},
+	}})
+}
+
+// applyPatch applies the response's JSON patch to raw as the API server does
+// (k8s.io/apiserver's mutating dispatcher uses this json-patch library).
+func applyPatch(t *testing.T, resp admission.Response, raw []byte) []byte {
+	t.Helper()
+	if len(resp.Patch) == 0 {
+		return raw
+	}
+	require.NotNil(t, resp.PatchType)
+	require.Equal(t, admissionv1.PatchTypeJSONPatch, *resp.PatchType)
+	p, err := jsonpatch.DecodePatch(resp.Patch)
+	require.NoError(t, err)
+	out, err := p.Apply(raw)
+	require.NoError(t, err, "patch %s", resp.Patch)
+	return out
+}
+
+// TestPatchGivesMutatedPod: for every golden input of internal/mutate, the
+// patch the webhook answers, applied to the pod in the request, gives exactly
+// the pod (and the warnings) mutate.Mutate returns.
+func TestPatchGivesMutatedPod(t *testing.T) {
+	inputs, err := filepath.Glob("../mutate/testdata/*.yaml")
+	require.NoError(t, err)
+	n := 0
+	for _, in := range inputs {
+		if strings.HasSuffix(in, ".golden.yaml") {
+			continue
+		}
+		n++
+		t.Run(strings.TrimSuffix(filepath.Base(in), ".yaml"), func(t *testing.T) {
+			pod := readPod(t, in)
+			raw, err := json.Marshal(pod)
+			require.NoError(t, err)
+			cfg := goldenConfig()
+			want, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+			require.NoError(t, err)
+
+			resp := admit(t, cfg, pod.Namespace, raw)
+			require.True(t, resp.Allowed, "%v", resp.Result)
+			assert.Equal(t, warnings, resp.Warnings)
+			got := &corev1.Pod{}
+			require.NoError(t, json.Unmarshal(applyPatch(t, resp, raw), got))
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("patched pod differs from mutate.Mutate's (-want +got):\n%s", diff)
+			}
+		})
+	}
+	require.GreaterOrEqual(t, n, 15, "golden inputs")
+}
