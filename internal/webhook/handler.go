@@ -7,15 +7,17 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
@@ -38,13 +40,12 @@ func init() { metrics.Registry.MustRegister(decisions) }
 
 // PodMutator is the admission.Handler for pods.
 type PodMutator struct {
-	Config  mutate.Config
-	decoder admission.Decoder
+	Config mutate.Config
 }
 
 // NewPodMutator returns a handler that mutates pods with cfg.
 func NewPodMutator(cfg mutate.Config) *PodMutator {
-	return &PodMutator{Config: cfg, decoder: admission.NewDecoder(runtime.NewScheme())}
+	return &PodMutator{Config: cfg}
 }
 
 // Handle implements admission.Handler.
@@ -54,8 +55,8 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		decisions.WithLabelValues("skipped").Inc()
 		return admission.Allowed("only pod CREATE is mutated")
 	}
-	pod := &corev1.Pod{}
-	if err := h.decoder.Decode(req, pod); err != nil {
+	pod, err := decodePod(req.Object.Raw)
+	if err != nil {
 		decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusBadRequest, err)
 	}
@@ -84,6 +85,22 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	log.V(1).Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
 		"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
 	return admission.PatchResponseFromRaw(req.Object.Raw, raw).WithWarnings(warnings...)
+}
+
+// decodePod decodes the request's pod the way controller-runtime's
+// admission.Decoder does in the end (its scheme-based deserializer hands a type
+// it does not know to sigs.k8s.io/json, case-sensitive and not strict, so that
+// fields a newer API server sends are ignored), without the deserializer's
+// extra passes over the document to sniff its format and apiVersion/kind.
+func decodePod(raw []byte) (*corev1.Pod, error) {
+	if len(raw) == 0 {
+		return nil, errors.New("decode pod: there is no content to decode")
+	}
+	pod := &corev1.Pod{}
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, pod); err != nil {
+		return nil, fmt.Errorf("decode pod: %w", err)
+	}
+	return pod, nil
 }
 
 // Noop admits every request unchanged.

@@ -89,3 +89,34 @@ func TestPatchGivesMutatedPod(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, n, 15, "golden inputs")
 }
+
+// TestDecodePod: the pod is decoded as the API server and controller-runtime's
+// decoder do: case-sensitive keys, unknown fields ignored, malformed JSON refused.
+func TestDecodePod(t *testing.T) {
+	for _, tc := range []struct {
+		desc, raw string
+		want      *corev1.Pod
+		err       string
+	}{
+		{desc: "a pod", raw: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"w-0"}}`,
+			want: &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
+		{desc: "keys are case-sensitive", raw: `{"metadata":{"Name":"w-0"}}`, want: &corev1.Pod{}},
+		{desc: "unknown fields are ignored", raw: `{"metadata":{"name":"w-0","futureField":1}}`,
+			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
+		{desc: "empty", raw: ``, err: "decode pod: there is no content to decode"},
+		{desc: "malformed", raw: `{"metadata":`, err: "decode pod: "},
+		{desc: "wrong type", raw: `{"metadata":[]}`, err: "decode pod: "},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			got, err := decodePod([]byte(tc.raw))
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
