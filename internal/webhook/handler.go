@@ -20,6 +20,7 @@ import (
 	kjson "sigs.k8s.io/json"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/jsonpatch"
 	"github.com/elastic-training/elastic-training/internal/mutate"
 )
 
@@ -84,7 +85,34 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	// counters already say how many were mutated; denials are logged at info.
 	log.V(1).Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
 		"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
-	return admission.PatchResponseFromRaw(req.Object.Raw, raw).WithWarnings(warnings...)
+	resp, err := patchResponse(req.Object.Raw, raw)
+	if err != nil {
+		decisions.WithLabelValues("errored").Inc()
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return resp.WithWarnings(warnings...)
+}
+
+// patchResponse allows the pod with the JSON patch from original to mutated.
+// It is admission.PatchResponseFromRaw with internal/jsonpatch instead of
+// gomodules.xyz/jsonpatch/v2 (several times cheaper), and with the patch
+// encoded here: Response.Complete encodes Response.Patches only when they
+// are set.
+func patchResponse(original, mutated []byte) (admission.Response, error) {
+	ops, err := jsonpatch.Create(original, mutated)
+	if err != nil {
+		return admission.Response{}, err
+	}
+	resp := admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: true}}
+	if len(ops) == 0 {
+		return resp, nil
+	}
+	if resp.Patch, err = jsonpatch.Marshal(ops); err != nil {
+		return admission.Response{}, err
+	}
+	pt := admissionv1.PatchTypeJSONPatch
+	resp.PatchType = &pt
+	return resp, nil
 }
 
 // decodePod decodes the request's pod the way controller-runtime's
