@@ -61,13 +61,27 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if pod.Name == "" && req.Name != "" {
-		pod.Name = req.Name
-	}
 	if ok, why := mutate.ShouldMutate(pod, req.Namespace, h.Config); !ok {
 		decisions.WithLabelValues("skipped").Inc()
 		log.V(1).Info("pod skipped", "reason", why)
 		return admission.Allowed(why)
+	}
+	// The patch is the difference between the typed pod before and after
+	// Mutate, not between the request's raw JSON and the mutated pod: fields
+	// this binary's k8s.io/api does not know (sent by a newer API server) are
+	// in the raw JSON but not in the typed pod, and diffing against the raw
+	// JSON would remove them. They only live inside objects, so list indices
+	// are the same in both documents and the patch applies to the raw pod;
+	// jsonpatch.Create keeps list elements that only move (the pod's own init
+	// containers behind the sidecar) where they are, so their unknown fields
+	// stay with them (TestPatchKeepsUnknownFields*).
+	original, err := json.Marshal(pod)
+	if err != nil {
+		decisions.WithLabelValues("errored").Inc()
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if pod.Name == "" && req.Name != "" {
+		pod.Name = req.Name
 	}
 	out, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: req.Namespace, Config: h.Config})
 	if err != nil {
@@ -75,7 +89,7 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		log.Info("pod denied", "job", pod.Labels[constants.LabelJob], "generateName", pod.GenerateName, "reason", err.Error())
 		return admission.Denied("elastic-training: " + err.Error())
 	}
-	raw, err := json.Marshal(out)
+	mutated, err := json.Marshal(out)
 	if err != nil {
 		decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusInternalServerError, err)
@@ -85,7 +99,7 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	// counters already say how many were mutated; denials are logged at info.
 	log.V(1).Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
 		"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
-	resp, err := patchResponse(req.Object.Raw, raw)
+	resp, err := patchResponse(original, mutated)
 	if err != nil {
 		decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusInternalServerError, err)

@@ -120,3 +120,87 @@ func TestDecodePod(t *testing.T) {
 		})
 	}
 }
+
+// TestPatchKeepsUnknownFields: a newer API server may send fields this
+// binary's k8s.io/api does not know. The patch must leave them alone (not
+// remove them because the typed pod cannot carry them).
+func TestPatchKeepsUnknownFields(t *testing.T) {
+	pod := readPod(t, "../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
+	cfg := goldenConfig()
+	want, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	require.NoError(t, err)
+
+	typed, err := json.Marshal(pod)
+	require.NoError(t, err)
+	doc := map[string]any{}
+	require.NoError(t, json.Unmarshal(typed, &doc))
+	unknown := map[string]any{"a": "b", "n": []any{1.0, 2.0}}
+	meta := doc["metadata"].(map[string]any)
+	spec := doc["spec"].(map[string]any)
+	trainer := spec["containers"].([]any)[0].(map[string]any)
+	meta["futureMetadataField"] = "kept"
+	spec["futureSpecField"] = unknown
+	trainer["futureContainerField"] = unknown                            // in a list element the webhook changes
+	trainer["resources"].(map[string]any)["futureResourcesField"] = true // in an object the webhook leaves alone
+	raw, err := json.Marshal(doc)
+	require.NoError(t, err)
+
+	resp := admit(t, cfg, pod.Namespace, raw)
+	require.True(t, resp.Allowed, "%v", resp.Result)
+	var ops []struct{ Op, Path string }
+	require.NoError(t, json.Unmarshal(resp.Patch, &ops))
+	require.NotEmpty(t, ops)
+	for _, op := range ops {
+		assert.NotEqual(t, "remove", op.Op, "unexpected %s %s", op.Op, op.Path)
+	}
+	patched := applyPatch(t, resp, raw)
+
+	got := map[string]any{}
+	require.NoError(t, json.Unmarshal(patched, &got))
+	gotSpec := got["spec"].(map[string]any)
+	gotTrainer := gotSpec["containers"].([]any)[0].(map[string]any)
+	assert.Equal(t, "kept", got["metadata"].(map[string]any)["futureMetadataField"])
+	assert.Equal(t, unknown, gotSpec["futureSpecField"])
+	assert.Equal(t, unknown, gotTrainer["futureContainerField"])
+	assert.Equal(t, true, gotTrainer["resources"].(map[string]any)["futureResourcesField"])
+
+	gotPod := &corev1.Pod{}
+	require.NoError(t, json.Unmarshal(patched, gotPod))
+	if diff := cmp.Diff(want, gotPod); diff != "" {
+		t.Errorf("patched pod differs from mutate.Mutate's (-want +got):\n%s", diff)
+	}
+}
+
+// TestPatchKeepsUnknownFieldsWithTheirElement: the sidecar goes in front of
+// the pod's own init containers (and replaces an old rdzv-sidecar). Fields
+// this binary does not know must stay with the init container that has them,
+// not be left at its old index, now the sidecar's.
+func TestPatchKeepsUnknownFieldsWithTheirElement(t *testing.T) {
+	pod := readPod(t, "../mutate/testdata/pytorch-user-values-win.yaml")
+	require.Equal(t, "fetch-data", pod.Spec.InitContainers[0].Name)
+	cfg := goldenConfig()
+	want, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	require.NoError(t, err)
+	require.Equal(t, []string{"rdzv-sidecar", "fetch-data"}, []string{want.Spec.InitContainers[0].Name, want.Spec.InitContainers[1].Name})
+
+	typed, err := json.Marshal(pod)
+	require.NoError(t, err)
+	doc := map[string]any{}
+	require.NoError(t, json.Unmarshal(typed, &doc))
+	inits := doc["spec"].(map[string]any)["initContainers"].([]any)
+	inits[0].(map[string]any)["futureContainerField"] = "fetch-data's"
+	raw, err := json.Marshal(doc)
+	require.NoError(t, err)
+
+	resp := admit(t, cfg, pod.Namespace, raw)
+	require.True(t, resp.Allowed, "%v", resp.Result)
+	got := map[string]any{}
+	require.NoError(t, json.Unmarshal(applyPatch(t, resp, raw), &got))
+	gotInits := got["spec"].(map[string]any)["initContainers"].([]any)
+	require.Len(t, gotInits, 2)
+	sidecar, fetch := gotInits[0].(map[string]any), gotInits[1].(map[string]any)
+	assert.Equal(t, "rdzv-sidecar", sidecar["name"])
+	assert.NotContains(t, sidecar, "futureContainerField", "the sidecar got another container's field")
+	assert.Equal(t, "fetch-data", fetch["name"])
+	assert.Equal(t, "fetch-data's", fetch["futureContainerField"])
+}
