@@ -56,7 +56,7 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		decisions.WithLabelValues("skipped").Inc()
 		return admission.Allowed("only pod CREATE is mutated")
 	}
-	pod, err := decodePod(req.Object.Raw)
+	pod, unknownFields, err := decodePod(req.Object.Raw)
 	if err != nil {
 		decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusBadRequest, err)
@@ -67,18 +67,21 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		return admission.Allowed(why)
 	}
 	// The patch is the difference between the typed pod before and after
-	// Mutate, not between the request's raw JSON and the mutated pod: fields
-	// this binary's k8s.io/api does not know (sent by a newer API server) are
-	// in the raw JSON but not in the typed pod, and diffing against the raw
-	// JSON would remove them. They only live inside objects, so list indices
-	// are the same in both documents and the patch applies to the raw pod;
-	// jsonpatch.Create keeps list elements that only move (the pod's own init
-	// containers behind the sidecar) where they are, so their unknown fields
-	// stay with them (TestPatchKeepsUnknownFields*).
-	original, err := json.Marshal(pod)
-	if err != nil {
-		decisions.WithLabelValues("errored").Inc()
-		return admission.Errored(http.StatusInternalServerError, err)
+	// Mutate. When the request carries fields this binary's k8s.io/api does
+	// not know (a newer API server's), the raw JSON must not be diffed
+	// against the mutated pod: the patch would remove them. They only live
+	// inside objects, so list indices are the same in the raw and the typed
+	// JSON and the typed diff applies to the raw pod; jsonpatch.Create keeps
+	// list elements that only move (the pod's own init containers behind the
+	// sidecar) where they are, so their unknown fields stay with them
+	// (TestPatchKeepsUnknownFields*). Without unknown fields the raw JSON is
+	// the typed pod, and printing it again would only cost time.
+	original := req.Object.Raw
+	if unknownFields {
+		if original, err = json.Marshal(pod); err != nil {
+			decisions.WithLabelValues("errored").Inc()
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
 	}
 	if pod.Name == "" && req.Name != "" {
 		pod.Name = req.Name
@@ -134,15 +137,18 @@ func patchResponse(original, mutated []byte) (admission.Response, error) {
 // it does not know to sigs.k8s.io/json, case-sensitive and not strict, so that
 // fields a newer API server sends are ignored), without the deserializer's
 // extra passes over the document to sniff its format and apiVersion/kind.
-func decodePod(raw []byte) (*corev1.Pod, error) {
+// unknownFields tells whether the JSON had fields the pod type has not (the
+// same decoding, which also collects them, costs no more).
+func decodePod(raw []byte) (pod *corev1.Pod, unknownFields bool, err error) {
 	if len(raw) == 0 {
-		return nil, errors.New("decode pod: there is no content to decode")
+		return nil, false, errors.New("decode pod: there is no content to decode")
 	}
-	pod := &corev1.Pod{}
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, pod); err != nil {
-		return nil, fmt.Errorf("decode pod: %w", err)
+	pod = &corev1.Pod{}
+	unknown, err := kjson.UnmarshalStrict(raw, pod, kjson.DisallowUnknownFields)
+	if err != nil {
+		return nil, false, fmt.Errorf("decode pod: %w", err)
 	}
-	return pod, nil
+	return pod, len(unknown) > 0, nil
 }
 
 // Noop admits every request unchanged.

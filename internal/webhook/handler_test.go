@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/mutate"
 )
@@ -59,7 +61,10 @@ func applyPatch(t *testing.T, resp admission.Response, raw []byte) []byte {
 
 // TestPatchGivesMutatedPod: for every golden input of internal/mutate, the
 // patch the webhook answers, applied to the pod in the request, gives exactly
-// the pod (and the warnings) mutate.Mutate returns.
+// the pod (and the warnings) mutate.Mutate returns; the request's JSON is
+// either the typed pod printed by encoding/json, as the API server sends it,
+// or the input file's YAML turned into JSON as it stands (no zero values, GPU
+// counts as numbers).
 func TestPatchGivesMutatedPod(t *testing.T) {
 	inputs, err := filepath.Glob("../mutate/testdata/*.yaml")
 	require.NoError(t, err)
@@ -69,46 +74,61 @@ func TestPatchGivesMutatedPod(t *testing.T) {
 			continue
 		}
 		n++
-		t.Run(strings.TrimSuffix(filepath.Base(in), ".yaml"), func(t *testing.T) {
-			pod := readPod(t, in)
-			raw, err := json.Marshal(pod)
-			require.NoError(t, err)
-			cfg := goldenConfig()
-			want, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
-			require.NoError(t, err)
+		pod := readPod(t, in)
+		typed, err := json.Marshal(pod)
+		require.NoError(t, err)
+		y, err := os.ReadFile(in)
+		require.NoError(t, err)
+		asWritten, err := yaml.YAMLToJSON(y)
+		require.NoError(t, err)
+		for _, raw := range []struct {
+			name string
+			json []byte
+		}{{"typed", typed}, {"as written", asWritten}} {
+			t.Run(strings.TrimSuffix(filepath.Base(in), ".yaml")+"/"+raw.name, func(t *testing.T) {
+				cfg := goldenConfig()
+				want, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+				require.NoError(t, err)
 
-			resp := admit(t, cfg, pod.Namespace, raw)
-			require.True(t, resp.Allowed, "%v", resp.Result)
-			assert.Equal(t, warnings, resp.Warnings)
-			got := &corev1.Pod{}
-			require.NoError(t, json.Unmarshal(applyPatch(t, resp, raw), got))
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("patched pod differs from mutate.Mutate's (-want +got):\n%s", diff)
-			}
-		})
+				resp := admit(t, cfg, pod.Namespace, raw.json)
+				require.True(t, resp.Allowed, "%v", resp.Result)
+				assert.Equal(t, warnings, resp.Warnings)
+				got := &corev1.Pod{}
+				require.NoError(t, json.Unmarshal(applyPatch(t, resp, raw.json), got))
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("patched pod differs from mutate.Mutate's (-want +got):\n%s", diff)
+				}
+			})
+		}
 	}
 	require.GreaterOrEqual(t, n, 15, "golden inputs")
 }
 
 // TestDecodePod: the pod is decoded as the API server and controller-runtime's
-// decoder do: case-sensitive keys, unknown fields ignored, malformed JSON refused.
+// decoder do: case-sensitive keys, unknown fields ignored (but reported),
+// malformed JSON refused.
 func TestDecodePod(t *testing.T) {
 	for _, tc := range []struct {
 		desc, raw string
 		want      *corev1.Pod
+		unknown   bool
 		err       string
 	}{
 		{desc: "a pod", raw: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"w-0"}}`,
 			want: &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
-		{desc: "keys are case-sensitive", raw: `{"metadata":{"Name":"w-0"}}`, want: &corev1.Pod{}},
+		{desc: "keys are case-sensitive", raw: `{"metadata":{"Name":"w-0"}}`, want: &corev1.Pod{}, unknown: true},
 		{desc: "unknown fields are ignored", raw: `{"metadata":{"name":"w-0","futureField":1}}`,
-			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
+			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}, unknown: true},
+		{desc: "unknown fields in a list element", raw: `{"spec":{"containers":[{"name":"c"},{"name":"d","futureField":{}}]}}`,
+			want: &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}, {Name: "d"}}}}, unknown: true},
+		{desc: "duplicate fields: the last wins", raw: `{"metadata":{"name":"a","name":"b"}}`,
+			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "b"}}},
 		{desc: "empty", raw: ``, err: "decode pod: there is no content to decode"},
 		{desc: "malformed", raw: `{"metadata":`, err: "decode pod: "},
 		{desc: "wrong type", raw: `{"metadata":[]}`, err: "decode pod: "},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			got, err := decodePod([]byte(tc.raw))
+			got, unknown, err := decodePod([]byte(tc.raw))
 			if tc.err != "" {
 				require.ErrorContains(t, err, tc.err)
 				return
@@ -117,6 +137,7 @@ func TestDecodePod(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
+			assert.Equal(t, tc.unknown, unknown, "unknown fields")
 		})
 	}
 }
