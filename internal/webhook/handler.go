@@ -51,7 +51,9 @@ func NewPodMutator(cfg mutate.Config) *PodMutator {
 
 // Handle implements admission.Handler.
 func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	log := logf.FromContext(ctx).WithValues("namespace", req.Namespace, "name", req.Name)
+	// controller-runtime's request logger already carries the namespace, name,
+	// user and request ID.
+	log := logf.FromContext(ctx)
 	if req.Operation != admissionv1.Create || req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" {
 		decisions.WithLabelValues("skipped").Inc()
 		return admission.Allowed("only pod CREATE is mutated")
@@ -100,8 +102,10 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	decisions.WithLabelValues("mutated").Inc()
 	// Debug level: a scale-up creates many pods at once and the decision
 	// counters already say how many were mutated; denials are logged at info.
-	log.V(1).Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
-		"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
+	if debug := log.V(1); debug.Enabled() {
+		debug.Info("pod mutated", "job", out.Labels[constants.LabelJob], "hostname", out.Spec.Hostname,
+			"result", out.Annotations[constants.AnnotationMutated], "warnings", len(warnings))
+	}
 	resp, err := patchResponse(original, mutated)
 	if err != nil {
 		decisions.WithLabelValues("errored").Inc()
