@@ -18,6 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -60,11 +62,23 @@ func Create(a, b []byte) ([]Operation, error) {
 	if len(a) == 0 || len(b) == 0 {
 		return nil, errors.New("json patch: empty document")
 	}
-	return diff(a, b, "", []Operation{})
+	ta, err := newText(a)
+	if err != nil {
+		return nil, fmt.Errorf("json patch: first document: %w", err)
+	}
+	tb, err := newText(b)
+	if err != nil {
+		return nil, fmt.Errorf("json patch: second document: %w", err)
+	}
+	d := differ{a: ta, b: tb}
+	return d.diff(a, b, "", []Operation{})
 }
 
+// differ walks a value of text a and a value of text b side by side.
+type differ struct{ a, b *text }
+
 // diff appends the operations that turn value a into value b at path p.
-func diff(a, b []byte, p string, ops []Operation) ([]Operation, error) {
+func (d differ) diff(a, b []byte, p string, ops []Operation) ([]Operation, error) {
 	if bytes.Equal(a, b) {
 		return ops, nil
 	}
@@ -74,9 +88,9 @@ func diff(a, b []byte, p string, ops []Operation) ([]Operation, error) {
 	}
 	switch ka {
 	case kindObject:
-		return diffObjects(a, b, p, ops)
+		return d.diffObjects(a, b, p, ops)
 	case kindArray:
-		return diffArrays(a, b, p, ops)
+		return d.diffArrays(a, b, p, ops)
 	case kindString:
 		var sa, sb string
 		if err := json.Unmarshal(a, &sa); err != nil {
@@ -94,58 +108,94 @@ func diff(a, b []byte, p string, ops []Operation) ([]Operation, error) {
 	return append(ops, gomodules.NewOperation("replace", p, json.RawMessage(b))), nil
 }
 
-func diffObjects(a, b []byte, p string, ops []Operation) ([]Operation, error) {
-	ma, err := members(a)
+func (d differ) diffObjects(a, b []byte, p string, ops []Operation) ([]Operation, error) {
+	ma, err := d.a.members(a)
 	if err != nil {
 		return nil, pathError(p, err)
 	}
-	mb, err := members(b)
+	mb, err := d.b.members(b)
 	if err != nil {
 		return nil, pathError(p, err)
 	}
 	// Of duplicate keys the last wins, as in encoding/json.
-	inA := make(map[string][]byte, len(ma))
-	for _, m := range ma {
-		inA[m.key] = m.value
-	}
-	lastB := make(map[string]int, len(mb))
+	var slotsA, slotsB [64]int32
+	ia, ib := newKeyIndex(ma, slotsA[:]), newKeyIndex(mb, slotsB[:])
 	for i, m := range mb {
-		lastB[m.key] = i
-	}
-	for i, m := range mb {
-		if lastB[m.key] != i {
+		if ib.last(m.key) != i {
 			continue
 		}
-		av, ok := inA[m.key]
-		if !ok {
+		j := ia.last(m.key)
+		if j < 0 {
 			ops = append(ops, gomodules.NewOperation("add", makePath(p, m.key), json.RawMessage(m.value)))
 			continue
 		}
-		if ops, err = diff(av, m.value, makePath(p, m.key), ops); err != nil {
+		if bytes.Equal(ma[j].value, m.value) {
+			continue // the common case: skip it before building its path
+		}
+		if ops, err = d.diff(ma[j].value, m.value, makePath(p, m.key), ops); err != nil {
 			return nil, err
 		}
 	}
-	for _, m := range ma {
-		if _, inB := lastB[m.key]; inB {
-			continue
-		}
-		if _, pending := inA[m.key]; pending {
-			delete(inA, m.key)
+	for j, m := range ma {
+		if ia.last(m.key) == j && ib.last(m.key) < 0 {
 			ops = append(ops, gomodules.NewOperation("remove", makePath(p, m.key), nil))
 		}
 	}
 	return ops, nil
 }
 
+// keyIndex finds the last member of an object with a given key: a small
+// open-addressing table, on the caller's stack for objects of up to 32
+// members (a map would allocate every key).
+type keyIndex struct {
+	ms    []member
+	slots []int32 // 1 + index into ms; 0 for an empty slot
+}
+
+func newKeyIndex(ms []member, buf []int32) keyIndex {
+	size := 8
+	for size < 2*len(ms) {
+		size *= 2
+	}
+	if size > len(buf) {
+		buf = make([]int32, size)
+	}
+	x := keyIndex{ms: ms, slots: buf[:size]}
+	for i, m := range ms {
+		h := x.find(m.key)
+		x.slots[h] = int32(i + 1) // a later duplicate replaces an earlier one
+	}
+	return x
+}
+
+// find returns the slot of key, or the empty slot where it would go.
+func (x keyIndex) find(key []byte) int {
+	mask := uint32(len(x.slots) - 1)
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	for h &= mask; ; h = (h + 1) & mask {
+		if s := x.slots[h]; s == 0 || bytes.Equal(x.ms[s-1].key, key) {
+			return int(h)
+		}
+	}
+}
+
+// last returns the index of the last member with key, or -1.
+func (x keyIndex) last(key []byte) int {
+	return int(x.slots[x.find(key)]) - 1
+}
+
 // diffArrays keeps the elements that are equal in both lists where they
 // are, and compares the ones between two kept elements position by position:
 // the pairs recursively, then the surplus removed or added.
-func diffArrays(a, b []byte, p string, ops []Operation) ([]Operation, error) {
-	ea, err := elements(a)
+func (d differ) diffArrays(a, b []byte, p string, ops []Operation) ([]Operation, error) {
+	ea, err := d.a.elements(a)
 	if err != nil {
 		return nil, pathError(p, err)
 	}
-	eb, err := elements(b)
+	eb, err := d.b.elements(b)
 	if err != nil {
 		return nil, pathError(p, err)
 	}
@@ -158,7 +208,7 @@ func diffArrays(a, b []byte, p string, ops []Operation) ([]Operation, error) {
 		if k > 0 {
 			startA, startB = kept[k-1].a+1, kept[k-1].b+1
 		}
-		if ops, err = diffGap(ea[startA:endA], eb[startB:endB], startA, p, ops); err != nil {
+		if ops, err = d.diffGap(ea[startA:endA], eb[startB:endB], startA, p, ops); err != nil {
 			return nil, err
 		}
 		if k > 0 {
@@ -170,7 +220,7 @@ func diffArrays(a, b []byte, p string, ops []Operation) ([]Operation, error) {
 
 // diffGap compares the elements ga, at index at of the list at p, with gb
 // position by position, as gomodules compares whole lists.
-func diffGap(ga, gb [][]byte, at int, p string, ops []Operation) ([]Operation, error) {
+func (d differ) diffGap(ga, gb [][]byte, at int, p string, ops []Operation) ([]Operation, error) {
 	n := min(len(ga), len(gb))
 	for i := len(ga) - 1; i >= n; i-- {
 		ops = append(ops, gomodules.NewOperation("remove", makeIndexPath(p, at+i), nil))
@@ -180,7 +230,10 @@ func diffGap(ga, gb [][]byte, at int, p string, ops []Operation) ([]Operation, e
 	}
 	var err error
 	for i := range n {
-		if ops, err = diff(ga[i], gb[i], makeIndexPath(p, at+i), ops); err != nil {
+		if bytes.Equal(ga[i], gb[i]) {
+			continue
+		}
+		if ops, err = d.diff(ga[i], gb[i], makeIndexPath(p, at+i), ops); err != nil {
 			return nil, err
 		}
 	}
@@ -248,10 +301,25 @@ func pathError(p string, err error) error {
 	return fmt.Errorf("json patch: at %q: %w", p, err)
 }
 
-// RFC 6901 section 4: "~" is written "~0" and "/" "~1" in a reference token.
-var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
-
-func makePath(p, key string) string { return p + "/" + pointerEscaper.Replace(key) }
+// makePath appends key to the JSON pointer p. RFC 6901 section 4: "~" is
+// written "~0" and "/" "~1" in a reference token.
+func makePath(p string, key []byte) string {
+	var b strings.Builder
+	b.Grow(len(p) + 1 + len(key) + 4)
+	b.WriteString(p)
+	b.WriteByte('/')
+	for _, c := range key {
+		switch c {
+		case '~':
+			b.WriteString("~0")
+		case '/':
+			b.WriteString("~1")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
 
 func makeIndexPath(p string, i int) string { return p + "/" + strconv.Itoa(i) }
 
@@ -284,12 +352,12 @@ func kindOf(c byte) kind {
 }
 
 type member struct {
-	key   string // decoded
+	key   []byte // decoded: the bytes between the quotes, unless they hold escapes
 	value []byte
 }
 
 // members splits an object into its members, in document order.
-func members(obj []byte) ([]member, error) {
+func (t *text) members(obj []byte) ([]member, error) {
 	ms := make([]member, 0, 8)
 	i := skipSpace(obj, 1)
 	if i < len(obj) && obj[i] == '}' {
@@ -312,7 +380,7 @@ func members(obj []byte) ([]member, error) {
 			return nil, errors.New("':' expected after object key")
 		}
 		start := skipSpace(obj, i+1)
-		if end, err = skipValue(obj, start); err != nil {
+		if end, err = t.skipValue(obj, start); err != nil {
 			return nil, err
 		}
 		ms = append(ms, member{key: key, value: obj[start:end]})
@@ -329,14 +397,14 @@ func members(obj []byte) ([]member, error) {
 }
 
 // elements splits a list into its elements.
-func elements(list []byte) ([][]byte, error) {
+func (t *text) elements(list []byte) ([][]byte, error) {
 	es := make([][]byte, 0, 8)
 	i := skipSpace(list, 1)
 	if i < len(list) && list[i] == ']' {
 		return es, checkEnd(list, i+1)
 	}
 	for {
-		end, err := skipValue(list, i)
+		end, err := t.skipValue(list, i)
 		if err != nil {
 			return nil, err
 		}
@@ -361,14 +429,14 @@ func checkEnd(v []byte, i int) error {
 }
 
 // decodeKey decodes a quoted object key; most need no unescaping.
-func decodeKey(quoted []byte) (string, error) {
+func decodeKey(quoted []byte) ([]byte, error) {
 	raw := quoted[1 : len(quoted)-1]
 	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-		return string(raw), nil
+		return raw, nil
 	}
 	var s string
 	err := json.Unmarshal(quoted, &s)
-	return s, err
+	return []byte(s), err
 }
 
 func skipSpace(v []byte, i int) int {
@@ -399,8 +467,57 @@ func skipString(v []byte, i int) (int, error) {
 	return 0, errors.New("unterminated string")
 }
 
+// text is a JSON document with the end of each of its objects and lists,
+// found in one pass, so that skipping a nested value does not scan it again
+// at every level the diff walks down.
+type text struct {
+	data []byte
+	// The offsets in data where each object and list starts, in document
+	// order, and where it ends (just after its closing bracket).
+	starts, ends []int32
+}
+
+func newText(data []byte) (*text, error) {
+	if len(data) > math.MaxInt32 {
+		return nil, errors.New("document too large")
+	}
+	t := &text{data: data, starts: make([]int32, 0, len(data)/32), ends: make([]int32, 0, len(data)/32)}
+	var open []int // indexes into starts of the objects and lists not yet closed
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; c {
+		case '"':
+			end, err := skipString(data, i)
+			if err != nil {
+				return nil, err
+			}
+			i = end - 1
+		case '{', '[':
+			open = append(open, len(t.starts))
+			t.starts = append(t.starts, int32(i))
+			t.ends = append(t.ends, 0)
+		case '}', ']':
+			if len(open) == 0 {
+				return nil, fmt.Errorf("unexpected %q", c)
+			}
+			k := open[len(open)-1]
+			if (c == '}') != (data[t.starts[k]] == '{') {
+				return nil, fmt.Errorf("unexpected %q", c)
+			}
+			t.ends[k] = int32(i + 1)
+			open = open[:len(open)-1]
+		}
+	}
+	if len(open) > 0 {
+		return nil, errors.New("unterminated object or list")
+	}
+	return t, nil
+}
+
+// offset is where v, which was sliced from t.data, starts in it.
+func (t *text) offset(v []byte) int { return cap(t.data) - cap(v) }
+
 // skipValue returns the index just after the value that starts at v[i].
-func skipValue(v []byte, i int) (int, error) {
+func (t *text) skipValue(v []byte, i int) (int, error) {
 	if i >= len(v) {
 		return 0, errors.New("value expected")
 	}
@@ -408,26 +525,12 @@ func skipValue(v []byte, i int) (int, error) {
 	case '"':
 		return skipString(v, i)
 	case '{', '[':
-		// Brackets are counted, not matched: the text is valid JSON, and the
-		// subtree is split properly (and checked) if the diff walks into it.
-		depth := 0
-		for j := i; j < len(v); j++ {
-			switch v[j] {
-			case '"':
-				end, err := skipString(v, j)
-				if err != nil {
-					return 0, err
-				}
-				j = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1, nil
-				}
-			}
+		base := t.offset(v)
+		k, found := slices.BinarySearch(t.starts, int32(base+i))
+		if !found {
+			return 0, errors.New("unindexed object or list")
 		}
-		return 0, errors.New("unterminated object or list")
+		return int(t.ends[k]) - base, nil
 	case ',', ':', '}', ']':
 		return 0, errors.New("value expected")
 	}

@@ -3,6 +3,7 @@ package jsonpatch
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -70,6 +71,30 @@ func TestCreate(t *testing.T) {
 	}
 }
 
+// TestCreateLargeObject: objects too large for the key table on the stack.
+func TestCreateLargeObject(t *testing.T) {
+	a, b := map[string]int{}, map[string]int{}
+	for i := range 100 {
+		a[fmt.Sprintf("k%03d", i)] = i
+		b[fmt.Sprintf("k%03d", i)] = i
+	}
+	b["k007"] = -7
+	delete(b, "k050")
+	b["new"] = 1
+	ja, err := json.Marshal(a)
+	require.NoError(t, err)
+	jb, err := json.Marshal(b)
+	require.NoError(t, err)
+	ja = append(ja[:len(ja)-1], `,"k010":-10}`...) // a later duplicate wins
+	ops, err := Create(ja, jb)
+	require.NoError(t, err)
+	got, err := Marshal(ops)
+	require.NoError(t, err)
+	require.Equal(t, `[{"op":"replace","path":"/k007","value":-7},{"op":"replace","path":"/k010","value":10},`+
+		`{"op":"add","path":"/new","value":1},{"op":"remove","path":"/k050"}]`, string(got))
+	checkPatch(t, ja, jb)
+}
+
 // TestMarshal: the same text as json.Marshal with gomodules' Operation.MarshalJSON.
 func TestMarshal(t *testing.T) {
 	for _, tc := range []struct {
@@ -117,6 +142,8 @@ func TestCreateRefusesBrokenStructure(t *testing.T) {
 		{desc: "missing value", a: `[1]`, b: `[1,]`},
 		{desc: "trailing data", a: `{"a":[1]}`, b: `{"a":[2]x}`},
 		{desc: "unterminated nested list", a: `{"a":[1]}`, b: `{"a":[[2]}`},
+		{desc: "mismatched brackets", a: `{"a":[1}}`, b: `{"a":[2]}`},
+		{desc: "closing bracket without opening", a: `{"a":1}}`, b: `{"a":2}`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			_, err := Create([]byte(tc.a), []byte(tc.b))
