@@ -11,7 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	evanphx "gopkg.in/evanphx/json-patch.v4"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,7 +52,7 @@ func applyPatch(t *testing.T, resp admission.Response, raw []byte) []byte {
 	}
 	require.NotNil(t, resp.PatchType)
 	require.Equal(t, admissionv1.PatchTypeJSONPatch, *resp.PatchType)
-	p, err := jsonpatch.DecodePatch(resp.Patch)
+	p, err := evanphx.DecodePatch(resp.Patch)
 	require.NoError(t, err)
 	out, err := p.Apply(raw)
 	require.NoError(t, err, "patch %s", resp.Patch)
