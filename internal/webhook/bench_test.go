@@ -43,3 +43,43 @@ func BenchmarkHandle(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkHandleStages splits BenchmarkHandle's pod into the handler's
+// stages, to show where a mutated pod's time goes.
+func BenchmarkHandleStages(b *testing.B) {
+	raw, err := os.ReadFile("../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pod := &corev1.Pod{}
+	if err := yaml.Unmarshal(raw, pod); err != nil {
+		b.Fatal(err)
+	}
+	podJSON, _ := json.Marshal(pod)
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	in := mutate.Input{Pod: pod, Namespace: "team-a", Config: cfg}
+	out, _, err := mutate.Mutate(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mutated, _ := json.Marshal(out)
+	for _, stage := range []struct {
+		name string
+		run  func() error
+	}{
+		{"decode", func() error { _, _, err := decodePod(podJSON); return err }},
+		{"mutate", func() error { _, _, err := mutate.Mutate(in); return err }},
+		{"marshal", func() error { _, err := json.Marshal(out); return err }},
+		{"patch", func() error { _, err := patchResponse(podJSON, mutated); return err }},
+	} {
+		b.Run(stage.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := stage.run(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
