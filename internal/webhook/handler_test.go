@@ -1,0 +1,227 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	evanphx "gopkg.in/evanphx/json-patch.v4"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/mutate"
+)
+
+// goldenConfig is the configuration internal/mutate's golden files were made with.
+func goldenConfig() mutate.Config {
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	cfg.ExtraAccelerators = []string{"example.com/tpu"}
+	cfg.WebhookNamespace = "elastic-training-system"
+	return cfg
+}
+
+// admit runs raw through the handler the way the server does (including
+// Response.Complete, which serialises the patch) and returns the response.
+func admit(t *testing.T, cfg mutate.Config, namespace string, raw []byte) admission.Response {
+	t.Helper()
+	wh := &admission.Webhook{Handler: NewPodMutator(cfg)}
+	return wh.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "uid-1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Namespace: namespace,
+		Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw},
+	}})
+}
+
+// applyPatch applies the response's JSON patch to raw as the API server does
+// (k8s.io/apiserver's mutating dispatcher uses this json-patch library).
+func applyPatch(t *testing.T, resp admission.Response, raw []byte) []byte {
+	t.Helper()
+	if len(resp.Patch) == 0 {
+		return raw
+	}
+	require.NotNil(t, resp.PatchType)
+	require.Equal(t, admissionv1.PatchTypeJSONPatch, *resp.PatchType)
+	p, err := evanphx.DecodePatch(resp.Patch)
+	require.NoError(t, err)
+	out, err := p.Apply(raw)
+	require.NoError(t, err, "patch %s", resp.Patch)
+	return out
+}
+
+// TestPatchGivesMutatedPod: for every golden input of internal/mutate, the
+// patch the webhook answers, applied to the pod in the request, gives exactly
+// the pod (and the warnings) mutate.Mutate returns; the request's JSON is
+// either the typed pod printed by encoding/json, as the API server sends it,
+// or the input file's YAML turned into JSON as it stands (no zero values, GPU
+// counts as numbers).
+func TestPatchGivesMutatedPod(t *testing.T) {
+	inputs, err := filepath.Glob("../mutate/testdata/*.yaml")
+	require.NoError(t, err)
+	n := 0
+	for _, in := range inputs {
+		if strings.HasSuffix(in, ".golden.yaml") {
+			continue
+		}
+		n++
+		pod := readPod(t, in)
+		typed, err := json.Marshal(pod)
+		require.NoError(t, err)
+		y, err := os.ReadFile(in)
+		require.NoError(t, err)
+		asWritten, err := yaml.YAMLToJSON(y)
+		require.NoError(t, err)
+		for _, raw := range []struct {
+			name string
+			json []byte
+		}{{"typed", typed}, {"as written", asWritten}} {
+			t.Run(strings.TrimSuffix(filepath.Base(in), ".yaml")+"/"+raw.name, func(t *testing.T) {
+				cfg := goldenConfig()
+				want, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+				require.NoError(t, err)
+
+				resp := admit(t, cfg, pod.Namespace, raw.json)
+				require.True(t, resp.Allowed, "%v", resp.Result)
+				assert.Equal(t, warnings, resp.Warnings)
+				got := &corev1.Pod{}
+				require.NoError(t, json.Unmarshal(applyPatch(t, resp, raw.json), got))
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("patched pod differs from mutate.Mutate's (-want +got):\n%s", diff)
+				}
+			})
+		}
+	}
+	require.GreaterOrEqual(t, n, 15, "golden inputs")
+}
+
+// TestDecodePod: the pod is decoded as the API server and controller-runtime's
+// decoder do: case-sensitive keys, unknown fields ignored (but reported),
+// malformed JSON refused.
+func TestDecodePod(t *testing.T) {
+	for _, tc := range []struct {
+		desc, raw string
+		want      *corev1.Pod
+		unknown   bool
+		err       string
+	}{
+		{desc: "a pod", raw: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"w-0"}}`,
+			want: &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
+		{desc: "keys are case-sensitive", raw: `{"metadata":{"Name":"w-0"}}`, want: &corev1.Pod{}, unknown: true},
+		{desc: "unknown fields are ignored", raw: `{"metadata":{"name":"w-0","futureField":1}}`,
+			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}, unknown: true},
+		{desc: "unknown fields in a list element", raw: `{"spec":{"containers":[{"name":"c"},{"name":"d","futureField":{}}]}}`,
+			want: &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}, {Name: "d"}}}}, unknown: true},
+		{desc: "duplicate fields: the last wins", raw: `{"metadata":{"name":"a","name":"b"}}`,
+			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "b"}}},
+		{desc: "empty", raw: ``, err: "decode pod: there is no content to decode"},
+		{desc: "malformed", raw: `{"metadata":`, err: "decode pod: "},
+		{desc: "wrong type", raw: `{"metadata":[]}`, err: "decode pod: "},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			got, unknown, err := decodePod([]byte(tc.raw))
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+			assert.Equal(t, tc.unknown, unknown, "unknown fields")
+		})
+	}
+}
+
+// TestPatchKeepsUnknownFields: a newer API server may send fields this
+// binary's k8s.io/api does not know. The patch must leave them alone (not
+// remove them because the typed pod cannot carry them).
+func TestPatchKeepsUnknownFields(t *testing.T) {
+	pod := readPod(t, "../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
+	cfg := goldenConfig()
+	want, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	require.NoError(t, err)
+
+	typed, err := json.Marshal(pod)
+	require.NoError(t, err)
+	doc := map[string]any{}
+	require.NoError(t, json.Unmarshal(typed, &doc))
+	unknown := map[string]any{"a": "b", "n": []any{1.0, 2.0}}
+	meta := doc["metadata"].(map[string]any)
+	spec := doc["spec"].(map[string]any)
+	trainer := spec["containers"].([]any)[0].(map[string]any)
+	meta["futureMetadataField"] = "kept"
+	spec["futureSpecField"] = unknown
+	trainer["futureContainerField"] = unknown                            // in a list element the webhook changes
+	trainer["resources"].(map[string]any)["futureResourcesField"] = true // in an object the webhook leaves alone
+	raw, err := json.Marshal(doc)
+	require.NoError(t, err)
+
+	resp := admit(t, cfg, pod.Namespace, raw)
+	require.True(t, resp.Allowed, "%v", resp.Result)
+	var ops []struct{ Op, Path string }
+	require.NoError(t, json.Unmarshal(resp.Patch, &ops))
+	require.NotEmpty(t, ops)
+	for _, op := range ops {
+		assert.NotEqual(t, "remove", op.Op, "unexpected %s %s", op.Op, op.Path)
+	}
+	patched := applyPatch(t, resp, raw)
+
+	got := map[string]any{}
+	require.NoError(t, json.Unmarshal(patched, &got))
+	gotSpec := got["spec"].(map[string]any)
+	gotTrainer := gotSpec["containers"].([]any)[0].(map[string]any)
+	assert.Equal(t, "kept", got["metadata"].(map[string]any)["futureMetadataField"])
+	assert.Equal(t, unknown, gotSpec["futureSpecField"])
+	assert.Equal(t, unknown, gotTrainer["futureContainerField"])
+	assert.Equal(t, true, gotTrainer["resources"].(map[string]any)["futureResourcesField"])
+
+	gotPod := &corev1.Pod{}
+	require.NoError(t, json.Unmarshal(patched, gotPod))
+	if diff := cmp.Diff(want, gotPod); diff != "" {
+		t.Errorf("patched pod differs from mutate.Mutate's (-want +got):\n%s", diff)
+	}
+}
+
+// TestPatchKeepsUnknownFieldsWithTheirElement: the sidecar goes in front of
+// the pod's own init containers (and replaces an old rdzv-sidecar). Fields
+// this binary does not know must stay with the init container that has them,
+// not be left at its old index, now the sidecar's.
+func TestPatchKeepsUnknownFieldsWithTheirElement(t *testing.T) {
+	pod := readPod(t, "../mutate/testdata/pytorch-user-values-win.yaml")
+	require.Equal(t, "fetch-data", pod.Spec.InitContainers[0].Name)
+	cfg := goldenConfig()
+	want, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	require.NoError(t, err)
+	require.Equal(t, []string{"rdzv-sidecar", "fetch-data"}, []string{want.Spec.InitContainers[0].Name, want.Spec.InitContainers[1].Name})
+
+	typed, err := json.Marshal(pod)
+	require.NoError(t, err)
+	doc := map[string]any{}
+	require.NoError(t, json.Unmarshal(typed, &doc))
+	inits := doc["spec"].(map[string]any)["initContainers"].([]any)
+	inits[0].(map[string]any)["futureContainerField"] = "fetch-data's"
+	raw, err := json.Marshal(doc)
+	require.NoError(t, err)
+
+	resp := admit(t, cfg, pod.Namespace, raw)
+	require.True(t, resp.Allowed, "%v", resp.Result)
+	got := map[string]any{}
+	require.NoError(t, json.Unmarshal(applyPatch(t, resp, raw), &got))
+	gotInits := got["spec"].(map[string]any)["initContainers"].([]any)
+	require.Len(t, gotInits, 2)
+	sidecar, fetch := gotInits[0].(map[string]any), gotInits[1].(map[string]any)
+	assert.Equal(t, "rdzv-sidecar", sidecar["name"])
+	assert.NotContains(t, sidecar, "futureContainerField", "the sidecar got another container's field")
+	assert.Equal(t, "fetch-data", fetch["name"])
+	assert.Equal(t, "fetch-data's", fetch["futureContainerField"])
+}
