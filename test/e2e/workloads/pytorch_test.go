@@ -39,6 +39,8 @@ func TestElasticPyTorch(t *testing.T) {
 			c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
 			waitWorld(t, c, ns, groupSelector(job, "worker"), 2, 1, 3*time.Minute)
 			t.Logf("helm install -> first training step at world 2: %.1fs", time.Since(start).Seconds())
+			// The chart's test hook: the rendezvous answers and both members are registered.
+			c.HelmTest(t, ns, job, 2*time.Minute)
 
 			for _, n := range []int{3, 4, 2} {
 				c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
