@@ -16,10 +16,9 @@ import (
 	"github.com/elastic-training/elastic-training/internal/mutate"
 )
 
-// BenchmarkHandle measures the mutating handler alone (no HTTP, no TLS),
-// through admission.Webhook.Handle so that Response.Complete, which encodes
-// Response.Patches when a handler leaves the encoding to it, is counted too.
-func BenchmarkHandle(b *testing.B) {
+// benchPod is the benchmarks' pod (a golden input: the serving worker 0 of a
+// PyTorch job), as JSON too, and the webhook configuration they mutate it with.
+func benchPod(b *testing.B) (*corev1.Pod, []byte, mutate.Config) {
 	raw, err := os.ReadFile("../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
 	if err != nil {
 		b.Fatal(err)
@@ -28,9 +27,20 @@ func BenchmarkHandle(b *testing.B) {
 	if err := yaml.Unmarshal(raw, pod); err != nil {
 		b.Fatal(err)
 	}
-	podJSON, _ := json.Marshal(pod)
+	podJSON, err := json.Marshal(pod)
+	if err != nil {
+		b.Fatal(err)
+	}
 	cfg := mutate.DefaultConfig()
 	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	return pod, podJSON, cfg
+}
+
+// BenchmarkHandle measures the mutating handler alone (no HTTP, no TLS),
+// through admission.Webhook.Handle so that Response.Complete, which encodes
+// Response.Patches when a handler leaves the encoding to it, is counted too.
+func BenchmarkHandle(b *testing.B) {
+	_, podJSON, cfg := benchPod(b)
 	h := &admission.Webhook{Handler: NewPodMutator(cfg)}
 	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: "u", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Namespace: "team-a",
@@ -47,17 +57,7 @@ func BenchmarkHandle(b *testing.B) {
 // BenchmarkHandleStages splits BenchmarkHandle's pod into the handler's
 // stages, to show where a mutated pod's time goes.
 func BenchmarkHandleStages(b *testing.B) {
-	raw, err := os.ReadFile("../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	pod := &corev1.Pod{}
-	if err := yaml.Unmarshal(raw, pod); err != nil {
-		b.Fatal(err)
-	}
-	podJSON, _ := json.Marshal(pod)
-	cfg := mutate.DefaultConfig()
-	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	pod, podJSON, cfg := benchPod(b)
 	in := mutate.Input{Pod: pod, Namespace: "team-a", Config: cfg}
 	out, _, err := mutate.Mutate(in)
 	if err != nil {
