@@ -142,8 +142,14 @@ class Store:
         except urllib.error.HTTPError as e:
             return e.code, json.load(e) if e.headers.get_content_type() == "application/json" else {}
 
-    def get(self, key):
-        return self._do("GET", key)
+    def read(self, key):
+        """The key's node, or None when it does not exist."""
+        status, body = self._do("GET", key)
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError(f"GET {key}: HTTP {status} {body}")
+        return body["node"]
 
     def delete(self, key):
         return self._do("DELETE", key)
@@ -179,13 +185,11 @@ def leave_legacy(store, run_id, conf, pids):
     prefix = conf.get("etcd_prefix", "/torchelastic/p2p")
     prefix += "" if prefix.endswith("/") else "/"
     active = f"{prefix}run_{run_id}/rdzv/active_version"
-    status, body = store.get(active)
-    if status == 404:
+    node = store.read(active)
+    if node is None:
         log("INFO", "no rendezvous state; nothing to leave", run_id=run_id)
         return
-    if status != 200:
-        raise RuntimeError(f"GET {active}: HTTP {status} {body}")
-    state = json.loads(body["node"]["value"])
+    state = json.loads(node["value"])
     if state.get("status") != "final":
         log("INFO", "the rendezvous is not final; nothing to leave", run_id=run_id, status=state.get("status"))
         return
@@ -263,13 +267,10 @@ def main():
     attempt = 0
     while time.monotonic() < deadline:
         attempt += 1
-        status, body = store.get(key)
-        if status == 404:
+        node = store.read(key)
+        if node is None:
             log("INFO", "no rendezvous state; nothing to leave", run_id=run_id)
             return
-        if status != 200:
-            raise RuntimeError(f"GET {key}: HTTP {status} {body}")
-        node = body["node"]
         raw = base64.b64decode(node["value"])
         state = StateUnpickler(io.BytesIO(raw)).load()
         participants = state.__dict__.get("participants", {})
