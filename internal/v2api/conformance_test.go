@@ -236,7 +236,7 @@ var torchScript = []step{
 	{name: "set-value-on-dir", method: "PUT", key: "/torchelastic/p2p", params: p("value", "x")},
 	{name: "update-dir-with-value", method: "PUT", key: "/torchelastic/p2p", params: p("value", "x", "prevExist", "true")},
 	{name: "set-root", method: "PUT", key: "/", params: p("value", "x")},
-	{name: "get-root", method: "GET", key: "/", params: p("recursive", "false")},
+	{name: "get-root", method: "GET", key: "/", params: p("recursive", "false", "sorted", "true")}, // unsorted, both list in map order
 	{name: "bad-ttl", method: "PUT", key: "/k", params: p("value", "x", "ttl", "abc")},
 	{name: "bad-prevIndex", method: "PUT", key: "/k", params: p("value", "x", "prevIndex", "-1")},
 	{name: "bad-waitIndex", method: "GET", key: "/k", params: p("wait", "true", "waitIndex", "x")},
