@@ -133,13 +133,16 @@ func (l *logFlags) logger(w io.Writer, mode string) (*slog.Logger, error) {
 
 type memberFlags struct {
 	filesDir, flavour, host, group, prefix string
-	register                               bool
+	register, installHelper                bool
 	slots, index                           int
 	leaseTTL                               time.Duration
 }
 
 func (m *memberFlags) add(fs *flag.FlagSet) {
-	fs.StringVar(&m.filesDir, "files-dir", "", "directory to keep "+constants.HostfileName+", "+constants.DiscoverHostsName+", a copy of this binary and the PyTorch preStop script "+constants.LeaveScriptName+" in (empty: write no files)")
+	fs.StringVar(&m.filesDir, "files-dir", "", "directory to keep "+constants.HostfileName+", "+constants.DiscoverHostsName+", the PyTorch preStop script "+constants.LeaveScriptName+" and, with --install-helper, a copy of this binary in (empty: write no files)")
+	// Only a launcher runs the copy (`rdzv-sidecar wait|hosts` in an image that lacks it). It is tens of MiB
+	// written before the member registers, so every other pod would pay for it in start time and node disk.
+	fs.BoolVar(&m.installHelper, "install-helper", false, "copy this binary into --files-dir as "+constants.SidecarBinaryName+", for a launcher that runs `"+constants.SidecarBinaryName+" wait|hosts`")
 	fs.StringVar(&m.flavour, "hostfile-flavour", constants.FlavourOpenMPI, "hostfile syntax: openmpi (host slots=N), mpich or intelmpi (host:N)")
 	fs.BoolVar(&m.register, "register", true, "register this pod as a member (false for an MPI launcher and other non-members)")
 	fs.StringVar(&m.host, "member-host", os.Getenv(constants.EnvMemberHost), "this pod's stable DNS name (default $"+constants.EnvMemberHost+")")
@@ -178,14 +181,17 @@ func (m *memberFlags) prepareFiles(log *slog.Logger) error {
 	if err := os.MkdirAll(m.filesDir, 0o755); err != nil {
 		return fmt.Errorf("--files-dir: %w", err)
 	}
-	if err := sidecar.InstallSelf(m.filesDir, constants.SidecarBinaryName); err != nil {
-		return err
-	}
 	if err := sidecar.InstallLeaveScript(m.filesDir, constants.LeaveScriptName); err != nil {
 		return err
 	}
-	log.Info("installed launcher helper and preStop script", "path", m.filesDir+"/"+constants.SidecarBinaryName,
-		"prestop", m.filesDir+"/"+constants.LeaveScriptName)
+	helper := ""
+	if m.installHelper {
+		if err := sidecar.InstallSelf(m.filesDir, constants.SidecarBinaryName); err != nil {
+			return err
+		}
+		helper = m.filesDir + "/" + constants.SidecarBinaryName
+	}
+	log.Info("installed preStop script", "prestop", m.filesDir+"/"+constants.LeaveScriptName, "launcher_helper", helper)
 	return nil
 }
 

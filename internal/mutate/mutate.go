@@ -450,6 +450,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 		"--member-group="+s.group,
 		"--member-index="+strconv.Itoa(s.index),
 	)
+	if s.role == constants.RoleLauncher {
+		args = append(args, "--install-helper")
+	}
 	// The health port stays plain HTTP with or without TLS (the sidecar serves
 	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
 	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: constants.SidecarHealthPort, Protocol: corev1.ProtocolTCP})

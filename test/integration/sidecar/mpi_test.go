@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
@@ -90,7 +91,7 @@ func TestMPIHostfilesPlaceRanks(t *testing.T) {
 
 	t.Run("discover_hosts.sh", func(t *testing.T) {
 		dir := t.TempDir()
-		startJoin(t, s.URL, "", 0, dir, "--register=false")
+		startJoin(t, s.URL, "", 0, dir, "--register=false", "--install-helper")
 		script := filepath.Join(dir, "discover_hosts.sh")
 		testenv.Eventually(t, 10*time.Second, "discovery script with 3 hosts", func() error {
 			out, err := exec.Command(script).Output()
@@ -115,8 +116,20 @@ func TestMPIHostfilesPlaceRanks(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, os.FileMode(0o555), st.Mode().Perm())
 		st, err = os.Stat(filepath.Join(dir, "rdzv-sidecar"))
-		require.NoError(t, err, "join must install its own binary for launchers")
+		require.NoError(t, err, "join --install-helper must install its own binary for launchers")
 		require.Equal(t, os.FileMode(0o555), st.Mode().Perm())
+
+		// A member without --install-helper (every pod but a launcher) gets the preStop script, not the copy.
+		member := t.TempDir()
+		startJoin(t, s.URL, "", 0, member, "--register=false")
+		testenv.Eventually(t, 10*time.Second, "member's discovery script", func() error {
+			_, err := os.Stat(filepath.Join(member, "discover_hosts.sh"))
+			return err
+		})
+		_, err = os.Stat(filepath.Join(member, constants.LeaveScriptName))
+		require.NoError(t, err, "the preStop script")
+		_, err = os.Stat(filepath.Join(member, "rdzv-sidecar"))
+		require.ErrorIs(t, err, os.ErrNotExist, "a member without --install-helper must not copy the binary")
 	})
 
 	t.Run("wait and hosts helpers", func(t *testing.T) {
