@@ -17,8 +17,13 @@ import (
 
 // Input is everything Mutate depends on.
 type Input struct {
-	// Pod is the pod being created; Mutate does not modify it.
+	// Pod is the pod being created; Mutate does not modify it unless PodOwned.
 	Pod *corev1.Pod
+	// PodOwned hands Pod over to Mutate, which then changes it in place and
+	// returns it (or, on error, leaves it changed in part) instead of copying
+	// it first. The webhook decodes a pod per request and needs it no more:
+	// copying it was a good part of Mutate's time.
+	PodOwned bool
 	// Namespace is the admission request's namespace (pod.Namespace may be empty at CREATE).
 	Namespace string
 	Config    Config
@@ -42,7 +47,10 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	if in.Pod == nil {
 		return nil, nil, errors.New("mutate: no pod")
 	}
-	pod := in.Pod.DeepCopy()
+	pod := in.Pod
+	if !in.PodOwned {
+		pod = pod.DeepCopy()
+	}
 	if _, done := pod.Annotations[constants.AnnotationMutated]; done {
 		return pod, nil, nil
 	}

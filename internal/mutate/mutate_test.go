@@ -79,6 +79,16 @@ func TestGolden(t *testing.T) {
 				t.Errorf("%s mismatch (-want +got):\n%s", goldenFile, diff)
 			}
 
+			// A pod handed over is changed in place into the same result.
+			owned := pod.DeepCopy()
+			gotOwned, warningsOwned, err := Mutate(Input{Pod: owned, Namespace: pod.Namespace, Config: testConfig(), PodOwned: true})
+			require.NoError(t, err)
+			require.Same(t, owned, gotOwned)
+			require.Equal(t, warnings, warningsOwned)
+			if diff := cmp.Diff(got, gotOwned); diff != "" {
+				t.Errorf("mutating in place gave another pod (-copy +in place):\n%s", diff)
+			}
+
 			// Idempotent: a second pass is a no-op ...
 			again, w2, err := Mutate(Input{Pod: got, Namespace: pod.Namespace, Config: testConfig()})
 			require.NoError(t, err)
