@@ -236,10 +236,10 @@ func (d *differ) diffObjects(a, b []byte) error {
 	ia, ib := newKeyIndex(ma, slotsA[:]), newKeyIndex(mb, slotsB[:])
 	n := len(d.path)
 	for i, m := range mb {
-		if ib.last(m.key) != i {
+		if ib.last(m) != i {
 			continue
 		}
-		j := ia.last(m.key)
+		j := ia.last(m)
 		if j < 0 {
 			d.path = appendKey(d.path, m.key)
 			d.emit("add", m.value)
@@ -256,7 +256,7 @@ func (d *differ) diffObjects(a, b []byte) error {
 		d.path = d.path[:n]
 	}
 	for j, m := range ma {
-		if ia.last(m.key) == j && ib.last(m.key) < 0 {
+		if ia.last(m) == j && ib.last(m) < 0 {
 			d.path = appendKey(d.path, m.key)
 			d.emit("remove", nil)
 			d.path = d.path[:n]
@@ -284,29 +284,34 @@ func newKeyIndex(ms []member, buf []int32) keyIndex {
 	}
 	x := keyIndex{ms: ms, slots: buf[:size]}
 	for i, m := range ms {
-		h := x.find(m.key)
+		h := x.find(m)
 		x.slots[h] = int32(i + 1) // a later duplicate replaces an earlier one
 	}
 	return x
 }
 
-// find returns the slot of key, or the empty slot where it would go.
-func (x keyIndex) find(key []byte) int {
+// find returns the slot of m's key, or the empty slot where it would go.
+func (x keyIndex) find(m member) int {
 	mask := uint32(len(x.slots) - 1)
-	h := uint32(2166136261) // FNV-1a
-	for _, c := range key {
-		h = (h ^ uint32(c)) * 16777619
-	}
-	for h &= mask; ; h = (h + 1) & mask {
-		if s := x.slots[h]; s == 0 || bytes.Equal(x.ms[s-1].key, key) {
+	for h := m.hash & mask; ; h = (h + 1) & mask {
+		if s := x.slots[h]; s == 0 || x.ms[s-1].hash == m.hash && bytes.Equal(x.ms[s-1].key, m.key) {
 			return int(h)
 		}
 	}
 }
 
-// last returns the index of the last member with key, or -1.
-func (x keyIndex) last(key []byte) int {
-	return int(x.slots[x.find(key)]) - 1
+// last returns the index of the last member with m's key, or -1.
+func (x keyIndex) last(m member) int {
+	return int(x.slots[x.find(m)]) - 1
+}
+
+// hashKey is FNV-1a.
+func hashKey(key []byte) uint32 {
+	h := uint32(2166136261)
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return h
 }
 
 // diffArrays keeps the elements that are equal in both lists where they
@@ -490,6 +495,7 @@ func kindOf(c byte) kind {
 type member struct {
 	key   []byte // decoded: the bytes between the quotes, unless they hold escapes
 	value []byte
+	hash  uint32 // of key, worked out once for both objects' keyIndex
 }
 
 // appendMembers splits an object into its members, in document order, and
@@ -519,7 +525,7 @@ func (t *text) appendMembers(ms []member, obj []byte) ([]member, error) {
 		if end, err = t.skipValue(obj, start); err != nil {
 			return nil, err
 		}
-		ms = append(ms, member{key: key, value: obj[start:end]})
+		ms = append(ms, member{key: key, value: obj[start:end], hash: hashKey(key)})
 		i = skipSpace(obj, end)
 		if i < len(obj) && obj[i] == ',' {
 			i = skipSpace(obj, i+1)
