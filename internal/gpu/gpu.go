@@ -5,7 +5,7 @@ package gpu
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,24 +60,23 @@ type Count struct {
 // sorted by name. A resource's count is its limit, or its request when it
 // has no limit (extended resources must have limit == request anyway).
 func Accelerators(c *corev1.Container, extra []string) []Count {
-	seen := map[corev1.ResourceName]int64{}
-	for name, q := range c.Resources.Requests {
-		if IsAccelerator(name, extra) {
-			seen[name] = q.Value()
-		}
-	}
+	// A container asks for one or two kinds at most: a list searched in
+	// order is cheaper than a map.
+	var out []Count
 	for name, q := range c.Resources.Limits {
 		if IsAccelerator(name, extra) {
-			seen[name] = q.Value() // a limit wins over a request
+			out = append(out, Count{Resource: name, Value: q.Value()})
 		}
 	}
-	var out []Count
-	for name, v := range seen {
-		if v > 0 {
-			out = append(out, Count{Resource: name, Value: v})
+	for name, q := range c.Resources.Requests {
+		if _, limited := c.Resources.Limits[name]; !limited && IsAccelerator(name, extra) {
+			out = append(out, Count{Resource: name, Value: q.Value()})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Resource < out[j].Resource })
+	if out = slices.DeleteFunc(out, func(c Count) bool { return c.Value <= 0 }); len(out) == 0 {
+		return nil
+	}
+	slices.SortFunc(out, func(a, b Count) int { return strings.Compare(string(a.Resource), string(b.Resource)) })
 	return out
 }
 

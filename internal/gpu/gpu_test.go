@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"sort"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -73,4 +74,52 @@ func TestIsAccelerator(t *testing.T) {
 	for _, n := range []string{"cpu", "memory", "nvidia.com/mig-", "gpu.intel.com/", "gpu.intel.com/tiles", "ephemeral-storage"} {
 		assert.False(t, IsAccelerator(corev1.ResourceName(n), nil), n)
 	}
+}
+
+// FuzzAccelerators: Accelerators gives what its first, map-based version
+// gave: per accelerator resource its limit, or its request when it has no
+// limit, without zeros, sorted by name.
+func FuzzAccelerators(f *testing.F) {
+	f.Add(uint8(0b1011), int8(4), int8(2), int8(0), int8(8))
+	f.Add(uint8(0b1111), int8(0), int8(3), int8(1), int8(-1))
+	f.Fuzz(func(t *testing.T, present uint8, limGPU, reqGPU, limMIG, reqMIG int8) {
+		extra := []string{"example.com/tpu"}
+		c := &corev1.Container{}
+		set := func(l *corev1.ResourceList, bit uint, name string, v int8) {
+			if present&(1<<bit) == 0 {
+				return
+			}
+			if *l == nil {
+				*l = corev1.ResourceList{"cpu": resource.MustParse("1")}
+			}
+			(*l)[corev1.ResourceName(name)] = *resource.NewQuantity(int64(v), resource.DecimalSI)
+		}
+		set(&c.Resources.Limits, 0, "nvidia.com/gpu", limGPU)
+		set(&c.Resources.Requests, 1, "nvidia.com/gpu", reqGPU)
+		set(&c.Resources.Limits, 2, "nvidia.com/mig-1g.10gb", limMIG)
+		set(&c.Resources.Requests, 3, "nvidia.com/mig-1g.10gb", reqMIG)
+		set(&c.Resources.Limits, 4, "example.com/tpu", limGPU^reqMIG)
+		set(&c.Resources.Requests, 5, "example.com/tpu", reqGPU^limMIG)
+		set(&c.Resources.Requests, 6, "amd.com/gpu", limGPU)
+
+		seen := map[corev1.ResourceName]int64{}
+		for name, q := range c.Resources.Requests {
+			if IsAccelerator(name, extra) {
+				seen[name] = q.Value()
+			}
+		}
+		for name, q := range c.Resources.Limits {
+			if IsAccelerator(name, extra) {
+				seen[name] = q.Value()
+			}
+		}
+		var want []Count
+		for name, v := range seen {
+			if v > 0 {
+				want = append(want, Count{Resource: name, Value: v})
+			}
+		}
+		sort.Slice(want, func(i, j int) bool { return want[i].Resource < want[j].Resource })
+		assert.Equal(t, want, Accelerators(c, extra))
+	})
 }

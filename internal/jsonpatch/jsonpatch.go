@@ -15,14 +15,16 @@ package jsonpatch
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
-	"strings"
+	"sync"
 	"unicode/utf8"
+	"unsafe"
 
 	gomodules "gomodules.xyz/jsonpatch/v2"
 )
@@ -62,86 +64,206 @@ func Create(a, b []byte) ([]Operation, error) {
 	if len(a) == 0 || len(b) == 0 {
 		return nil, errors.New("json patch: empty document")
 	}
-	ta, err := newText(a)
-	if err != nil {
+	d := differs.Get().(*differ)
+	defer d.free()
+	if err := d.a.index(a); err != nil {
 		return nil, fmt.Errorf("json patch: first document: %w", err)
 	}
-	tb, err := newText(b)
-	if err != nil {
+	if err := d.b.index(b); err != nil {
 		return nil, fmt.Errorf("json patch: second document: %w", err)
 	}
-	d := differ{a: ta, b: tb}
-	return d.diff(a, b, "", []Operation{})
+	if err := d.diff(a, b); err != nil {
+		return nil, err
+	}
+	return d.operations(), nil
 }
 
-// differ walks a value of text a and a value of text b side by side.
-type differ struct{ a, b *text }
+// differ walks a value of text a and a value of text b side by side. Its
+// slices are stacks shared by the levels of the walk (a level appends its
+// members or elements and cuts them off again when it returns), so that a
+// diff allocates per document, not per object or list it walks into.
+type differ struct {
+	a, b text
+	// path is the JSON pointer of the values being compared.
+	path    []byte
+	members []member
+	elems   [][]byte
+	kept    []pair
+	// ops are the operations found so far; their paths are written one after
+	// another into paths, which becomes a single string at the end.
+	ops   []pendingOp
+	paths []byte
+}
 
-// diff appends the operations that turn value a into value b at path p.
-func (d differ) diff(a, b []byte, p string, ops []Operation) ([]Operation, error) {
+// differs keeps the stacks of finished diffs for the next ones: a webhook
+// diffs one pod after another, and they need stacks of about the same size.
+var differs = sync.Pool{New: func() any {
+	// Large enough for a pod.
+	return &differ{
+		a:       text{spans: make([]span, 0, 256)},
+		b:       text{spans: make([]span, 0, 256)},
+		path:    make([]byte, 0, 256),
+		members: make([]member, 0, 64),
+		elems:   make([][]byte, 0, 32),
+		kept:    make([]pair, 0, 32),
+		ops:     make([]pendingOp, 0, 32),
+		paths:   make([]byte, 0, 1024),
+	}
+}}
+
+// maxPooled is the most bytes a differ's stack may hold to be kept for the
+// next diff: the stacks of one very large document should not be held on to.
+const maxPooled = 64 << 10
+
+// free forgets the documents and gives d back to differs.
+func (d *differ) free() {
+	if tooLarge(d.a.spans) || tooLarge(d.b.spans) || tooLarge(d.path) || tooLarge(d.members) ||
+		tooLarge(d.elems) || tooLarge(d.kept) || tooLarge(d.ops) || tooLarge(d.paths) {
+		return
+	}
+	clear(d.members[:cap(d.members)])
+	clear(d.elems[:cap(d.elems)])
+	clear(d.ops[:cap(d.ops)])
+	*d = differ{
+		a: text{spans: d.a.spans[:0]}, b: text{spans: d.b.spans[:0]},
+		path: d.path[:0], members: d.members[:0], elems: d.elems[:0], kept: d.kept[:0],
+		ops: d.ops[:0], paths: d.paths[:0],
+	}
+	differs.Put(d)
+}
+
+func tooLarge[T any](s []T) bool {
+	var v T
+	return uintptr(cap(s))*unsafe.Sizeof(v) > maxPooled
+}
+
+// pendingOp is an Operation whose path is paths[pathStart:pathEnd] of its
+// differ; value is nil for a remove.
+type pendingOp struct {
+	op                 string
+	pathStart, pathEnd int
+	value              []byte
+}
+
+// emit records operation op with value at the current path.
+func (d *differ) emit(op string, value []byte) {
+	start := len(d.paths)
+	d.paths = append(d.paths, d.path...)
+	d.ops = append(d.ops, pendingOp{op: op, pathStart: start, pathEnd: len(d.paths), value: value})
+}
+
+// operations returns the recorded operations. The Value of an add or replace
+// is a json.RawMessage, of a remove nil, as gomodules.NewOperation sets them.
+func (d *differ) operations() []Operation {
+	paths := string(d.paths)
+	ops := make([]Operation, len(d.ops))
+	for i, o := range d.ops {
+		ops[i] = Operation{Operation: o.op, Path: paths[o.pathStart:o.pathEnd]}
+		if o.value != nil {
+			ops[i].Value = json.RawMessage(o.value)
+		}
+	}
+	return ops
+}
+
+// diff records the operations that turn value a into value b at d.path.
+func (d *differ) diff(a, b []byte) error {
 	if bytes.Equal(a, b) {
-		return ops, nil
+		return nil
 	}
 	ka, kb := kindOf(a[0]), kindOf(b[0])
 	if ka != kb {
-		return append(ops, gomodules.NewOperation("replace", p, json.RawMessage(b))), nil
+		d.emit("replace", b)
+		return nil
 	}
 	switch ka {
 	case kindObject:
-		return d.diffObjects(a, b, p, ops)
+		return d.diffObjects(a, b)
 	case kindArray:
-		return d.diffArrays(a, b, p, ops)
+		return d.diffArrays(a, b)
 	case kindString:
-		var sa, sb string
-		if err := json.Unmarshal(a, &sa); err != nil {
-			return nil, pathError(p, err)
+		equal, err := equalStrings(a, b)
+		if err != nil {
+			return d.pathError(err)
 		}
-		if err := json.Unmarshal(b, &sb); err != nil {
-			return nil, pathError(p, err)
-		}
-		if sa == sb {
-			return ops, nil
+		if equal {
+			return nil
 		}
 	}
 	// Different strings, numbers or booleans (equal ones had equal bytes,
 	// and null has only one spelling).
-	return append(ops, gomodules.NewOperation("replace", p, json.RawMessage(b))), nil
+	d.emit("replace", b)
+	return nil
 }
 
-func (d differ) diffObjects(a, b []byte, p string, ops []Operation) ([]Operation, error) {
-	ma, err := d.a.members(a)
-	if err != nil {
-		return nil, pathError(p, err)
+// equalStrings compares two quoted strings whose bytes differ by their
+// values. Without escapes and with valid UTF-8 (which decoding would replace
+// by U+FFFD) different bytes are different values.
+func equalStrings(a, b []byte) (bool, error) {
+	if plainString(a) && plainString(b) {
+		return false, nil
 	}
-	mb, err := d.b.members(b)
-	if err != nil {
-		return nil, pathError(p, err)
+	var sa, sb string
+	if err := json.Unmarshal(a, &sa); err != nil {
+		return false, err
 	}
+	if err := json.Unmarshal(b, &sb); err != nil {
+		return false, err
+	}
+	return sa == sb, nil
+}
+
+func plainString(quoted []byte) bool {
+	raw := quoted[1 : len(quoted)-1]
+	return bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw)
+}
+
+func (d *differ) diffObjects(a, b []byte) error {
+	base := len(d.members)
+	var err error
+	if d.members, err = d.a.appendMembers(d.members, a); err != nil {
+		return d.pathError(err)
+	}
+	mid := len(d.members)
+	if d.members, err = d.b.appendMembers(d.members, b); err != nil {
+		return d.pathError(err)
+	}
+	// Deeper levels append to d.members past these (and may move it to a
+	// larger array): ma and mb stay valid.
+	ma, mb := d.members[base:mid:mid], d.members[mid:len(d.members):len(d.members)]
 	// Of duplicate keys the last wins, as in encoding/json.
 	var slotsA, slotsB [64]int32
 	ia, ib := newKeyIndex(ma, slotsA[:]), newKeyIndex(mb, slotsB[:])
+	n := len(d.path)
 	for i, m := range mb {
-		if ib.last(m.key) != i {
+		if ib.last(m) != i {
 			continue
 		}
-		j := ia.last(m.key)
+		j := ia.last(m)
 		if j < 0 {
-			ops = append(ops, gomodules.NewOperation("add", makePath(p, m.key), json.RawMessage(m.value)))
+			d.path = appendKey(d.path, m.key)
+			d.emit("add", m.value)
+			d.path = d.path[:n]
 			continue
 		}
 		if bytes.Equal(ma[j].value, m.value) {
 			continue // the common case: skip it before building its path
 		}
-		if ops, err = d.diff(ma[j].value, m.value, makePath(p, m.key), ops); err != nil {
-			return nil, err
+		d.path = appendKey(d.path, m.key)
+		if err := d.diff(ma[j].value, m.value); err != nil {
+			return err
 		}
+		d.path = d.path[:n]
 	}
 	for j, m := range ma {
-		if ia.last(m.key) == j && ib.last(m.key) < 0 {
-			ops = append(ops, gomodules.NewOperation("remove", makePath(p, m.key), nil))
+		if ia.last(m) == j && ib.last(m) < 0 {
+			d.path = appendKey(d.path, m.key)
+			d.emit("remove", nil)
+			d.path = d.path[:n]
 		}
 	}
-	return ops, nil
+	d.members = d.members[:base]
+	return nil
 }
 
 // keyIndex finds the last member of an object with a given key: a small
@@ -162,44 +284,53 @@ func newKeyIndex(ms []member, buf []int32) keyIndex {
 	}
 	x := keyIndex{ms: ms, slots: buf[:size]}
 	for i, m := range ms {
-		h := x.find(m.key)
+		h := x.find(m)
 		x.slots[h] = int32(i + 1) // a later duplicate replaces an earlier one
 	}
 	return x
 }
 
-// find returns the slot of key, or the empty slot where it would go.
-func (x keyIndex) find(key []byte) int {
+// find returns the slot of m's key, or the empty slot where it would go.
+func (x keyIndex) find(m member) int {
 	mask := uint32(len(x.slots) - 1)
-	h := uint32(2166136261) // FNV-1a
-	for _, c := range key {
-		h = (h ^ uint32(c)) * 16777619
-	}
-	for h &= mask; ; h = (h + 1) & mask {
-		if s := x.slots[h]; s == 0 || bytes.Equal(x.ms[s-1].key, key) {
+	for h := m.hash & mask; ; h = (h + 1) & mask {
+		if s := x.slots[h]; s == 0 || x.ms[s-1].hash == m.hash && bytes.Equal(x.ms[s-1].key, m.key) {
 			return int(h)
 		}
 	}
 }
 
-// last returns the index of the last member with key, or -1.
-func (x keyIndex) last(key []byte) int {
-	return int(x.slots[x.find(key)]) - 1
+// last returns the index of the last member with m's key, or -1.
+func (x keyIndex) last(m member) int {
+	return int(x.slots[x.find(m)]) - 1
+}
+
+// hashKey is FNV-1a.
+func hashKey(key []byte) uint32 {
+	h := uint32(2166136261)
+	for _, c := range key {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return h
 }
 
 // diffArrays keeps the elements that are equal in both lists where they
 // are, and compares the ones between two kept elements position by position:
 // the pairs recursively, then the surplus removed or added.
-func (d differ) diffArrays(a, b []byte, p string, ops []Operation) ([]Operation, error) {
-	ea, err := d.a.elements(a)
-	if err != nil {
-		return nil, pathError(p, err)
+func (d *differ) diffArrays(a, b []byte) error {
+	base := len(d.elems)
+	var err error
+	if d.elems, err = d.a.appendElements(d.elems, a); err != nil {
+		return d.pathError(err)
 	}
-	eb, err := d.b.elements(b)
-	if err != nil {
-		return nil, pathError(p, err)
+	mid := len(d.elems)
+	if d.elems, err = d.b.appendElements(d.elems, b); err != nil {
+		return d.pathError(err)
 	}
-	kept := commonElements(ea, eb)
+	ea, eb := d.elems[base:mid:mid], d.elems[mid:len(d.elems):len(d.elems)]
+	keptBase := len(d.kept)
+	d.kept = appendCommonElements(d.kept, ea, eb)
+	kept := d.kept[keptBase:len(d.kept):len(d.kept)]
 	// From the last gap to the first: operations at one index do not move
 	// the elements before it, so every gap starts at its index in a.
 	endA, endB := len(ea), len(eb)
@@ -208,50 +339,55 @@ func (d differ) diffArrays(a, b []byte, p string, ops []Operation) ([]Operation,
 		if k > 0 {
 			startA, startB = kept[k-1].a+1, kept[k-1].b+1
 		}
-		if ops, err = d.diffGap(ea[startA:endA], eb[startB:endB], startA, p, ops); err != nil {
-			return nil, err
+		if err := d.diffGap(ea[startA:endA], eb[startB:endB], startA); err != nil {
+			return err
 		}
 		if k > 0 {
 			endA, endB = kept[k-1].a, kept[k-1].b
 		}
 	}
-	return ops, nil
+	d.elems, d.kept = d.elems[:base], d.kept[:keptBase]
+	return nil
 }
 
-// diffGap compares the elements ga, at index at of the list at p, with gb
-// position by position, as gomodules compares whole lists.
-func (d differ) diffGap(ga, gb [][]byte, at int, p string, ops []Operation) ([]Operation, error) {
-	n := min(len(ga), len(gb))
+// diffGap compares the elements ga, at index at of the list at d.path, with
+// gb position by position, as gomodules compares whole lists.
+func (d *differ) diffGap(ga, gb [][]byte, at int) error {
+	n, p := min(len(ga), len(gb)), len(d.path)
 	for i := len(ga) - 1; i >= n; i-- {
-		ops = append(ops, gomodules.NewOperation("remove", makeIndexPath(p, at+i), nil))
+		d.path = appendIndex(d.path, at+i)
+		d.emit("remove", nil)
+		d.path = d.path[:p]
 	}
 	for i := n; i < len(gb); i++ {
-		ops = append(ops, gomodules.NewOperation("add", makeIndexPath(p, at+i), json.RawMessage(gb[i])))
+		d.path = appendIndex(d.path, at+i)
+		d.emit("add", gb[i])
+		d.path = d.path[:p]
 	}
-	var err error
 	for i := range n {
 		if bytes.Equal(ga[i], gb[i]) {
 			continue
 		}
-		if ops, err = d.diff(ga[i], gb[i], makeIndexPath(p, at+i), ops); err != nil {
-			return nil, err
+		d.path = appendIndex(d.path, at+i)
+		if err := d.diff(ga[i], gb[i]); err != nil {
+			return err
 		}
+		d.path = d.path[:p]
 	}
-	return ops, nil
+	return nil
 }
 
 // pair is an element at index a of one list and b of the other.
 type pair struct{ a, b int }
 
-// maxCommonCells bounds the table of commonElements (int32 cells): lists
-// whose differing middles are larger are compared position by position.
+// maxCommonCells bounds the table of appendCommonElements (int32 cells):
+// lists whose differing middles are larger are compared position by position.
 const maxCommonCells = 1 << 14
 
-// commonElements returns a longest run of elements (by their bytes) that
-// both lists have in the same order: the common beginning and end, and
-// between them a longest common subsequence.
-func commonElements(ea, eb [][]byte) []pair {
-	var kept []pair
+// appendCommonElements appends to kept a longest run of elements (by their
+// bytes) that both lists have in the same order: the common beginning and
+// end, and between them a longest common subsequence.
+func appendCommonElements(kept []pair, ea, eb [][]byte) []pair {
 	pre := 0
 	for pre < len(ea) && pre < len(eb) && bytes.Equal(ea[pre], eb[pre]) {
 		kept = append(kept, pair{pre, pre})
@@ -264,8 +400,16 @@ func commonElements(ea, eb [][]byte) []pair {
 	ma, mb := ea[pre:len(ea)-suf], eb[pre:len(eb)-suf]
 	if len(ma) > 0 && len(mb) > 0 && (len(ma)+1)*(len(mb)+1) <= maxCommonCells {
 		// lcs[i][j]: length of a longest common subsequence of ma[i:] and mb[j:].
+		// Most middles are an element or two (a changed container): their
+		// table fits on the stack.
 		w := len(mb) + 1
-		lcs := make([]int32, (len(ma)+1)*w)
+		var small [64]int32
+		var lcs []int32
+		if cells := (len(ma) + 1) * w; cells <= len(small) {
+			lcs = small[:cells]
+		} else {
+			lcs = make([]int32, cells)
+		}
 		for i := len(ma) - 1; i >= 0; i-- {
 			for j := len(mb) - 1; j >= 0; j-- {
 				switch {
@@ -297,31 +441,28 @@ func commonElements(ea, eb [][]byte) []pair {
 	return kept
 }
 
-func pathError(p string, err error) error {
-	return fmt.Errorf("json patch: at %q: %w", p, err)
+func (d *differ) pathError(err error) error {
+	return fmt.Errorf("json patch: at %q: %w", d.path, err)
 }
 
-// makePath appends key to the JSON pointer p. RFC 6901 section 4: "~" is
+// appendKey appends key to the JSON pointer p. RFC 6901 section 4: "~" is
 // written "~0" and "/" "~1" in a reference token.
-func makePath(p string, key []byte) string {
-	var b strings.Builder
-	b.Grow(len(p) + 1 + len(key) + 4)
-	b.WriteString(p)
-	b.WriteByte('/')
+func appendKey(p, key []byte) []byte {
+	p = append(p, '/')
 	for _, c := range key {
 		switch c {
 		case '~':
-			b.WriteString("~0")
+			p = append(p, "~0"...)
 		case '/':
-			b.WriteString("~1")
+			p = append(p, "~1"...)
 		default:
-			b.WriteByte(c)
+			p = append(p, c)
 		}
 	}
-	return b.String()
+	return p
 }
 
-func makeIndexPath(p string, i int) string { return p + "/" + strconv.Itoa(i) }
+func appendIndex(p []byte, i int) []byte { return strconv.AppendInt(append(p, '/'), int64(i), 10) }
 
 type kind int
 
@@ -354,11 +495,12 @@ func kindOf(c byte) kind {
 type member struct {
 	key   []byte // decoded: the bytes between the quotes, unless they hold escapes
 	value []byte
+	hash  uint32 // of key, worked out once for both objects' keyIndex
 }
 
-// members splits an object into its members, in document order.
-func (t *text) members(obj []byte) ([]member, error) {
-	ms := make([]member, 0, 8)
+// appendMembers splits an object into its members, in document order, and
+// appends them to ms.
+func (t *text) appendMembers(ms []member, obj []byte) ([]member, error) {
 	i := skipSpace(obj, 1)
 	if i < len(obj) && obj[i] == '}' {
 		return ms, checkEnd(obj, i+1)
@@ -383,7 +525,7 @@ func (t *text) members(obj []byte) ([]member, error) {
 		if end, err = t.skipValue(obj, start); err != nil {
 			return nil, err
 		}
-		ms = append(ms, member{key: key, value: obj[start:end]})
+		ms = append(ms, member{key: key, value: obj[start:end], hash: hashKey(key)})
 		i = skipSpace(obj, end)
 		if i < len(obj) && obj[i] == ',' {
 			i = skipSpace(obj, i+1)
@@ -396,9 +538,8 @@ func (t *text) members(obj []byte) ([]member, error) {
 	}
 }
 
-// elements splits a list into its elements.
-func (t *text) elements(list []byte) ([][]byte, error) {
-	es := make([][]byte, 0, 8)
+// appendElements splits a list into its elements and appends them to es.
+func (t *text) appendElements(es [][]byte, list []byte) ([][]byte, error) {
 	i := skipSpace(list, 1)
 	if i < len(list) && list[i] == ']' {
 		return es, checkEnd(list, i+1)
@@ -472,45 +613,49 @@ func skipString(v []byte, i int) (int, error) {
 // at every level the diff walks down.
 type text struct {
 	data []byte
-	// The offsets in data where each object and list starts, in document
-	// order, and where it ends (just after its closing bracket).
-	starts, ends []int32
+	// The objects and lists of data, in document order.
+	spans []span
 }
 
-func newText(data []byte) (*text, error) {
+// span is where an object or list starts in its text, and where it ends
+// (just after its closing bracket).
+type span struct{ start, end int32 }
+
+// index finds the objects and lists of data.
+func (t *text) index(data []byte) error {
 	if len(data) > math.MaxInt32 {
-		return nil, errors.New("document too large")
+		return errors.New("document too large")
 	}
-	t := &text{data: data, starts: make([]int32, 0, len(data)/32), ends: make([]int32, 0, len(data)/32)}
-	var open []int // indexes into starts of the objects and lists not yet closed
+	t.data, t.spans = data, t.spans[:0]
+	var openBuf [32]int32
+	open := openBuf[:0] // indexes into spans of the objects and lists not yet closed
 	for i := 0; i < len(data); i++ {
 		switch c := data[i]; c {
 		case '"':
 			end, err := skipString(data, i)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			i = end - 1
 		case '{', '[':
-			open = append(open, len(t.starts))
-			t.starts = append(t.starts, int32(i))
-			t.ends = append(t.ends, 0)
+			open = append(open, int32(len(t.spans)))
+			t.spans = append(t.spans, span{start: int32(i)})
 		case '}', ']':
 			if len(open) == 0 {
-				return nil, fmt.Errorf("unexpected %q", c)
+				return fmt.Errorf("unexpected %q", c)
 			}
 			k := open[len(open)-1]
-			if (c == '}') != (data[t.starts[k]] == '{') {
-				return nil, fmt.Errorf("unexpected %q", c)
+			if (c == '}') != (data[t.spans[k].start] == '{') {
+				return fmt.Errorf("unexpected %q", c)
 			}
-			t.ends[k] = int32(i + 1)
+			t.spans[k].end = int32(i + 1)
 			open = open[:len(open)-1]
 		}
 	}
 	if len(open) > 0 {
-		return nil, errors.New("unterminated object or list")
+		return errors.New("unterminated object or list")
 	}
-	return t, nil
+	return nil
 }
 
 // offset is where v, which was sliced from t.data, starts in it.
@@ -526,11 +671,13 @@ func (t *text) skipValue(v []byte, i int) (int, error) {
 		return skipString(v, i)
 	case '{', '[':
 		base := t.offset(v)
-		k, found := slices.BinarySearch(t.starts, int32(base+i))
+		k, found := slices.BinarySearchFunc(t.spans, int32(base+i), func(s span, start int32) int {
+			return cmp.Compare(s.start, start)
+		})
 		if !found {
 			return 0, errors.New("unindexed object or list")
 		}
-		return int(t.ends[k]) - base, nil
+		return int(t.spans[k].end) - base, nil
 	case ',', ':', '}', ']':
 		return 0, errors.New("value expected")
 	}

@@ -184,6 +184,74 @@ func TestGoldenPods(t *testing.T) {
 	}
 }
 
+// TestCreateConcurrent: diffs running at the same time share no state (Create
+// reuses the stacks of finished diffs), and a diff that needed large stacks
+// leaves none behind that change the next one's result.
+func TestCreateConcurrent(t *testing.T) {
+	type tc struct{ a, b []byte }
+	var cases []tc
+	var large strings.Builder
+	large.WriteString(`{"x":[`)
+	for i := range 20000 {
+		if i > 0 {
+			large.WriteByte(',')
+		}
+		fmt.Fprintf(&large, `{"k%d":[%d]}`, i, i)
+	}
+	large.WriteString(`]}`)
+	cases = append(cases, tc{[]byte(large.String()), []byte(`{"x":[{"k0":[1]}],"y":{"a/b~c":"d"}}`)})
+	goldens, err := filepath.Glob("../mutate/testdata/*.golden.yaml")
+	require.NoError(t, err)
+	for _, golden := range goldens {
+		in := &corev1.Pod{}
+		b, err := os.ReadFile(strings.TrimSuffix(golden, ".golden.yaml") + ".yaml")
+		require.NoError(t, err)
+		require.NoError(t, yaml.Unmarshal(b, in))
+		out := struct {
+			Pod *corev1.Pod `json:"pod"`
+		}{}
+		b, err = os.ReadFile(golden)
+		require.NoError(t, err)
+		require.NoError(t, yaml.Unmarshal(b, &out))
+		a, err := json.Marshal(in)
+		require.NoError(t, err)
+		b, err = json.Marshal(out.Pod)
+		require.NoError(t, err)
+		cases = append(cases, tc{a, b})
+	}
+	want := make([]string, len(cases))
+	for i, c := range cases {
+		ops, err := Create(c.a, c.b)
+		require.NoError(t, err)
+		raw, err := Marshal(ops)
+		require.NoError(t, err)
+		want[i] = string(raw)
+	}
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for n := range 20 {
+				i := (g + n) % len(cases)
+				ops, err := Create(cases[i].a, cases[i].b)
+				if err == nil {
+					var raw []byte
+					if raw, err = Marshal(ops); err == nil && string(raw) != want[i] {
+						err = fmt.Errorf("case %d: got %s, want %s", i, raw, want[i])
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+}
+
 // FuzzCreate applies Create's patch for arbitrary pairs of JSON documents;
 // for documents without lists the operations must be gomodules'.
 func FuzzCreate(f *testing.F) {

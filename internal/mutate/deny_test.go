@@ -2,6 +2,7 @@ package mutate
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -167,7 +168,8 @@ func TestShouldMutate(t *testing.T) {
 
 // FuzzMutate decodes arbitrary bytes as a pod, as the webhook does with the
 // JSON the API server sends, and mutates it: nothing may panic, and a
-// successful mutation must be idempotent.
+// successful mutation must be idempotent, and mutating in place (PodOwned)
+// must give the same result, warnings and denial as mutating a copy.
 func FuzzMutate(f *testing.F) {
 	for _, file := range []string{"testdata/pytorch-worker0-serves-rdzv.yaml", "testdata/mpi-launcher-serves-rdzv.yaml",
 		"testdata/mxnet-worker.yaml", "testdata/pytorch-user-values-win.yaml"} {
@@ -186,9 +188,17 @@ func FuzzMutate(f *testing.F) {
 		if ok, _ := ShouldMutate(pod, "team-a", cfg); !ok {
 			return
 		}
-		got, _, err := Mutate(Input{Pod: pod, Namespace: "team-a", Config: cfg})
+		owned := pod.DeepCopy()
+		got, warnings, err := Mutate(Input{Pod: pod, Namespace: "team-a", Config: cfg})
+		gotOwned, warningsOwned, errOwned := Mutate(Input{Pod: owned, Namespace: "team-a", Config: cfg, PodOwned: true})
+		if fmt.Sprint(err) != fmt.Sprint(errOwned) || !assert.ObjectsAreEqual(warnings, warningsOwned) {
+			t.Fatalf("in place: %v %q, on a copy: %v %q", errOwned, warningsOwned, err, warnings)
+		}
 		if err != nil {
 			return
+		}
+		if !assert.ObjectsAreEqual(got, gotOwned) {
+			t.Fatalf("mutating in place gave another pod")
 		}
 		stripped := got.DeepCopy()
 		delete(stripped.Annotations, constants.AnnotationMutated)

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"path"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
@@ -19,8 +17,13 @@ import (
 
 // Input is everything Mutate depends on.
 type Input struct {
-	// Pod is the pod being created; Mutate does not modify it.
+	// Pod is the pod being created; Mutate does not modify it unless PodOwned.
 	Pod *corev1.Pod
+	// PodOwned hands Pod over to Mutate, which then changes it in place and
+	// returns it (or, on error, leaves it changed in part) instead of copying
+	// it first. The webhook decodes a pod per request and needs it no more:
+	// copying it was a good part of Mutate's time.
+	PodOwned bool
 	// Namespace is the admission request's namespace (pod.Namespace may be empty at CREATE).
 	Namespace string
 	Config    Config
@@ -44,7 +47,10 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	if in.Pod == nil {
 		return nil, nil, errors.New("mutate: no pod")
 	}
-	pod := in.Pod.DeepCopy()
+	pod := in.Pod
+	if !in.PodOwned {
+		pod = pod.DeepCopy()
+	}
 	if _, done := pod.Annotations[constants.AnnotationMutated]; done {
 		return pod, nil, nil
 	}
@@ -81,7 +87,7 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	}
 	fqdn := naming.PodFQDN(pod.Spec.Hostname, pod.Spec.Subdomain, in.Namespace, domain)
 	rdzvHost := naming.ServiceFQDN(s.rdzvService, in.Namespace, domain)
-	rdzvURL := fmt.Sprintf("%s://%s:%d", scheme(s), rdzvHost, constants.RdzvClientPort)
+	rdzvURL := scheme(s) + "://" + rdzvHost + ":" + rdzvClientPort
 
 	serving := s.rdzvHost && s.index == 0
 	register := s.role == constants.RoleWorker
@@ -104,9 +110,17 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	pod.Annotations[constants.AnnotationMutated] = fmt.Sprintf("sidecar=%s,slots=%d", mode, s.slots)
+	pod.Annotations[constants.AnnotationMutated] = "sidecar=" + mode + ",slots=" + strconv.Itoa(s.slots)
 
 	// Volumes.
+	added := 1
+	if serving {
+		added++
+	}
+	if s.tlsSecret != "" {
+		added++
+	}
+	pod.Spec.Volumes = slices.Grow(pod.Spec.Volumes, added)
 	if err := setVolume(pod, constants.FilesVolumeName); err != nil {
 		return nil, nil, err
 	}
@@ -126,17 +140,18 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 
 	// The training container: env and the read-only files mount.
 	c := &pod.Spec.Containers[s.container]
-	env := commonEnv(s, fqdn, rdzvURL)
+	env := appendCommonEnv(make([]corev1.EnvVar, 0, 16), s, fqdn, rdzvURL)
 	switch s.framework {
 	case constants.FrameworkPyTorch:
-		env = append(env, pytorchEnv(s, rdzvHost, fqdn, serving)...)
+		env = appendPytorchEnv(env, s, rdzvHost, fqdn, serving)
 	case constants.FrameworkMPI:
 		if s.role == constants.RoleLauncher {
-			env = append(env, mpiLauncherEnv()...)
+			env = appendMPILauncherEnv(env)
 		}
 	case constants.FrameworkMXNet:
-		env = append(env, mxnetEnv(s, in.Namespace, domain)...)
+		env = appendMXNetEnv(env, s, in.Namespace, domain)
 	}
+	c.Env = slices.Grow(c.Env, len(env))
 	for _, e := range env {
 		setEnv(c, e, w)
 	}
@@ -157,7 +172,7 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	// The native sidecar, first among the init containers so that everything
 	// after it (user init containers, then the trainer) starts once it is ready.
 	sc := sidecar(cfg, s, mode, register, fqdn, rdzvURL)
-	inits := []corev1.Container{sc}
+	inits := append(make([]corev1.Container, 0, 1+len(pod.Spec.InitContainers)), sc)
 	for _, ic := range pod.Spec.InitContainers {
 		if ic.Name != constants.SidecarContainerName {
 			inits = append(inits, ic)
@@ -180,110 +195,133 @@ func scheme(s *settings) string {
 	return "http"
 }
 
-// tlsFile is the path of one file of the mounted TLS Secret.
-func tlsFile(name string) string { return path.Join(constants.TLSDir, name) }
+// Paths and ports as the sidecar's and the trainer's settings spell them,
+// worked out once rather than for every pod.
+var (
+	tlsCertFile       = path.Join(constants.TLSDir, constants.TLSCertName)
+	tlsKeyFile        = path.Join(constants.TLSDir, constants.TLSKeyName)
+	tlsCAFile         = path.Join(constants.TLSDir, constants.TLSCAName)
+	hostfilePath      = path.Join(constants.FilesDir, constants.HostfileName)
+	discoverHostsPath = path.Join(constants.FilesDir, constants.DiscoverHostsName)
+	rdzvClientPort    = strconv.Itoa(constants.RdzvClientPort)
+	c10dPort          = strconv.Itoa(constants.C10dPort)
+	sidecarHealthAddr = ":" + strconv.Itoa(constants.SidecarHealthPort)
+)
 
-func commonEnv(s *settings, fqdn, rdzvURL string) []corev1.EnvVar {
-	return []corev1.EnvVar{
-		{Name: constants.EnvJob, Value: s.job},
-		{Name: constants.EnvSlots, Value: strconv.Itoa(s.slots)},
-		{Name: constants.EnvMemberHost, Value: fqdn},
-		{Name: constants.EnvRdzvEndpoint, Value: rdzvURL},
-		{Name: constants.EnvHostfile, Value: path.Join(constants.FilesDir, constants.HostfileName)},
-		{Name: constants.EnvDiscoverHosts, Value: path.Join(constants.FilesDir, constants.DiscoverHostsName)},
-	}
+func appendCommonEnv(env []corev1.EnvVar, s *settings, fqdn, rdzvURL string) []corev1.EnvVar {
+	return append(env,
+		corev1.EnvVar{Name: constants.EnvJob, Value: s.job},
+		corev1.EnvVar{Name: constants.EnvSlots, Value: strconv.Itoa(s.slots)},
+		corev1.EnvVar{Name: constants.EnvMemberHost, Value: fqdn},
+		corev1.EnvVar{Name: constants.EnvRdzvEndpoint, Value: rdzvURL},
+		corev1.EnvVar{Name: constants.EnvHostfile, Value: hostfilePath},
+		corev1.EnvVar{Name: constants.EnvDiscoverHosts, Value: discoverHostsPath},
+	)
 }
 
-// pytorchEnv is torchrun's configuration through its PET_* variables. The
-// rank-0 address other agents connect to is this pod's FQDN (PET_LOCAL_ADDR on
-// torch >= 2.2, getfqdn() before, which the hostname + subdomain make
-// resolvable through the job's headless Service).
-func pytorchEnv(s *settings, rdzvHost, fqdn string, serving bool) []corev1.EnvVar {
-	port := constants.RdzvClientPort
-	conf := map[string]string{}
+// appendPytorchEnv appends torchrun's configuration through its PET_*
+// variables. The rank-0 address other agents connect to is this pod's FQDN
+// (PET_LOCAL_ADDR on torch >= 2.2, getfqdn() before, which the hostname +
+// subdomain make resolvable through the job's headless Service).
+func appendPytorchEnv(env []corev1.EnvVar, s *settings, rdzvHost, fqdn string, serving bool) []corev1.EnvVar {
+	port := rdzvClientPort
+	var confBuf [12]confEntry // the most any backend sets
+	conf := confBuf[:0]
 	switch s.backend {
 	case constants.BackendEtcd:
-		conf["timeout"] = strconv.Itoa(s.joinTimeout)
-		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
+		conf = append(conf,
+			confEntry{"timeout", strconv.Itoa(s.joinTimeout)},
+			confEntry{"last_call_timeout", strconv.Itoa(s.lastCall)})
 	default: // etcd-v2 and c10d: torch's dynamic rendezvous
-		conf["join_timeout"] = strconv.Itoa(s.joinTimeout)
-		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
-		conf["close_timeout"] = strconv.Itoa(s.closeTimeout)
-		conf["keep_alive_interval"] = strconv.Itoa(s.keepAlive)
-		conf["keep_alive_max_attempt"] = strconv.Itoa(s.keepAliveAttempts)
+		conf = append(conf,
+			confEntry{"join_timeout", strconv.Itoa(s.joinTimeout)},
+			confEntry{"last_call_timeout", strconv.Itoa(s.lastCall)},
+			confEntry{"close_timeout", strconv.Itoa(s.closeTimeout)},
+			confEntry{"keep_alive_interval", strconv.Itoa(s.keepAlive)},
+			confEntry{"keep_alive_max_attempt", strconv.Itoa(s.keepAliveAttempts)})
 	}
 	if s.backend == constants.BackendC10d {
 		// The TCPStore lives in the serving pod's torchrun agent, reached through
 		// the rendezvous Service; is_host says who binds it (the Service name
 		// never matches a pod's own hostname).
-		port = constants.C10dPort
-		conf["is_host"] = strconv.FormatBool(serving)
+		port = c10dPort
+		conf = append(conf, confEntry{"is_host", strconv.FormatBool(serving)})
 	}
 	if s.tlsSecret != "" {
 		// Both etcd backends talk to the store through python-etcd, but each
 		// names the TLS settings differently (torch's etcd_rendezvous.py vs
 		// etcd_rendezvous_backend.py); c10d + TLS is denied in parseSettings.
 		// The Secret's one certificate is also the client certificate.
-		conf["protocol"] = "https"
+		conf = append(conf, confEntry{"protocol", "https"})
 		switch s.backend {
 		case constants.BackendEtcd:
-			conf["cacert"] = tlsFile(constants.TLSCAName)
-			conf["cert"] = tlsFile(constants.TLSCertName)
-			conf["key"] = tlsFile(constants.TLSKeyName)
+			conf = append(conf,
+				confEntry{"cacert", tlsCAFile},
+				confEntry{"cert", tlsCertFile},
+				confEntry{"key", tlsKeyFile})
 		case constants.BackendEtcdV2:
-			conf["ca_cert"] = tlsFile(constants.TLSCAName)
-			conf["ssl_cert"] = tlsFile(constants.TLSCertName)
-			conf["ssl_cert_key"] = tlsFile(constants.TLSKeyName)
+			conf = append(conf,
+				confEntry{"ca_cert", tlsCAFile},
+				confEntry{"ssl_cert", tlsCertFile},
+				confEntry{"ssl_cert_key", tlsKeyFile})
 		}
 	}
-	return []corev1.EnvVar{
-		{Name: "PET_RDZV_BACKEND", Value: s.backend},
-		{Name: "PET_RDZV_ENDPOINT", Value: fmt.Sprintf("%s:%d", rdzvHost, port)},
-		{Name: "PET_RDZV_ID", Value: s.runID},
-		{Name: "PET_NNODES", Value: fmt.Sprintf("%d:%d", s.minNodes, s.maxNodes)},
-		{Name: "PET_NPROC_PER_NODE", Value: strconv.Itoa(s.slots)},
-		{Name: "PET_MAX_RESTARTS", Value: strconv.Itoa(s.maxRestarts)},
-		{Name: "PET_MONITOR_INTERVAL", Value: strconv.Itoa(s.monitor)},
-		{Name: "PET_RDZV_CONF", Value: rdzvConf(conf)},
-		{Name: "PET_LOCAL_ADDR", Value: fqdn},
-	}
+	return append(env,
+		corev1.EnvVar{Name: "PET_RDZV_BACKEND", Value: s.backend},
+		corev1.EnvVar{Name: "PET_RDZV_ENDPOINT", Value: rdzvHost + ":" + port},
+		corev1.EnvVar{Name: "PET_RDZV_ID", Value: s.runID},
+		corev1.EnvVar{Name: "PET_NNODES", Value: strconv.Itoa(s.minNodes) + ":" + strconv.Itoa(s.maxNodes)},
+		corev1.EnvVar{Name: "PET_NPROC_PER_NODE", Value: strconv.Itoa(s.slots)},
+		corev1.EnvVar{Name: "PET_MAX_RESTARTS", Value: strconv.Itoa(s.maxRestarts)},
+		corev1.EnvVar{Name: "PET_MONITOR_INTERVAL", Value: strconv.Itoa(s.monitor)},
+		corev1.EnvVar{Name: "PET_RDZV_CONF", Value: rdzvConf(conf)},
+		corev1.EnvVar{Name: "PET_LOCAL_ADDR", Value: fqdn},
+	)
 }
+
+// confEntry is one key=value of torchrun's --rdzv-conf; each key is set once.
+type confEntry struct{ key, value string }
 
 // rdzvConf renders torchrun's --rdzv-conf: key=value pairs, sorted so the output is stable.
-func rdzvConf(conf map[string]string) string {
-	keys := make([]string, 0, len(conf))
-	for k := range conf {
-		keys = append(keys, k)
+func rdzvConf(conf []confEntry) string {
+	slices.SortFunc(conf, func(x, y confEntry) int { return strings.Compare(x.key, y.key) })
+	n := 0
+	for _, e := range conf {
+		n += len(e.key) + 1 + len(e.value) + 1
 	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + conf[k]
+	var b strings.Builder
+	b.Grow(n)
+	for i, e := range conf {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(e.key)
+		b.WriteByte('=')
+		b.WriteString(e.value)
 	}
-	return strings.Join(parts, ",")
+	return b.String()
 }
 
-// mpiLauncherEnv points every MPI flavour's launcher at the live hostfile.
-func mpiLauncherEnv() []corev1.EnvVar {
-	hostfile := path.Join(constants.FilesDir, constants.HostfileName)
-	return []corev1.EnvVar{
-		{Name: "OMPI_MCA_orte_default_hostfile", Value: hostfile},
-		{Name: "OMPI_MCA_orte_keep_fqdn_hostnames", Value: "true"},
-		{Name: "HYDRA_HOST_FILE", Value: hostfile},
-		{Name: "I_MPI_HYDRA_HOST_FILE", Value: hostfile},
-	}
+// appendMPILauncherEnv points every MPI flavour's launcher at the live hostfile.
+func appendMPILauncherEnv(env []corev1.EnvVar) []corev1.EnvVar {
+	return append(env,
+		corev1.EnvVar{Name: "OMPI_MCA_orte_default_hostfile", Value: hostfilePath},
+		corev1.EnvVar{Name: "OMPI_MCA_orte_keep_fqdn_hostnames", Value: "true"},
+		corev1.EnvVar{Name: "HYDRA_HOST_FILE", Value: hostfilePath},
+		corev1.EnvVar{Name: "I_MPI_HYDRA_HOST_FILE", Value: hostfilePath},
+	)
 }
 
-// mxnetEnv is the DMLC_* contract of ps-lite.
-func mxnetEnv(s *settings, namespace, domain string) []corev1.EnvVar {
+// appendMXNetEnv appends the DMLC_* contract of ps-lite.
+func appendMXNetEnv(env []corev1.EnvVar, s *settings, namespace, domain string) []corev1.EnvVar {
 	scheduler := naming.Workload(s.job, constants.RoleScheduler) + "-0"
-	env := []corev1.EnvVar{
-		{Name: "DMLC_ROLE", Value: s.role},
-		{Name: "DMLC_PS_ROOT_URI", Value: naming.PodFQDN(scheduler, naming.HeadlessService(s.job), namespace, domain)},
-		{Name: "DMLC_PS_ROOT_PORT", Value: strconv.Itoa(s.psPort)},
-		{Name: "DMLC_NUM_SERVER", Value: strconv.Itoa(s.numServers)},
-		{Name: "DMLC_NUM_WORKER", Value: strconv.Itoa(s.numWorkers)},
-	}
+	env = append(env,
+		corev1.EnvVar{Name: "DMLC_ROLE", Value: s.role},
+		corev1.EnvVar{Name: "DMLC_PS_ROOT_URI", Value: naming.PodFQDN(scheduler, naming.HeadlessService(s.job), namespace, domain)},
+		corev1.EnvVar{Name: "DMLC_PS_ROOT_PORT", Value: strconv.Itoa(s.psPort)},
+		corev1.EnvVar{Name: "DMLC_NUM_SERVER", Value: strconv.Itoa(s.numServers)},
+		corev1.EnvVar{Name: "DMLC_NUM_WORKER", Value: strconv.Itoa(s.numWorkers)},
+	)
 	if s.role == constants.RoleWorker {
 		env = append(env, corev1.EnvVar{Name: "DMLC_WORKER_ID", Value: strconv.Itoa(s.index)})
 	}
@@ -294,22 +332,32 @@ func mxnetEnv(s *settings, namespace, domain string) []corev1.EnvVar {
 // not leave the rendezvous on SIGTERM, so without it the survivors of a
 // scale-down wait for torch's dead-node timeout (15 s in torch 1.13) before
 // they re-form. The script is best effort and always exits 0.
-var leaveCommand = []string{"python3", path.Join(constants.FilesDir, constants.LeaveScriptName)}
+var leaveCommand = [...]string{"python3", path.Join(constants.FilesDir, constants.LeaveScriptName)}
 
 // setLeaveHook makes leaveCommand c's preStop hook unless the user set one:
 // theirs wins, with a warning, since a pod runs one preStop hook per container.
 func setLeaveHook(c *corev1.Container, w *warner) {
 	if c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
-		if h := c.Lifecycle.PreStop.Exec; h == nil || !slices.Equal(h.Command, leaveCommand) {
+		if h := c.Lifecycle.PreStop.Exec; h == nil || !slices.Equal(h.Command, leaveCommand[:]) {
 			w.add("container %q keeps its own preStop hook; without %q a scale-down waits for torch's dead-node timeout",
-				c.Name, strings.Join(leaveCommand, " "))
+				c.Name, strings.Join(leaveCommand[:], " "))
 		}
 		return
 	}
+	// One allocation for the hook and its parts, the pod's own.
+	hook := &struct {
+		lifecycle corev1.Lifecycle
+		handler   corev1.LifecycleHandler
+		exec      corev1.ExecAction
+		command   [len(leaveCommand)]string
+	}{}
+	hook.command = leaveCommand
+	hook.exec.Command = hook.command[:]
+	hook.handler.Exec = &hook.exec
 	if c.Lifecycle == nil {
-		c.Lifecycle = &corev1.Lifecycle{}
+		c.Lifecycle = &hook.lifecycle
 	}
-	c.Lifecycle.PreStop = &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: slices.Clone(leaveCommand)}}
+	c.Lifecycle.PreStop = &hook.handler
 }
 
 // setEnv adds e to c unless the user already set that variable: the user's
@@ -401,40 +449,65 @@ func setMount(c *corev1.Container, volume, mountPath string, readOnly bool) erro
 	return nil
 }
 
+// sidecarParts is everything a sidecar container points to, allocated in
+// one piece instead of a dozen: every sidecar gets its own, so no two pods
+// share any of it.
+type sidecarParts struct {
+	restartPolicy            corev1.ContainerRestartPolicy
+	startupProbe             corev1.Probe
+	readinessProbe           corev1.Probe
+	startupGet, readinessGet corev1.HTTPGetAction
+	securityContext          corev1.SecurityContext
+	runAsNonRoot             bool
+	runAsUser, runAsGroup    int64
+	allowPrivilegeEscalation bool
+	privileged               bool
+	readOnlyRootFilesystem   bool
+	capabilities             corev1.Capabilities
+	drop                     [1]corev1.Capability
+	seccompProfile           corev1.SeccompProfile
+	ports                    [2]corev1.ContainerPort
+	mounts                   [3]corev1.VolumeMount
+	args                     [16]string // the most arguments a mode has
+}
+
 // sidecar builds the rdzv-sidecar native sidecar with the command line of docs/contract.md.
 func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL string) corev1.Container {
-	health := fmt.Sprintf(":%d", constants.SidecarHealthPort)
-	var args []string
+	parts := &sidecarParts{}
+	// Full slice expressions: an append to one of them must not write over
+	// the next part.
+	args := parts.args[:0:len(parts.args)]
+	mounts := parts.mounts[:0:len(parts.mounts)]
+	ports := parts.ports[:0:len(parts.ports)]
 	res := cfg.Defaults.SidecarResources.Join
-	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
-	ports := []corev1.ContainerPort{}
+	mounts = append(mounts, corev1.VolumeMount{Name: constants.FilesVolumeName, MountPath: constants.FilesDir})
 	if mode == ModeServe {
 		res = cfg.Defaults.SidecarResources.Serve
-		args = []string{ModeServe,
-			"--data-dir=" + constants.DataDir,
-			fmt.Sprintf("--listen-client-urls=%s://0.0.0.0:%d", scheme(s), constants.RdzvClientPort),
-			"--advertise-client-urls=" + rdzvURL,
-			"--health-addr=" + health,
-		}
+		args = append(args, ModeServe,
+			"--data-dir="+constants.DataDir,
+			"--listen-client-urls="+scheme(s)+"://0.0.0.0:"+rdzvClientPort,
+			"--advertise-client-urls="+rdzvURL,
+			"--health-addr="+sidecarHealthAddr,
+		)
 		mounts = append(mounts, corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir})
 		ports = append(ports, corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP})
 		if s.tlsSecret != "" {
 			// etcd's flag names; every client must present a certificate from the CA.
 			args = append(args,
-				"--cert-file="+tlsFile(constants.TLSCertName),
-				"--key-file="+tlsFile(constants.TLSKeyName),
-				"--trusted-ca-file="+tlsFile(constants.TLSCAName),
+				"--cert-file="+tlsCertFile,
+				"--key-file="+tlsKeyFile,
+				"--trusted-ca-file="+tlsCAFile,
 				"--client-cert-auth",
 			)
 		}
 	} else {
-		args = []string{ModeJoin, "--endpoints=" + rdzvURL, "--health-addr=" + health}
+		args = append(args, ModeJoin, "--endpoints="+rdzvURL, "--health-addr="+sidecarHealthAddr)
 		if s.tlsSecret != "" {
 			// etcdctl's flag names: verify the server, authenticate with the same certificate.
 			args = append(args,
-				"--cacert="+tlsFile(constants.TLSCAName),
-				"--cert="+tlsFile(constants.TLSCertName),
-				"--key="+tlsFile(constants.TLSKeyName),
+				"--cacert="+tlsCAFile,
+				"--cert="+tlsCertFile,
+				"--key="+tlsKeyFile,
 			)
 		}
 	}
@@ -456,37 +529,43 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 	// The health port stays plain HTTP with or without TLS (the sidecar serves
 	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
 	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: constants.SidecarHealthPort, Protocol: corev1.ProtocolTCP})
-	probe := func(period, failures int32) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: "/readyz", Port: intstr.FromInt32(constants.SidecarHealthPort),
-			}},
-			PeriodSeconds:    period,
-			FailureThreshold: failures,
-		}
+	probe := func(p *corev1.Probe, get *corev1.HTTPGetAction, period, failures int32) *corev1.Probe {
+		*get = corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(constants.SidecarHealthPort)}
+		*p = corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: get}, PeriodSeconds: period, FailureThreshold: failures}
+		return p
 	}
-	return corev1.Container{
+	parts.restartPolicy = corev1.ContainerRestartPolicyAlways
+	parts.runAsNonRoot = true
+	parts.runAsUser, parts.runAsGroup = 65532, 65532
+	parts.allowPrivilegeEscalation, parts.privileged = false, false
+	parts.readOnlyRootFilesystem = true
+	parts.drop = [1]corev1.Capability{"ALL"}
+	parts.capabilities = corev1.Capabilities{Drop: parts.drop[:]}
+	parts.seccompProfile = corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	parts.securityContext = corev1.SecurityContext{
+		RunAsNonRoot:             &parts.runAsNonRoot,
+		RunAsUser:                &parts.runAsUser,
+		RunAsGroup:               &parts.runAsGroup,
+		AllowPrivilegeEscalation: &parts.allowPrivilegeEscalation,
+		Privileged:               &parts.privileged,
+		ReadOnlyRootFilesystem:   &parts.readOnlyRootFilesystem,
+		Capabilities:             &parts.capabilities,
+		SeccompProfile:           &parts.seccompProfile,
+	}
+	c := corev1.Container{
 		Name:            constants.SidecarContainerName,
 		Image:           cfg.SidecarImage,
 		ImagePullPolicy: cfg.SidecarImagePullPolicy,
 		Args:            args,
 		Ports:           ports,
-		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
+		RestartPolicy:   &parts.restartPolicy,
 		// The trainer starts only once the sidecar answers /readyz (up to 10 minutes).
-		StartupProbe:   probe(1, 600),
-		ReadinessProbe: probe(5, 3),
-		Resources:      *res.DeepCopy(),
-		VolumeMounts:   mounts,
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             ptr.To(true),
-			RunAsUser:                ptr.To[int64](65532),
-			RunAsGroup:               ptr.To[int64](65532),
-			AllowPrivilegeEscalation: ptr.To(false),
-			Privileged:               ptr.To(false),
-			ReadOnlyRootFilesystem:   ptr.To(true),
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		StartupProbe:             probe(&parts.startupProbe, &parts.startupGet, 1, 600),
+		ReadinessProbe:           probe(&parts.readinessProbe, &parts.readinessGet, 5, 3),
+		VolumeMounts:             mounts,
+		SecurityContext:          &parts.securityContext,
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
+	res.DeepCopyInto(&c.Resources)
+	return c
 }

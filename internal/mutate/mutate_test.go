@@ -4,12 +4,14 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
@@ -77,6 +79,16 @@ func TestGolden(t *testing.T) {
 				t.Errorf("%s mismatch (-want +got):\n%s", goldenFile, diff)
 			}
 
+			// A pod handed over is changed in place into the same result.
+			owned := pod.DeepCopy()
+			gotOwned, warningsOwned, err := Mutate(Input{Pod: owned, Namespace: pod.Namespace, Config: testConfig(), PodOwned: true})
+			require.NoError(t, err)
+			require.Same(t, owned, gotOwned)
+			require.Equal(t, warnings, warningsOwned)
+			if diff := cmp.Diff(got, gotOwned); diff != "" {
+				t.Errorf("mutating in place gave another pod (-copy +in place):\n%s", diff)
+			}
+
 			// Idempotent: a second pass is a no-op ...
 			again, w2, err := Mutate(Input{Pod: got, Namespace: pod.Namespace, Config: testConfig()})
 			require.NoError(t, err)
@@ -101,5 +113,72 @@ func TestGolden(t *testing.T) {
 		if !used[g] {
 			t.Errorf("%s has no input %s", g, strings.TrimSuffix(g, ".golden.yaml")+".yaml")
 		}
+	}
+}
+
+// TestMutatedPodsShareNothing: two pods mutated from one input share no
+// memory with each other, with the input or with the configuration (parts of
+// the sidecar are allocated together, and the webhook changes pods in place):
+// scribbling over everything one result can reach leaves the other intact.
+func TestMutatedPodsShareNothing(t *testing.T) {
+	for _, file := range []string{"testdata/pytorch-tls-etcd-v2-serves-rdzv.yaml", "testdata/pytorch-user-values-win.yaml", "testdata/mxnet-worker.yaml"} {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			pod := readPod(t, file)
+			cfg := testConfig()
+			first, _, err := Mutate(Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+			require.NoError(t, err)
+			second, _, err := Mutate(Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+			require.NoError(t, err)
+			wantSecond, wantPod, wantCfg := second.DeepCopy(), pod.DeepCopy(), testConfig()
+
+			scribble(reflect.ValueOf(first))
+			if diff := cmp.Diff(wantSecond, second); diff != "" {
+				t.Errorf("second pod changed with the first (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantPod, pod); diff != "" {
+				t.Errorf("input changed with the first pod (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantCfg, cfg, cmp.AllowUnexported(resource.Quantity{})); diff != "" {
+				t.Errorf("configuration changed with the first pod (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// scribble overwrites every string, bool and integer reachable from v, and
+// every map value.
+func scribble(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			scribble(v.Elem())
+		}
+	case reflect.Struct:
+		if q, ok := v.Addr().Interface().(*resource.Quantity); ok {
+			q.Add(resource.MustParse("7"))
+			return
+		}
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				scribble(v.Field(i))
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			scribble(v.Index(i))
+		}
+	case reflect.Map:
+		for _, k := range v.MapKeys() {
+			e := reflect.New(v.Type().Elem()).Elem()
+			e.Set(v.MapIndex(k))
+			scribble(e)
+			v.SetMapIndex(k, e)
+		}
+	case reflect.String:
+		v.SetString(v.String() + "~")
+	case reflect.Bool:
+		v.SetBool(!v.Bool())
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		v.SetInt(v.Int() + 1)
 	}
 }

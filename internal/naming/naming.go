@@ -22,7 +22,7 @@ func PodFQDN(hostname, subdomain, namespace, clusterDomain string) string {
 	if clusterDomain == "" {
 		clusterDomain = DefaultClusterDomain
 	}
-	return fmt.Sprintf("%s.%s.%s.svc.%s", hostname, subdomain, namespace, clusterDomain)
+	return hostname + "." + subdomain + "." + namespace + ".svc." + clusterDomain
 }
 
 // ServiceFQDN is the DNS name of a Service.
@@ -30,7 +30,7 @@ func ServiceFQDN(service, namespace, clusterDomain string) string {
 	if clusterDomain == "" {
 		clusterDomain = DefaultClusterDomain
 	}
-	return fmt.Sprintf("%s.%s.svc.%s", service, namespace, clusterDomain)
+	return service + "." + namespace + ".svc." + clusterDomain
 }
 
 // RendezvousEndpoint is host:port of the job's rendezvous as torchrun's --rdzv-endpoint wants it.

@@ -5,11 +5,13 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -88,17 +90,24 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if pod.Name == "" && req.Name != "" {
 		pod.Name = req.Name
 	}
-	out, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: req.Namespace, Config: h.Config})
+	// The pod was decoded for this request alone: Mutate may change it in
+	// place rather than copy it. What the denial log needs is read first.
+	job, generateName := pod.Labels[constants.LabelJob], pod.GenerateName
+	out, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, PodOwned: true, Namespace: req.Namespace, Config: h.Config})
 	if err != nil {
 		decisions.WithLabelValues("denied").Inc()
-		log.Info("pod denied", "job", pod.Labels[constants.LabelJob], "generateName", pod.GenerateName, "reason", err.Error())
+		log.Info("pod denied", "job", job, "generateName", generateName, "reason", err.Error())
 		return admission.Denied("elastic-training: " + err.Error())
 	}
-	mutated, err := json.Marshal(out)
-	if err != nil {
+	buf := buffers.Get().(*bytes.Buffer)
+	defer putBuffer(buf)
+	// Encoder.Encode prints what json.Marshal does (and a newline, which
+	// jsonpatch.Create ignores) into a buffer kept for the next request.
+	if err := json.NewEncoder(buf).Encode(out); err != nil {
 		decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
+	mutated := buf.Bytes()
 	decisions.WithLabelValues("mutated").Inc()
 	// Debug level: a scale-up creates many pods at once and the decision
 	// counters already say how many were mutated; denials are logged at info.
@@ -114,11 +123,25 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	return resp.WithWarnings(warnings...)
 }
 
+// buffers holds the buffers the mutated pods are printed into: a pod's JSON
+// is only diffed, and the patch copies what it keeps of it.
+var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func putBuffer(b *bytes.Buffer) {
+	// A very large pod's buffer is left to the garbage collector.
+	if b.Cap() <= 1<<20 {
+		b.Reset()
+		buffers.Put(b)
+	}
+}
+
 // patchResponse allows the pod with the JSON patch from original to mutated.
 // It is admission.PatchResponseFromRaw with internal/jsonpatch instead of
 // gomodules.xyz/jsonpatch/v2 (several times cheaper), and with the patch
 // encoded here: Response.Complete encodes Response.Patches only when they
-// are set.
+// are set. The response holds no reference to mutated, whose buffer Handle
+// reuses (the operations' values are slices of it; the encoded patch copies
+// them).
 func patchResponse(original, mutated []byte) (admission.Response, error) {
 	ops, err := jsonpatch.Create(original, mutated)
 	if err != nil {
