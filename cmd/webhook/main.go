@@ -42,6 +42,7 @@ func main() {
 	flag.StringVar(&o.CertDir, "cert-dir", "/etc/elastic-training-webhook/tls", "directory with tls.crt and tls.key (reloaded on change)")
 	flag.StringVar(&o.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
 	flag.StringVar(&o.MetricsAddr, "metrics-addr", ":8080", `address of /metrics ("0" disables)`)
+	flag.BoolVar(&o.EnableHTTP2, "enable-http2", false, "offer HTTP/2 on the admission server (off: HTTP/1.1 only, as kubebuilder scaffolds, for CVE-2023-44487)")
 	flag.StringVar(&cfg.SidecarImage, "sidecar-image", "", "rdzv-sidecar image injected into training pods (required)")
 	flag.StringVar(&pullPolicy, "sidecar-image-pull-policy", "", "imagePullPolicy of the sidecar (Always, IfNotPresent, Never; empty: Kubernetes' default)")
 	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS domain")

@@ -468,7 +468,7 @@ type sidecarParts struct {
 	seccompProfile           corev1.SeccompProfile
 	ports                    [2]corev1.ContainerPort
 	mounts                   [3]corev1.VolumeMount
-	args                     [16]string // the most arguments a mode has
+	args                     [17]string // the most arguments a mode has (a TLS-serving launcher)
 }
 
 // sidecar builds the rdzv-sidecar native sidecar with the command line of docs/contract.md.

@@ -44,6 +44,12 @@ type testServer struct {
 
 func start(t *testing.T) *testServer {
 	t.Helper()
+	return startWith(t, nil)
+}
+
+// startWith starts the server with the test's options, changed by opts when it is not nil.
+func startWith(t *testing.T, opts func(*Options)) *testServer {
+	t.Helper()
 	pair, err := testcert.New("127.0.0.1")
 	require.NoError(t, err)
 	dir := t.TempDir()
@@ -55,10 +61,12 @@ func start(t *testing.T) *testServer {
 	ready := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{Host: "127.0.0.1", Port: port, CertDir: dir, HealthAddr: fmt.Sprintf("127.0.0.1:%d", hport),
-			MetricsAddr: "127.0.0.1:0", Config: cfg, Log: logr.Discard(), Ready: ready})
-	}()
+	o := Options{Host: "127.0.0.1", Port: port, CertDir: dir, HealthAddr: fmt.Sprintf("127.0.0.1:%d", hport),
+		MetricsAddr: "127.0.0.1:0", Config: cfg, Log: logr.Discard(), Ready: ready}
+	if opts != nil {
+		opts(&o)
+	}
+	go func() { done <- Run(ctx, o) }()
 	t.Cleanup(func() { cancel(); <-done })
 	select {
 	case <-ready:
@@ -168,3 +176,33 @@ func TestServer(t *testing.T) {
 }
 
 func runtimeRaw(b []byte) runtime.RawExtension { return runtime.RawExtension{Raw: b} }
+
+// TestServerHTTP2 checks what a client that offers both protocols (as the API
+// server does) gets: HTTP/1.1 unless HTTP/2 is enabled.
+func TestServerHTTP2(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		enableHTTP2 bool
+		wantProto   string
+	}{
+		{"default: HTTP/1.1 only", false, "HTTP/1.1"},
+		{"enabled", true, "HTTP/2.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startWith(t, func(o *Options) { o.EnableHTTP2 = tc.enableHTTP2 })
+			tr := s.client.Transport.(*http.Transport).Clone()
+			tr.ForceAttemptHTTP2 = true
+			resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Post(s.url+PathNoop, "application/json", strings.NewReader("{}"))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, resp.Body)
+			assert.Equal(t, tc.wantProto, resp.Proto)
+			require.NotNil(t, resp.TLS)
+			want := "http/1.1"
+			if tc.enableHTTP2 {
+				want = "h2"
+			}
+			assert.Equal(t, want, resp.TLS.NegotiatedProtocol)
+		})
+	}
+}
