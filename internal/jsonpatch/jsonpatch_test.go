@@ -162,20 +162,7 @@ func TestGoldenPods(t *testing.T) {
 	for _, golden := range inputs {
 		name := strings.TrimSuffix(filepath.Base(golden), ".golden.yaml")
 		t.Run(name, func(t *testing.T) {
-			in := &corev1.Pod{}
-			b, err := os.ReadFile(strings.TrimSuffix(golden, ".golden.yaml") + ".yaml")
-			require.NoError(t, err)
-			require.NoError(t, yaml.Unmarshal(b, in))
-			out := struct {
-				Pod *corev1.Pod `json:"pod"`
-			}{}
-			b, err = os.ReadFile(golden)
-			require.NoError(t, err)
-			require.NoError(t, yaml.Unmarshal(b, &out))
-			a, err := json.Marshal(in)
-			require.NoError(t, err)
-			b, err = json.Marshal(out.Pod)
-			require.NoError(t, err)
+			a, b := goldenJSON(t, golden)
 			ops := checkPatch(t, a, b)
 			want, err := gomodules.CreatePatch(a, b)
 			require.NoError(t, err)
@@ -203,20 +190,7 @@ func TestCreateConcurrent(t *testing.T) {
 	goldens, err := filepath.Glob("../mutate/testdata/*.golden.yaml")
 	require.NoError(t, err)
 	for _, golden := range goldens {
-		in := &corev1.Pod{}
-		b, err := os.ReadFile(strings.TrimSuffix(golden, ".golden.yaml") + ".yaml")
-		require.NoError(t, err)
-		require.NoError(t, yaml.Unmarshal(b, in))
-		out := struct {
-			Pod *corev1.Pod `json:"pod"`
-		}{}
-		b, err = os.ReadFile(golden)
-		require.NoError(t, err)
-		require.NoError(t, yaml.Unmarshal(b, &out))
-		a, err := json.Marshal(in)
-		require.NoError(t, err)
-		b, err = json.Marshal(out.Pod)
-		require.NoError(t, err)
+		a, b := goldenJSON(t, golden)
 		cases = append(cases, tc{a, b})
 	}
 	want := make([]string, len(cases))
@@ -397,4 +371,25 @@ func BenchmarkCreate(b *testing.B) {
 			}
 		})
 	}
+}
+
+// goldenJSON returns the JSON of a mutate golden case's input pod and of its
+// expected output pod.
+func goldenJSON(t *testing.T, golden string) (in, out []byte) {
+	t.Helper()
+	pod := &corev1.Pod{}
+	b, err := os.ReadFile(strings.TrimSuffix(golden, ".golden.yaml") + ".yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(b, pod))
+	want := struct {
+		Pod *corev1.Pod `json:"pod"`
+	}{}
+	b, err = os.ReadFile(golden)
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(b, &want))
+	in, err = json.Marshal(pod)
+	require.NoError(t, err)
+	out, err = json.Marshal(want.Pod)
+	require.NoError(t, err)
+	return in, out
 }
