@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -194,6 +196,49 @@ func TestFakeGPUsSchedule(t *testing.T) {
 		}
 		return false, fmt.Errorf("phase %s, conditions %+v", p.Status.Phase, p.Status.Conditions)
 	})
+}
+
+// A test binary that was killed leaves its namespaces, and their pods keep the node's GPUs: the next run's
+// MPI job then waits for GPUs forever (it happened in CI). SweepOrphans, which Main runs first, deletes
+// every e2e namespace no running test owns, and only those.
+func TestSweepOrphans(t *testing.T) {
+	c := framework.Get(t)
+	owned := c.Namespace(t)
+	orphan := "e2e-orphan-" + strings.ToLower(rand.Text()[:6])
+	if _, err := c.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: orphan, Labels: map[string]string{framework.LabelE2E: "true"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", orphan, err)
+	}
+	t.Cleanup(func() { _ = c.Client.CoreV1().Namespaces().Delete(context.Background(), orphan, metav1.DeleteOptions{}) })
+	c.WaitFor(t, time.Minute, "default ServiceAccount in "+orphan, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().ServiceAccounts(orphan).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	hog := busyboxPod("gpu-hog", "sleep 3600")
+	hog.Spec.Containers[0].Resources.Limits = corev1.ResourceList{framework.FakeGPUResource: *resource.NewQuantity(framework.FakeGPUCount, resource.DecimalSI)}
+	create(t, c, orphan, hog)
+	c.WaitPodPhase(t, orphan, hog.Name, corev1.PodRunning, time.Minute)
+
+	swept, err := c.SweepOrphans(t.Context(), 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier test's namespace that is still terminating is swept (waited for) too; ours never is.
+	if !slices.Contains(swept, orphan) || slices.Contains(swept, owned) {
+		t.Errorf("swept %v, want %s in it and not %s", swept, orphan, owned)
+	}
+	if _, err := c.Client.CoreV1().Namespaces().Get(t.Context(), orphan, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("namespace %s after the sweep: err %v, want NotFound", orphan, err)
+	}
+	ns, err := c.Client.CoreV1().Namespaces().Get(t.Context(), owned, metav1.GetOptions{})
+	if err != nil || ns.DeletionTimestamp != nil {
+		t.Errorf("this test's own namespace %s was swept: err %v, deleting %v", owned, err, ns.DeletionTimestamp)
+	}
+	// The GPUs are free again: a pod that needs all of them runs.
+	all := busyboxPod("all-gpus", "true")
+	all.Spec.Containers[0].Resources.Limits = hog.Spec.Containers[0].Resources.Limits
+	create(t, c, owned, all)
+	c.WaitPodPhase(t, owned, all.Name, corev1.PodSucceeded, time.Minute)
 }
 
 // The reason for a device plugin rather than a patched Node status: a restarted kubelet drops extended

@@ -122,6 +122,17 @@ func run(m *testing.M) int {
 	if err := c.connect(); err != nil {
 		return fail("%v", err)
 	}
+	// A test binary killed earlier (timeout, ^C, a restarted machine) left its namespaces, and their pods
+	// hold resources the tests count on; the lock says no other test binary is running.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	swept, err := c.SweepOrphans(ctx, 3*time.Minute)
+	cancel()
+	if len(swept) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: deleted %d namespaces left by an earlier run: %s\n", len(swept), strings.Join(swept, " "))
+	}
+	if err != nil {
+		return fail("%v", err)
+	}
 	current = c
 	code := m.Run()
 

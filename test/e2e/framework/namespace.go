@@ -9,10 +9,12 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -21,9 +23,12 @@ const LabelE2E = "elastic-training.io/e2e"
 
 var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
 
+// ours holds the namespaces this test binary created and has not deleted yet: SweepOrphans leaves them alone.
+var ours sync.Map
+
 // Namespace creates a namespace of its own for the test and deletes it when the test ends. When the test
 // failed, it first logs the namespace's events, pod states and container logs. Set E2E_KEEP_NAMESPACES=1
-// to keep namespaces for debugging.
+// to keep namespaces for debugging; the next e2e run deletes them (SweepOrphans) before its tests start.
 func (c *Cluster) Namespace(t testing.TB) string {
 	t.Helper()
 	name := strings.Trim(nonDNS.ReplaceAllString(strings.ToLower(t.Name()), "-"), "-")
@@ -37,12 +42,14 @@ func (c *Cluster) Namespace(t testing.TB) string {
 	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
+	ours.Store(name, true)
 	// Pods need the default ServiceAccount, which the controller-manager creates a moment later.
 	c.WaitFor(t, time.Minute, "default ServiceAccount in "+name, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, err
 	})
 	t.Cleanup(func() {
+		defer ours.Delete(name)
 		// t.Context() is already cancelled during cleanup.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -61,6 +68,55 @@ func (c *Cluster) Namespace(t testing.TB) string {
 		}
 	})
 	return name
+}
+
+// SweepOrphans deletes the e2e namespaces that no running test owns and waits until they are gone. They are
+// what a test binary left when it was killed (a timeout, ^C, a machine restart) or E2E_KEEP_NAMESPACES kept:
+// their pods would still hold the node's fake GPUs and CPU, and a later MPI job would wait for GPUs forever.
+// Main calls it under the e2e lock, so no other test binary can own one. It returns the names it deleted.
+func (c *Cluster) SweepOrphans(ctx context.Context, timeout time.Duration) ([]string, error) {
+	sel := metav1.ListOptions{LabelSelector: LabelE2E + "=true"}
+	list, err := c.Client.CoreV1().Namespaces().List(ctx, sel)
+	if err != nil {
+		return nil, fmt.Errorf("list e2e namespaces: %w", err)
+	}
+	var orphans []string
+	for _, ns := range list.Items {
+		if _, owned := ours.Load(ns.Name); owned {
+			continue
+		}
+		orphans = append(orphans, ns.Name)
+		if ns.DeletionTimestamp != nil {
+			continue
+		}
+		if err := c.Client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return orphans, fmt.Errorf("delete namespace %s: %w", ns.Name, err)
+		}
+	}
+	if len(orphans) == 0 {
+		return nil, nil
+	}
+	err = Poll(ctx, timeout, func(ctx context.Context) (bool, error) {
+		var left []string
+		for _, name := range orphans {
+			_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+			case err != nil:
+				return false, err
+			default:
+				left = append(left, name)
+			}
+		}
+		if len(left) > 0 {
+			return false, fmt.Errorf("still terminating: %s", strings.Join(left, ", "))
+		}
+		return true, nil
+	})
+	if err != nil {
+		return orphans, fmt.Errorf("namespaces left by an earlier run: %w", err)
+	}
+	return orphans, nil
 }
 
 // DumpNamespace returns the namespace's events (oldest first), pod states and the last 50 log lines of
