@@ -103,8 +103,13 @@ func review(t *testing.T, s *testServer, path string, pod *corev1.Pod) *admissio
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+	// In one piece (wholeResponse): a length, not chunks.
+	assert.Empty(t, resp.TransferEncoding)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, int64(len(b)), resp.ContentLength)
 	out := admissionv1.AdmissionReview{}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	require.NoError(t, json.Unmarshal(b, &out))
 	require.NotNil(t, out.Response)
 	require.Equal(t, types.UID("uid-1"), out.Response.UID)
 	return out.Response
