@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 )
@@ -169,7 +170,8 @@ func TestShouldMutate(t *testing.T) {
 // FuzzMutate decodes arbitrary bytes as a pod, as the webhook does with the
 // JSON the API server sends, and mutates it: nothing may panic, and a
 // successful mutation must be idempotent, and mutating in place (PodOwned)
-// must give the same result, warnings and denial as mutating a copy.
+// must give the same result, warnings and denial as mutating a copy; the
+// patch of the result, applied to the bytes, must give the result.
 func FuzzMutate(f *testing.F) {
 	for _, file := range []string{"testdata/pytorch-worker0-serves-rdzv.yaml", "testdata/mpi-launcher-serves-rdzv.yaml",
 		"testdata/mxnet-worker.yaml", "testdata/pytorch-user-values-win.yaml"} {
@@ -181,7 +183,8 @@ func FuzzMutate(f *testing.F) {
 	f.Add([]byte(`{"metadata":{"labels":{"elastic-training.io/job":"j"}},"spec":{"containers":[]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		pod := &corev1.Pod{}
-		if err := json.Unmarshal(data, pod); err != nil {
+		// As the webhook decodes: case-sensitive, unknown fields ignored.
+		if err := kjson.UnmarshalCaseSensitivePreserveInts(data, pod); err != nil {
 			return
 		}
 		cfg := testConfig()
@@ -200,6 +203,8 @@ func FuzzMutate(f *testing.F) {
 		if !assert.ObjectsAreEqual(got, gotOwned) {
 			t.Fatalf("mutating in place gave another pod")
 		}
+		// The patch applied to the JSON as it came gives the mutated pod.
+		checkPatch(t, data, "team-a", cfg, warnings)
 		stripped := got.DeepCopy()
 		delete(stripped.Annotations, constants.AnnotationMutated)
 		again, _, err := Mutate(Input{Pod: stripped, Namespace: "team-a", Config: cfg})

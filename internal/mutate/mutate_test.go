@@ -1,6 +1,8 @@
 package mutate
 
 import (
+	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -10,8 +12,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
+	evanphx "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
@@ -89,6 +93,19 @@ func TestGolden(t *testing.T) {
 				t.Errorf("mutating in place gave another pod (-copy +in place):\n%s", diff)
 			}
 
+			// The patch of the result, applied to the input as the API server sends it (the typed pod
+			// printed) and to the input as written (no zero values, GPU counts as numbers), gives the result.
+			typed, err := json.Marshal(pod)
+			require.NoError(t, err)
+			y, err := os.ReadFile(in)
+			require.NoError(t, err)
+			asWritten, err := yaml.YAMLToJSON(y)
+			require.NoError(t, err)
+			for _, raw := range [][]byte{typed, asWritten} {
+				require.NotEmpty(t, checkPatch(t, raw, input.Namespace, testConfig(), warnings))
+			}
+			require.Nil(t, checkPatch(t, mustJSON(t, got), input.Namespace, testConfig(), nil), "a mutated pod's patch")
+
 			// Idempotent: a second pass is a no-op ...
 			again, w2, err := Mutate(Input{Pod: got, Namespace: pod.Namespace, Config: testConfig()})
 			require.NoError(t, err)
@@ -114,6 +131,45 @@ func TestGolden(t *testing.T) {
 			t.Errorf("%s has no input %s", g, strings.TrimSuffix(g, ".golden.yaml")+".yaml")
 		}
 	}
+}
+
+// checkPatch decodes raw as the webhook does, records it, mutates it in place, and checks that the patch
+// applied to raw (by the JSON patch library the API server uses) gives Mutate's result: the same pod, and
+// the same JSON where raw is the typed pod printed. It returns the patch.
+func checkPatch(t testing.TB, raw []byte, namespace string, cfg Config, wantWarnings []string) []byte {
+	t.Helper()
+	pod := &corev1.Pod{}
+	require.NoError(t, kjson.UnmarshalCaseSensitivePreserveInts(raw, pod))
+	typedInput := bytes.Equal(raw, mustJSON(t, pod))
+	before := Record(pod)
+	got, warnings, err := Mutate(Input{Pod: pod, Namespace: namespace, Config: cfg, PodOwned: true})
+	require.NoError(t, err)
+	require.Equal(t, wantWarnings, warnings)
+	patch, err := before.Patch(got)
+	require.NoError(t, err)
+	patched := raw
+	if patch != nil {
+		p, err := evanphx.DecodePatch(patch)
+		require.NoError(t, err, "patch %s", patch)
+		patched, err = p.Apply(raw)
+		require.NoError(t, err, "patch %s", patch)
+	}
+	gotPatched := &corev1.Pod{}
+	require.NoError(t, kjson.UnmarshalCaseSensitivePreserveInts(patched, gotPatched))
+	if diff := cmp.Diff(got, gotPatched); diff != "" {
+		t.Fatalf("the patch applied gives another pod (-Mutate's +patched):\n%s\npatch: %s", diff, patch)
+	}
+	if typedInput {
+		require.JSONEq(t, string(mustJSON(t, got)), string(patched), "patch %s", patch)
+	}
+	return patch
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
 }
 
 // TestMutatedPodsShareNothing: two pods mutated from one input share no

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // wholeResponse sends a handler's response in one piece, with a
@@ -40,3 +41,13 @@ func (b *bufferedWriter) WriteHeader(code int) {
 
 func (b *bufferedWriter) Write(p []byte) (int, error) { return b.buf.Write(p) }
 
+// buffers holds the response buffers, kept for the next request.
+var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func putBuffer(b *bytes.Buffer) {
+	// A very large response's buffer is left to the garbage collector.
+	if b.Cap() <= 1<<20 {
+		b.Reset()
+		buffers.Put(b)
+	}
+}
