@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/mutate"
@@ -19,7 +20,15 @@ import (
 // benchPod is the benchmarks' pod (a golden input: the serving worker 0 of a
 // PyTorch job), as JSON too, and the webhook configuration they mutate it with.
 func benchPod(b *testing.B) (*corev1.Pod, []byte, mutate.Config) {
-	raw, err := os.ReadFile("../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
+	pod, podJSON := loadPod(b, "../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
+	return pod, podJSON, cfg
+}
+
+// loadPod reads a pod file, and prints it as JSON as the API server would.
+func loadPod(b *testing.B, file string) (*corev1.Pod, []byte) {
+	raw, err := os.ReadFile(file)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -31,9 +40,7 @@ func benchPod(b *testing.B) (*corev1.Pod, []byte, mutate.Config) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg := mutate.DefaultConfig()
-	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
-	return pod, podJSON, cfg
+	return pod, podJSON
 }
 
 // BenchmarkHandle measures the mutating handler alone (no HTTP, no TLS),
@@ -83,4 +90,27 @@ func BenchmarkHandleStages(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDecodePod decodes a worker pod of the chart as the API server sends
+// it (with the Job controller's managed fields) into a whole corev1.Pod, and
+// the way the handler does.
+func BenchmarkDecodePod(b *testing.B) {
+	_, podJSON := loadPod(b, "../mutate/testdata/pytorch-job-pod-as-sent.yaml")
+	b.Run("whole", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := kjson.UnmarshalCaseSensitivePreserveInts(podJSON, &corev1.Pod{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("handler", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodePod(podJSON); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

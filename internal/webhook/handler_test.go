@@ -122,6 +122,8 @@ func TestDecodePod(t *testing.T) {
 			want: &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}, {Name: "d"}}}}},
 		{desc: "duplicate fields: the last wins", raw: `{"metadata":{"name":"a","name":"b"}}`,
 			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "b"}}},
+		{desc: "status and managed fields are skipped, whatever they hold", raw: `{"metadata":{"name":"a","managedFields":[{"manager":"m","fieldsV1":{"f:x":{}}}]},"status":{"phase":"Pending"}}`,
+			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "a"}}},
 		{desc: "empty", raw: ``, err: "decode pod: there is no content to decode"},
 		{desc: "malformed", raw: `{"metadata":`, err: "decode pod: "},
 		{desc: "wrong type", raw: `{"metadata":[]}`, err: "decode pod: "},
@@ -137,6 +139,23 @@ func TestDecodePod(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestDecodePodKeepsWhatMutateReads: a pod as the API server sends it comes
+// out whole but for its status and managed fields.
+func TestDecodePodKeepsWhatMutateReads(t *testing.T) {
+	for _, file := range []string{"../mutate/testdata/pytorch-job-pod-as-sent.yaml", "../mutate/testdata/pytorch-user-values-win.yaml"} {
+		full := readPod(t, file)
+		raw, err := json.Marshal(full)
+		require.NoError(t, err)
+		got, err := decodePod(raw)
+		require.NoError(t, err)
+		want := full.DeepCopy()
+		want.ManagedFields, want.Status = nil, corev1.PodStatus{}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", file, diff)
+		}
 	}
 }
 
