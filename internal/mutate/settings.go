@@ -3,11 +3,13 @@ package mutate
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/gpu"
@@ -33,73 +35,7 @@ var rolesByFramework = map[string][]string{
 	constants.FrameworkCustom:  {constants.RoleLauncher, constants.RoleScheduler, constants.RoleServer, constants.RoleWorker},
 }
 
-// The names a pod's labels and annotations carry are checked by hand rather
-// than with regular expressions (k8s.io/apimachinery's validation helpers
-// and `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$` for a run id), which cost several
-// times more per pod. FuzzNameChecks proves that both accept and reject the
-// same strings.
-
-// isDNS1035Label is validation.IsDNS1035Label: 1 to 63 lowercase letters,
-// digits and '-', starting with a letter and ending with a letter or digit.
-func isDNS1035Label(v string) bool {
-	return len(v) <= 63 && isLabel(v) && isLower(v[0])
-}
-
-// isDNS1123Label is validation.IsDNS1123Label: as isDNS1035Label, but it
-// may start with a digit.
-func isDNS1123Label(v string) bool {
-	return len(v) <= 63 && isLabel(v)
-}
-
-// isDNS1123Subdomain is validation.IsDNS1123Subdomain: at most 253
-// characters, DNS labels of any length joined by '.'.
-func isDNS1123Subdomain(v string) bool {
-	if len(v) > 253 {
-		return false
-	}
-	for {
-		label, rest, more := strings.Cut(v, ".")
-		if !isLabel(label) {
-			return false
-		}
-		if !more {
-			return true
-		}
-		v = rest
-	}
-}
-
-// isLabel: lowercase letters, digits and '-', at least one, starting and
-// ending with a letter or digit; any length.
-func isLabel(v string) bool {
-	if v == "" || v[0] == '-' || v[len(v)-1] == '-' {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; !isLower(c) && !isDigit(c) && c != '-' {
-			return false
-		}
-	}
-	return true
-}
-
-// isRunID: 1 to 128 ASCII letters, digits, '.', '_' and '-', starting with a
-// letter or digit.
-func isRunID(v string) bool {
-	if v == "" || len(v) > 128 || !isAlnum(v[0]) {
-		return false
-	}
-	for i := 1; i < len(v); i++ {
-		if c := v[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' {
-			return false
-		}
-	}
-	return true
-}
-
-func isLower(c byte) bool { return 'a' <= c && c <= 'z' }
-func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-func isAlnum(c byte) bool { return isLower(c) || isDigit(c) || 'A' <= c && c <= 'Z' }
+var runIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // settings is everything Mutate needs, read and checked from the pod.
 type settings struct {
@@ -151,7 +87,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	lbl := pod.Labels
 
 	s.job = lbl[constants.LabelJob]
-	if !isDNS1035Label(s.job) || len(s.job) > 63-len("-rdzv") {
+	if errs := validation.IsDNS1035Label(s.job); len(errs) > 0 || len(s.job) > 63-len("-rdzv") {
 		bad.add("label", constants.LabelJob, s.job, "a DNS label (lowercase letters, digits, '-', starting with a letter) of at most 58 characters")
 	}
 
@@ -179,7 +115,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	s.group = lbl[constants.LabelGroup]
 	if s.group == "" {
 		s.group = s.role
-	} else if !isDNS1123Label(s.group) {
+	} else if errs := validation.IsDNS1123Label(s.group); len(errs) > 0 {
 		bad.add("label", constants.LabelGroup, s.group, "a DNS label")
 	}
 
@@ -239,7 +175,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	s.rdzvHost = parseBool(&bad, ann, constants.AnnotationRdzvHost)
 	s.rdzvService = naming.RendezvousService(s.job)
 	if v, set := ann[constants.AnnotationRdzvService]; set {
-		if !isDNS1035Label(v) {
+		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
 			bad.add("annotation", constants.AnnotationRdzvService, v, "a Service name (a DNS label starting with a letter)")
 		} else {
 			s.rdzvService = v
@@ -248,7 +184,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	if v := ann[constants.AnnotationRdzvTLSSecret]; v != "" {
 		// Checked here so that a typo is denied at admission, not left as a pod
 		// stuck in ContainerCreating on a volume that can never mount.
-		if !isDNS1123Subdomain(v) {
+		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 			bad.add("annotation", constants.AnnotationRdzvTLSSecret, v, "the name of a Secret in the pod's namespace (a DNS subdomain: lowercase letters, digits, '-', '.')")
 		} else {
 			s.tlsSecret = v
@@ -274,7 +210,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		s.runID = ann[constants.AnnotationRunID]
 		if s.runID == "" {
 			bad.missing("annotation", constants.AnnotationRunID, "an id unique per job install (the chart generates one)")
-		} else if !isRunID(s.runID) {
+		} else if !runIDPattern.MatchString(s.runID) {
 			bad.add("annotation", constants.AnnotationRunID, s.runID, "1 to 128 letters, digits, '.', '_' or '-'")
 		}
 		s.minNodes = requireInt(&bad, ann, constants.AnnotationMinNodes, 1, 100000)
