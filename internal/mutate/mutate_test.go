@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/mutate/mutatetest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from the current output")
@@ -37,14 +38,7 @@ type golden struct {
 	Pod      *corev1.Pod `json:"pod"`
 }
 
-func readPod(t testing.TB, file string) *corev1.Pod {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	require.NoError(t, err)
-	pod := &corev1.Pod{}
-	require.NoError(t, yaml.UnmarshalStrict(b, pod), file)
-	return pod
-}
+func readPod(t testing.TB, file string) *corev1.Pod { return mutatetest.ReadPod(t, file) }
 
 // TestGolden mutates every testdata/<case>.yaml and compares with
 // testdata/<case>.golden.yaml; -update rewrites the golden files. Every case
@@ -95,12 +89,7 @@ func TestGolden(t *testing.T) {
 
 			// The patch of the result, applied to the input as the API server sends it (the typed pod
 			// printed) and to the input as written (no zero values, GPU counts as numbers), gives the result.
-			typed, err := json.Marshal(pod)
-			require.NoError(t, err)
-			y, err := os.ReadFile(in)
-			require.NoError(t, err)
-			asWritten, err := yaml.YAMLToJSON(y)
-			require.NoError(t, err)
+			typed, asWritten := mutatetest.JSONForms(t, in)
 			for _, raw := range [][]byte{typed, asWritten} {
 				require.NotEmpty(t, checkPatch(t, raw, input.Namespace, testConfig(), warnings))
 			}

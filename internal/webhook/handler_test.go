@@ -3,7 +3,6 @@ package webhook
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,9 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/mutate/mutatetest"
 )
 
 // goldenConfig is the configuration internal/mutate's golden files were made with.
@@ -75,12 +74,7 @@ func TestPatchGivesMutatedPod(t *testing.T) {
 		}
 		n++
 		pod := readPod(t, in)
-		typed, err := json.Marshal(pod)
-		require.NoError(t, err)
-		y, err := os.ReadFile(in)
-		require.NoError(t, err)
-		asWritten, err := yaml.YAMLToJSON(y)
-		require.NoError(t, err)
+		typed, asWritten := mutatetest.JSONForms(t, in)
 		for _, raw := range []struct {
 			name string
 			json []byte

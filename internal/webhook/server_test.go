@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,9 +22,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/mutate/mutatetest"
 	"github.com/elastic-training/elastic-training/internal/testcert"
 )
 
@@ -115,13 +114,7 @@ func review(t *testing.T, s *testServer, path string, pod *corev1.Pod) *admissio
 	return out.Response
 }
 
-func readPod(t *testing.T, file string) *corev1.Pod {
-	b, err := os.ReadFile(file)
-	require.NoError(t, err)
-	p := &corev1.Pod{}
-	require.NoError(t, yaml.Unmarshal(b, p))
-	return p
-}
+func readPod(t *testing.T, file string) *corev1.Pod { return mutatetest.ReadPod(t, file) }
 
 func TestServer(t *testing.T) {
 	s := start(t)
