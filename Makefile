@@ -14,6 +14,8 @@ build:
 test: test-unit test-e2e
 
 test-unit:
+	@unformatted=$$($$($(GO) env GOROOT)/bin/gofmt -l $$($(GO) list -f '{{.Dir}}' ./...)); \
+	if [ -n "$$unformatted" ]; then echo "gofmt -w these files:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
 
@@ -69,8 +71,8 @@ bench-sidecar:
 	$(GO) build -o bin/rdzv-sidecar ./cmd/rdzv-sidecar
 	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar
 
-## bench-webhook: admission latency p50/p99 over HTTPS (/mutate-pods vs the no-op path, same server,
-## fixed rate) and idle RSS of the webhook binary, for the benchmarks' small pod and again for a worker pod of
+## bench-webhook: admission latency p50/p99 over HTTPS (/mutate-pods vs the no-op path, same server, at a
+## fixed rate and back to back) and idle RSS of the webhook binary, for the benchmarks' small pod and again for a worker pod of
 ## the chart as the API server sends it (defaults, managed fields); writes _out/bench-webhook*.json.
 bench-webhook:
 	$(GO) build -o bin/webhook ./cmd/webhook

@@ -209,7 +209,9 @@ func TestSweepOrphans(t *testing.T) {
 		Name: orphan, Labels: map[string]string{framework.LabelE2E: "true"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace %s: %v", orphan, err)
 	}
-	t.Cleanup(func() { _ = c.Client.CoreV1().Namespaces().Delete(context.Background(), orphan, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), orphan, metav1.DeleteOptions{})
+	})
 	c.WaitFor(t, time.Minute, "default ServiceAccount in "+orphan, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().ServiceAccounts(orphan).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, err
