@@ -46,8 +46,9 @@ func main() {
 	maxRSS := flag.Float64("max-rss-mib", 40, "goal: idle RSS in MiB")
 	out := flag.String("out", "", "write the results as JSON to this file")
 	strict := flag.Bool("strict", false, "exit 1 when a goal is missed")
+	backToBack := flag.Int("back-to-back", 2000, "requests per path sent one at a time after the fixed-rate load")
 	flag.Parse()
-	if err := run(*binary, *podFile, *rate, *duration, *warmup, *maxRatio, *maxRSS, *out, *strict); err != nil {
+	if err := run(*binary, *podFile, *rate, *duration, *warmup, *backToBack, *maxRatio, *maxRSS, *out, *strict); err != nil {
 		fmt.Fprintln(os.Stderr, "webhook-bench:", err)
 		os.Exit(1)
 	}
@@ -128,14 +129,17 @@ type result struct {
 	RatioP99    float64 `json:"ratioP99"`
 	// Server CPU time (user+sys) per request, from separate single-path phases:
 	// steadier than latency on a busy machine.
-	MutateCPUUs    float64 `json:"mutateCpuMicros"`
-	NoopCPUUs      float64 `json:"noopCpuMicros"`
-	IdleRSSMiB     float64 `json:"idleRssMiB"`
-	AfterLoadRSSMB float64 `json:"afterLoadRssMiB"`
-	GoalsMet       bool    `json:"goalsMet"`
+	MutateCPUUs float64 `json:"mutateCpuMicros"`
+	NoopCPUUs   float64 `json:"noopCpuMicros"`
+	// One request at a time, the paths alternating (not a goal: a diagnosis).
+	BackToBackMutateP50Ms float64 `json:"backToBackMutateP50Ms"`
+	BackToBackNoopP50Ms   float64 `json:"backToBackNoopP50Ms"`
+	IdleRSSMiB            float64 `json:"idleRssMiB"`
+	AfterLoadRSSMB        float64 `json:"afterLoadRssMiB"`
+	GoalsMet              bool    `json:"goalsMet"`
 }
 
-func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRatio, maxRSS float64, out string, strict bool) error {
+func run(binary, podFile string, rate int, duration, warmup time.Duration, backToBack int, maxRatio, maxRSS float64, out string, strict bool) error {
 	reqBody, err := body(podFile)
 	if err != nil {
 		return fmt.Errorf("pod: %w", err)
@@ -259,6 +263,26 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 		return err
 	}
 
+	// Back to back (closed loop, one request at a time, the paths
+	// alternating): the server never idles between requests, so its latency
+	// holds none of the wake-up cost that the fixed rate pays on every
+	// request. It tells how much of the ratio is the mutation's own work.
+	b2b := map[string][]time.Duration{}
+	for i := 0; i < 2*backToBack; i++ {
+		path := "/mutate-pods"
+		if i%2 == 1 {
+			path = "/noop"
+		}
+		start := time.Now()
+		resp, err := client.Post(base+path, "application/json", bytes.NewReader(reqBody))
+		if err != nil {
+			return fmt.Errorf("back to back: %w", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		b2b[path] = append(b2b[path], time.Since(start))
+	}
+
 	pct := func(ds []time.Duration, p float64) float64 {
 		if len(ds) == 0 {
 			return 0
@@ -269,7 +293,8 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 	m, n := lat["/mutate-pods"], lat["/noop"]
 	r := result{Rate: rate, DurationS: duration.Seconds(), Requests: len(m), Errors: errs,
 		MutateP50Ms: pct(m, 0.50), MutateP99Ms: pct(m, 0.99), NoopP50Ms: pct(n, 0.50), NoopP99Ms: pct(n, 0.99),
-		IdleRSSMiB: idle, AfterLoadRSSMB: after, MutateCPUUs: mutateCPU, NoopCPUUs: noopCPU}
+		IdleRSSMiB: idle, AfterLoadRSSMB: after, MutateCPUUs: mutateCPU, NoopCPUUs: noopCPU,
+		BackToBackMutateP50Ms: pct(b2b["/mutate-pods"], 0.50), BackToBackNoopP50Ms: pct(b2b["/noop"], 0.50)}
 	if r.NoopP50Ms > 0 && r.NoopP99Ms > 0 {
 		r.RatioP50, r.RatioP99 = r.MutateP50Ms/r.NoopP50Ms, r.MutateP99Ms/r.NoopP99Ms
 	}
@@ -278,6 +303,9 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, maxRa
 	fmt.Printf("  /mutate-pods  p50 %.3f ms  p99 %.3f ms\n", r.MutateP50Ms, r.MutateP99Ms)
 	fmt.Printf("  /noop         p50 %.3f ms  p99 %.3f ms\n", r.NoopP50Ms, r.NoopP99Ms)
 	fmt.Printf("  ratio         p50 %.2f  p99 %.2f   (goal <= %.2f)\n", r.RatioP50, r.RatioP99, maxRatio)
+	fmt.Printf("  mutation's cost at p50: +%.0f µs at %d req/s, +%.0f µs back to back (p50 mutate %.3f ms, noop %.3f ms)\n",
+		1000*(r.MutateP50Ms-r.NoopP50Ms), rate, 1000*(r.BackToBackMutateP50Ms-r.BackToBackNoopP50Ms),
+		r.BackToBackMutateP50Ms, r.BackToBackNoopP50Ms)
 	fmt.Printf("  server CPU per request: mutate %.0f µs, noop %.0f µs\n", mutateCPU, noopCPU)
 	fmt.Printf("  RSS idle %.1f MiB (goal <= %.0f), after load %.1f MiB\n", idle, maxRSS, after)
 	fmt.Printf("  goals met: %v\n", r.GoalsMet)
