@@ -72,8 +72,9 @@ bench-sidecar:
 	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar
 
 ## bench-webhook: admission latency p50/p99 over HTTPS (/mutate-pods vs the no-op path, same server, at a
-## fixed rate and back to back) and idle RSS of the webhook binary, for the benchmarks' small pod and again for a worker pod of
-## the chart as the API server sends it (defaults, managed fields); writes _out/bench-webhook*.json.
+## fixed rate and back to back) and idle RSS of the webhook binary, for the benchmarks' small pod and again
+## for a worker pod of the chart as the API server sends it (defaults, managed fields); writes
+## _out/bench-webhook*.json.
 bench-webhook:
 	$(GO) build -o bin/webhook ./cmd/webhook
 	@mkdir -p _out

@@ -201,7 +201,9 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, backT
 	var mu sync.Mutex
 	lat := map[string][]time.Duration{}
 	errs := 0
-	send := func(path string, record bool) {
+	// roundTrip sends one admission review and tells how long it took and
+	// whether the pod was allowed.
+	roundTrip := func(path string) (time.Duration, bool) {
 		start := time.Now()
 		resp, err := client.Post(base+path, "application/json", bytes.NewReader(reqBody))
 		ok := err == nil
@@ -210,7 +212,17 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, backT
 			resp.Body.Close()
 			ok = resp.StatusCode == 200 && bytes.Contains(b, []byte(`"allowed":true`))
 		}
-		d := time.Since(start)
+		return time.Since(start), ok
+	}
+	// The paths alternate request by request.
+	pathOf := func(i int) string {
+		if i%2 == 1 {
+			return "/noop"
+		}
+		return "/mutate-pods"
+	}
+	send := func(path string, record bool) {
+		d, ok := roundTrip(path)
 		if !record {
 			return
 		}
@@ -229,10 +241,7 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, backT
 		end := time.Now().Add(d)
 		for i := 0; time.Now().Before(end); i++ {
 			<-tick.C
-			path := "/mutate-pods"
-			if i%2 == 1 {
-				path = "/noop"
-			}
+			path := pathOf(i)
 			if only != "" {
 				path = only
 			}
@@ -269,18 +278,12 @@ func run(binary, podFile string, rate int, duration, warmup time.Duration, backT
 	// request. It tells how much of the ratio is the mutation's own work.
 	b2b := map[string][]time.Duration{}
 	for i := 0; i < 2*backToBack; i++ {
-		path := "/mutate-pods"
-		if i%2 == 1 {
-			path = "/noop"
+		path := pathOf(i)
+		d, ok := roundTrip(path)
+		if !ok {
+			return fmt.Errorf("back to back: %s failed", path)
 		}
-		start := time.Now()
-		resp, err := client.Post(base+path, "application/json", bytes.NewReader(reqBody))
-		if err != nil {
-			return fmt.Errorf("back to back: %w", err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		b2b[path] = append(b2b[path], time.Since(start))
+		b2b[path] = append(b2b[path], d)
 	}
 
 	pct := func(ds []time.Duration, p float64) float64 {
