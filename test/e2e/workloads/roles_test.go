@@ -53,9 +53,15 @@ func TestRolesAndPriorities(t *testing.T) {
 	set(v, "rendezvous.priorityClassName", "e2e-core")
 	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
 
-	rdzv, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: groupSelector(job, constants.GroupRdzv)})
-	if err != nil || len(rdzv.Items) != 1 {
-		t.Fatalf("want one dedicated rendezvous pod (burst workers are preemptible): %d pods, err %v", len(rdzv.Items), err)
+	// The StatefulSet controller creates the pod a moment after the install returns.
+	var rdzv *corev1.PodList
+	c.WaitFor(t, time.Minute, "the rendezvous pod", func(ctx context.Context) (bool, error) {
+		var err error
+		rdzv, err = c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: groupSelector(job, constants.GroupRdzv)})
+		return err == nil && len(rdzv.Items) > 0, err
+	})
+	if len(rdzv.Items) != 1 {
+		t.Fatalf("want one dedicated rendezvous pod (burst workers are preemptible): %d pods", len(rdzv.Items))
 	}
 	waitWorld(t, c, ns, workersSelector(job), 4, 1, 3*time.Minute)
 
