@@ -359,27 +359,31 @@ timeout 5 wget -qO- http://203.0.113.1/ 2>&1; echo "outside: rc=$?"`, framework.
 	}
 }
 
-// The host runtime image runs the host's python3 and torch from read-only hostPath mounts.
-func TestHostRuntimeImageRunsHostPython(t *testing.T) {
+// Each trainer image runs its own torch (no host mounts): the version the framework names, a tensor op, python-etcd
+// and mpi4py importable, Open MPI and MPICH launchers and sshd present.
+func TestTrainerImages(t *testing.T) {
 	c := framework.Get(t)
 	ns := c.Namespace(t)
-	vols, mounts := framework.HostRuntimeVolumes()
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "hostpython"},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
-			Volumes:       vols,
-			Containers: []corev1.Container{{
-				Name: "main", Image: framework.HostRuntimeImage, ImagePullPolicy: corev1.PullNever,
-				Command:      []string{"/usr/bin/python3", "-c", "import torch, socket; print('torch', torch.__version__, torch.arange(4.).sum().item(), socket.gethostname())"},
-				VolumeMounts: mounts,
-			}},
-		},
-	}
-	create(t, c, ns, pod)
-	c.WaitPodPhase(t, ns, "hostpython", corev1.PodSucceeded, 2*time.Minute)
-	if log := c.PodLogs(t, ns, "hostpython", ""); !regexp.MustCompile(`^torch \S+ 6.0 hostpython\n$`).MatchString(log) {
-		t.Errorf("log = %q, want torch's version, 6.0 and the pod's hostname", log)
+	for i, img := range framework.TrainerImages {
+		name := fmt.Sprintf("trainer-%d", i)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					Name: "main", Image: img.Image, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"/bin/sh", "-c", `set -e; command -v torchrun mpirun.openmpi mpiexec.hydra /usr/sbin/sshd ssh-keygen >/dev/null
+python3 -c "import torch, etcd, mpi4py, socket; print('torch', torch.__version__.split('+')[0], torch.arange(4.).sum().item(), socket.gethostname())"`},
+				}},
+			},
+		}
+		create(t, c, ns, pod)
+		c.WaitPodPhase(t, ns, name, corev1.PodSucceeded, 3*time.Minute)
+		log := c.PodLogs(t, ns, name, "")
+		if want := fmt.Sprintf("torch %s 6.0 %s\n", img.Torch, name); log != want {
+			t.Errorf("%s: log = %q, want %q", img.Image, log, want)
+		}
+		t.Logf("%s: %s", img.Image, strings.TrimSpace(log))
 	}
 }
 

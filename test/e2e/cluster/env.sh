@@ -18,7 +18,6 @@ export K8S_VERSION=v1.36.3 HELM_VERSION=v3.22.0
 # Images (never pulled: imported into containerd's k8s.io namespace, pods use imagePullPolicy: Never).
 export PAUSE_IMAGE=docker.io/local/pause:1
 export BUSYBOX_IMAGE=local/busybox:1
-export HOSTRT_IMAGE=local/hostrt:1
 export WEBHOOK_IMAGE=local/elastic-training-webhook:dev
 export SIDECAR_IMAGE=local/rdzv-sidecar:dev
 
@@ -55,3 +54,8 @@ export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first
 # has PATTERN: like `grep -q PATTERN` at the end of a pipe, but reads all its input first. With pipefail,
 # grep -q exiting at the first match can kill the writer with SIGPIPE and turn a match into a failure.
 has() { local in; in=$(cat); grep -q -- "$1" <<<"$in"; }
+
+# Trainer root filesystems (rootfs.sh, Debian suites through mmdebstrap) and the images packed from them (images.sh):
+# local/trainer:<suite>. The first suite is the default for the demo and the tests that need one torch.
+export ROOTFS=$ET_CACHE/rootfs
+export TRAINER_SUITES=${TRAINER_SUITES:-forky trixie}

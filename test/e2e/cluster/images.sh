@@ -3,14 +3,14 @@
 # containerd is running, imports them into its k8s.io namespace (up.sh imports them on start as well):
 #   local/pause:1       static pause (containerd's sandbox image)
 #   local/busybox:1     Debian busybox-static with its applets, for test pods
-#   local/hostrt:1      "host runtime": an empty merged-/usr skeleton; pods mount the host's /usr,
-#                       /etc/alternatives and /etc/ld.so.cache read-only (hostPath) and so run the host's
-#                       python3/torch/mpirun/sshd. For tests and the demo on this machine only.
+#   local/trainer:<suite>  a trainer image per Debian suite in $TRAINER_SUITES (forky: torch 2.14, trixie:
+#                       torch 2.6), packed from the root filesystems rootfs.sh builds: torch, python-etcd, Open MPI,
+#                       MPICH, mpi4py, sshd. Rebuilt only when that root filesystem was rebuilt.
 #   local/elastic-training-webhook:dev, local/rdzv-sidecar:dev
 #                       the project's ./cmd/webhook and ./cmd/rdzv-sidecar, static (CGO_ENABLED=0); a command
 #                       that does not exist yet is skipped with a message.
 # Real clusters build real images from build/*.Dockerfile instead.
-# Usage: images.sh [--base]   (--base: only pause, busybox, hostrt)
+# Usage: images.sh [--base]   (--base: only pause, busybox and the trainer images)
 set -euo pipefail
 . "$(dirname "$(readlink -f "$0")")/env.sh"
 mkdir -p "$IMAGES"; cd "$IMAGES"
@@ -18,7 +18,7 @@ exec 9>"$IMAGES/.lock"; flock 9
 mk() { "$CLUSTER_DIR/mkimage.sh" "$@" >/dev/null; echo "images: built $(basename "$3") ($1)"; }
 # Base images only change with this script; rebuild them when it changes.
 base_stamp=$(cat "$CLUSTER_DIR/images.sh" "$CLUSTER_DIR/mkimage.sh" "$TOOLS/pause/pause.c" | sha256sum | cut -c1-16)
-if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] || [ ! -f busybox.tar ] || [ ! -f hostrt.tar ]; then
+if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] || [ ! -f busybox.tar ]; then
   rm -rf rootfs; mkdir -p rootfs/pause
   if ! { gcc -Os -static -o rootfs/pause/pause "$TOOLS/pause/pause.c" && strip rootfs/pause/pause; } 2>/dev/null; then
     (cd "$TOOLS/pause/go" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$IMAGES/rootfs/pause/pause" .)   # no gcc/static libc
@@ -32,16 +32,17 @@ if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] |
   printf 'root:x:0:0:root:/root:/bin/sh\n' > $R/etc/passwd; printf 'root:x:0:\n' > $R/etc/group
   printf 'hosts: files dns\n' > $R/etc/nsswitch.conf
   mk "$BUSYBOX_IMAGE" $R busybox.tar /bin/sh
-  R=rootfs/hostrt; mkdir -p $R/{usr,etc/ssh,tmp,root,proc,sys,dev,run/sshd,var/tmp}
-  ( cd $R && ln -s usr/bin bin && ln -s usr/lib lib && ln -s usr/lib64 lib64 && ln -s usr/sbin sbin && chmod 1777 tmp var/tmp )
-  # sshd (MPI workers run the host's /usr/sbin/sshd) needs its privilege-separation user and an empty
-  # root-owned /run/sshd to chroot into; pods generate their own host keys into /etc/ssh.
-  printf 'root:x:0:0:root:/root:/bin/sh\nsshd:x:100:65534::/run/sshd:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' > $R/etc/passwd
-  printf 'root:x:0:\nnogroup:x:65534:\n' > $R/etc/group; printf 'hosts: files dns\n' > $R/etc/nsswitch.conf
-  chmod 0755 $R/run/sshd
-  mk "$HOSTRT_IMAGE" $R hostrt.tar /bin/sh
   rm -rf rootfs; echo "$base_stamp" > .base-stamp
 fi
+rm -f hostrt.tar   # the host-runtime image of earlier versions
+# Trainer images: one per suite, from its root filesystem; the tarball carries the root filesystem's stamp.
+"$CLUSTER_DIR/rootfs.sh"
+for suite in $TRAINER_SUITES; do
+  s=$(cat "$ROOTFS/$suite/.et-stamp")
+  [ -f "trainer-$suite.tar" ] && [ "$(cat ".trainer-$suite-stamp" 2>/dev/null)" = "$s" ] && continue
+  echo "images: packing local/trainer:$suite from $ROOTFS/$suite (about 30 s)"
+  mk "local/trainer:$suite" "$ROOTFS/$suite" "trainer-$suite.tar" && echo "$s" > ".trainer-$suite-stamp"
+done
 if [ "${1:-}" != --base ]; then
   for pair in "webhook:$WEBHOOK_IMAGE" "rdzv-sidecar:$SIDECAR_IMAGE"; do
     cmd=${pair%%:*}; img=${pair#*:}

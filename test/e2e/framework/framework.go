@@ -39,9 +39,9 @@ import (
 const (
 	// BusyboxImage is Debian's busybox-static with its applets (sh, wget, nslookup, httpd...).
 	BusyboxImage = "local/busybox:1"
-	// HostRuntimeImage is an empty merged-/usr skeleton: with HostRuntimeVolumes mounted it runs the
-	// host's /usr/bin/python3 (with torch), mpirun and friends. Only on the test machine.
-	HostRuntimeImage = "local/hostrt:1"
+	// TrainerImage is the default trainer image: Debian forky's torch 2.14 with python-etcd, Open MPI, MPICH,
+	// mpi4py and sshd, built by rootfs.sh and images.sh. TrainerImages lists every one.
+	TrainerImage = "local/trainer:forky"
 	// WebhookImage and SidecarImage are the project's binaries, built by images.sh from ./cmd.
 	WebhookImage = "local/elastic-training-webhook:dev"
 	SidecarImage = "local/rdzv-sidecar:dev"
@@ -58,6 +58,19 @@ const (
 	AMDGPUResource  = "amd.com/gpu"
 	FakeGPUCount    = 8
 )
+
+// Trainer is a local trainer image and the torch it has (test/e2e/cluster/rootfs.sh, TRAINER_SUITES).
+type Trainer struct {
+	Image string
+	Torch string // the torch version, as torch.__version__ prints it without its Debian suffix
+}
+
+// TrainerImages are the trainer images images.sh builds, newest torch first: tests that cover torch versions
+// range over them.
+var TrainerImages = []Trainer{
+	{Image: "local/trainer:forky", Torch: "2.14.1"},
+	{Image: "local/trainer:trixie", Torch: "2.6.0"},
+}
 
 // ModulePath identifies the repository root (its go.mod).
 const ModulePath = "github.com/elastic-training/elastic-training"

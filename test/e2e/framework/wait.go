@@ -157,21 +157,3 @@ func tail(s string, n int) string {
 	}
 	return "..." + s[len(s)-n:]
 }
-
-// HostRuntimeVolumes returns what a HostRuntimeImage container needs to run the host's programs: the host's
-// /usr, /etc/alternatives (Debian's libblas.so.3 and friends are alternatives symlinks) and
-// /etc/ld.so.cache, all read-only.
-func HostRuntimeVolumes() ([]corev1.Volume, []corev1.VolumeMount) {
-	dir, file := corev1.HostPathDirectory, corev1.HostPathFile
-	vols := []corev1.Volume{
-		{Name: "host-usr", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/usr", Type: &dir}}},
-		{Name: "host-alternatives", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc/alternatives", Type: &dir}}},
-		{Name: "host-ld-cache", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc/ld.so.cache", Type: &file}}},
-	}
-	mounts := []corev1.VolumeMount{
-		{Name: "host-usr", MountPath: "/usr", ReadOnly: true},
-		{Name: "host-alternatives", MountPath: "/etc/alternatives", ReadOnly: true},
-		{Name: "host-ld-cache", MountPath: "/etc/ld.so.cache", ReadOnly: true},
-	}
-	return vols, mounts
-}
