@@ -148,6 +148,8 @@ const (
 	EnvSlots         = "ET_SLOTS"
 	EnvHostfile      = "ET_HOSTFILE"
 	EnvDiscoverHosts = "ET_DISCOVER_HOSTS"
-	EnvRdzvEndpoint  = "ET_RDZV_ENDPOINT"
-	EnvMemberHost    = "ET_MEMBER_HOST" // this pod's stable FQDN
+	// EnvDisableSharedStore is torch's opt-out of sharing the rendezvous TCPStore with the workers (torch >= 2.5).
+	EnvDisableSharedStore = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+	EnvRdzvEndpoint       = "ET_RDZV_ENDPOINT"
+	EnvMemberHost         = "ET_MEMBER_HOST" // this pod's stable FQDN
 )

@@ -158,8 +158,9 @@ func Mutate(in Input) (*corev1.Pod, []string, error) {
 	if err := setMount(c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {
 		return nil, nil, err
 	}
-	if s.framework == constants.FrameworkPyTorch && s.backend != constants.BackendC10d {
+	if s.framework == constants.FrameworkPyTorch {
 		setLeaveHook(c, w)
+		shareProcesses(pod, w)
 	}
 	if s.tlsSecret != "" {
 		// The trainer's own rendezvous client (torchrun, or a launcher's
@@ -276,6 +277,14 @@ func appendPytorchEnv(env []corev1.EnvVar, s *settings, rdzvHost, fqdn string, s
 		corev1.EnvVar{Name: "PET_MONITOR_INTERVAL", Value: strconv.Itoa(s.monitor)},
 		corev1.EnvVar{Name: "PET_RDZV_CONF", Value: rdzvConf(conf)},
 		corev1.EnvVar{Name: "PET_LOCAL_ADDR", Value: fqdn},
+		// torch >= 2.5 shares the rank-0 agent's TCPStore with the workers by
+		// default (pytorch#128096), and then a node that joins a running job
+		// waits forever: rank 0 keeps its store and never writes MASTER_ADDR
+		// under the new round's prefix, which the newcomer reads
+		// (RendezvousStoreInfo.build in torch/distributed/elastic/rendezvous/api.py;
+		// pytorch#135712). Without sharing, rank 0 of every round publishes a
+		// fresh store. Older torch does not read the variable.
+		corev1.EnvVar{Name: constants.EnvDisableSharedStore, Value: "1"},
 	)
 }
 
@@ -358,6 +367,23 @@ func setLeaveHook(c *corev1.Container, w *warner) {
 		c.Lifecycle = &hook.lifecycle
 	}
 	c.Lifecycle.PreStop = &hook.handler
+}
+
+// shareProcesses puts the pod's containers in one PID namespace, so that the
+// leave hook can stop the torchrun agent with SIGKILL: torch 2.3 to 2.7 close
+// the whole rendezvous when an agent gets SIGTERM (LocalElasticAgent._shutdown
+// calls the handler's shutdown()), which ends every survivor of a scale-down
+// with RendezvousClosedError. The agent is usually the container's PID 1,
+// which ignores SIGKILL from inside its own namespace; in the pod's shared
+// namespace PID 1 is the pause process. A user's explicit false is kept.
+func shareProcesses(pod *corev1.Pod, w *warner) {
+	if pod.Spec.ShareProcessNamespace == nil {
+		pod.Spec.ShareProcessNamespace = new(true)
+		return
+	}
+	if !*pod.Spec.ShareProcessNamespace {
+		w.add("spec.shareProcessNamespace=false is kept; on torch 2.3 to 2.7 a scale-down then closes the rendezvous for every worker (the leave hook cannot stop the agent before its SIGTERM)")
+	}
 }
 
 // setEnv adds e to c unless the user already set that variable: the user's

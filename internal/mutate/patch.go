@@ -27,6 +27,7 @@ import (
 //   - keys of metadata.labels and metadata.annotations, set or removed;
 //   - spec.volumes, and each container's env and volumeMounts: appended to;
 //   - a container's lifecycle.preStop, only where there is none;
+//   - spec.shareProcessNamespace, only where unset;
 //   - spec.initContainers: the sidecar in front, an older rdzv-sidecar removed.
 //
 // Patch returns an error for any other change it sees. TestGolden and
@@ -34,6 +35,7 @@ import (
 // JSON gives exactly the JSON of Mutate's result.
 type Before struct {
 	name, hostname, subdomain string
+	shareProcessNamespace     bool // set at all
 	labels, annotations       map[string]string
 	volumes                   int
 	initContainers            []string
@@ -51,7 +53,8 @@ type containerBefore struct {
 func Record(pod *corev1.Pod) *Before {
 	b := &Before{
 		name: pod.Name, hostname: pod.Spec.Hostname, subdomain: pod.Spec.Subdomain,
-		labels: maps.Clone(pod.Labels), annotations: maps.Clone(pod.Annotations),
+		shareProcessNamespace: pod.Spec.ShareProcessNamespace != nil,
+		labels:                maps.Clone(pod.Labels), annotations: maps.Clone(pod.Annotations),
 		volumes:        len(pod.Spec.Volumes),
 		initContainers: make([]string, len(pod.Spec.InitContainers)),
 		containers:     make([]containerBefore, len(pod.Spec.Containers)),
@@ -81,6 +84,12 @@ func (b *Before) Patch(after *corev1.Pod) ([]byte, error) {
 	p.strings("/metadata/annotations", b.annotations, after.Annotations)
 	p.scalar("/spec/hostname", b.hostname, after.Spec.Hostname)
 	p.scalar("/spec/subdomain", b.subdomain, after.Spec.Subdomain)
+	switch share := after.Spec.ShareProcessNamespace; {
+	case !b.shareProcessNamespace && share != nil:
+		p.add("/spec/shareProcessNamespace", *share)
+	case b.shareProcessNamespace && share == nil:
+		p.fail("spec.shareProcessNamespace was removed")
+	}
 	appended(p, "/spec/volumes", b.volumes, after.Spec.Volumes)
 	if len(after.Spec.Containers) != len(b.containers) {
 		p.fail("spec.containers: %d containers, there were %d", len(after.Spec.Containers), len(b.containers))

@@ -7,6 +7,12 @@ torch 1.13, keep_alive_interval x keep_alive_max_attempt in newer releases; the 
 its 10 s keep-alive key to expire. Removing the node from the round (or deleting its keep-alive key) first lets
 the survivors re-form as soon as their collectives fail.
 
+torch 2.3 to 2.7 close the whole rendezvous when an agent gets SIGTERM (LocalElasticAgent._shutdown calls the
+handler's shutdown(), pytorch#117066; undone in 2.8 by pytorch#152525): every survivor of a scale-down would exit with
+RendezvousClosedError. On those versions the script stops the agent and its workers with SIGKILL once it has left,
+so the SIGTERM that follows the hook finds nothing to close. The webhook shares the pod's PID namespace so that the
+agent is not PID 1, which SIGKILL from inside its own namespace cannot reach.
+
 Best effort by design: whatever goes wrong is logged and the script exits 0, so the pod stops as it would
 have without it. It writes the state back only with a compare-and-swap on the index it read, so a
 concurrent change by an agent is never overwritten; a stale read is retried.
@@ -20,8 +26,10 @@ import io
 import json
 import os
 import pickle
+import signal
 import socket
 import ssl
+import subprocess
 import sys
 import time
 import types
@@ -32,13 +40,18 @@ import urllib.request
 KEY_PREFIX = "/torch/elastic/rendezvous"  # torch's etcd_rendezvous_backend.create_backend
 AGENT_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 DEADLINE_S = 10.0
+# torch releases whose agent closes the rendezvous on SIGTERM: [first, end).
+CLOSES_ON_SIGTERM = ((2, 3), (2, 8))
+
+
+LOG_PID = [1]  # whose stdout `kubectl logs` shows: the agent's once found (PID 1 is pause in a shared namespace)
 
 
 def log(level, msg, **kv):
     fields = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) and (' ' in v or not v) else v}" for k, v in kv.items())
     line = f"level={level} component=leave-rendezvous msg={json.dumps(msg)} {fields}".rstrip() + "\n"
-    # A preStop hook's output goes nowhere; PID 1's stdout is what `kubectl logs` shows.
-    target = os.environ.get("ET_LEAVE_LOG", "/proc/1/fd/1")
+    # A preStop hook's output goes nowhere; the container's main process' stdout is what `kubectl logs` shows.
+    target = os.environ.get("ET_LEAVE_LOG", f"/proc/{LOG_PID[0]}/fd/1")
     if target != "-":
         try:
             with open(target, "a") as f:
@@ -238,7 +251,82 @@ def leave(state, ours, min_nodes):
     return removed
 
 
+def children(pids):
+    """Every descendant of pids, from /proc's parent links."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parent[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, todo = set(), set(pids)
+    while todo:
+        todo = {p for p, pp in parent.items() if pp in todo and p not in found}
+        found |= todo
+    return found
+
+
+def torch_version(pid):
+    """The torch version of the agent's interpreter, read without importing torch; None if unknown."""
+    probe = "import importlib.metadata as m; print(m.version('torch'))"
+    for python in (f"/proc/{pid}/exe", sys.executable):
+        try:
+            out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return None
+
+
+def parse_version(v):
+    parts = []
+    for p in v.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in p if ch.isdigit()) if p else ""
+        if not digits:
+            return None
+        parts.append(int(digits))
+    return tuple(parts) if len(parts) == 2 else None
+
+
+def stop_if_closing(pids):
+    """SIGKILLs the agents and their workers where torch would close the rendezvous on the coming SIGTERM."""
+    for pid in sorted(pids):
+        version = torch_version(pid)
+        v = parse_version(version or "")
+        if v is None:
+            log("INFO", "torch version unknown; leaving the agent to its SIGTERM", pid=pid)
+            continue
+        if not CLOSES_ON_SIGTERM[0] <= v < CLOSES_ON_SIGTERM[1]:
+            continue
+        if pid == 1:
+            log("WARN", "torch closes the rendezvous on SIGTERM and the agent is PID 1, which SIGKILL cannot reach: "
+                "the other workers will stop; set spec.shareProcessNamespace", torch=version)
+            continue
+        workers = children({pid})
+        for p in [pid] + sorted(workers):  # the agent first, so that it never sees its workers fail
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        log("INFO", "stopped the agent with SIGKILL: this torch closes the rendezvous on SIGTERM", torch=version,
+            pid=pid, workers=len(workers))
+
+
 def main():
+    pids = agent_pids()
+    if pids:
+        LOG_PID[0] = min(pids)
+    try:
+        leave_rendezvous(pids)
+    finally:
+        if pids:
+            stop_if_closing(pids)
+
+
+def leave_rendezvous(pids):
     backend = os.environ.get("PET_RDZV_BACKEND", "")
     if backend not in ("etcd-v2", "etcd"):
         log("INFO", "nothing to do for this rendezvous backend", backend=backend or "unset")
@@ -250,7 +338,6 @@ def main():
         return
     min_nodes = int(os.environ.get("PET_NNODES", "1").split(":")[0] or 1)
     addrs = {a for a in (os.environ.get("PET_LOCAL_ADDR"), socket.getfqdn()) if a}
-    pids = agent_pids()
     if not pids:
         log("INFO", "no torchrun agent runs in this container; nothing to leave")
         return
