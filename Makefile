@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CACHE ?= $(HOME)/.cache/elastic-training
 
-.PHONY: all build test test-unit test-e2e bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all build test test-unit test-e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
 
 all: build
 
@@ -13,7 +13,7 @@ build:
 ## test: every test: unit, integration (real torchrun, etcd, mpirun) and e2e (real cluster).
 test: test-unit test-e2e
 
-test-unit:
+test-unit: rootfs
 	@unformatted=$$($$($(GO) env GOROOT)/bin/gofmt -l $$($(GO) list -f '{{.Dir}}' ./...)); \
 	if [ -n "$$unformatted" ]; then echo "gofmt -w these files:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -47,6 +47,12 @@ CLUSTER := test/e2e/cluster
 # The scripts and test/e2e/framework read ET_CACHE.
 export ET_CACHE := $(CACHE)
 
+## rootfs: the trainer root filesystems (Debian forky: torch 2.14, trixie: torch 2.6, with python-etcd, Open MPI,
+## MPICH, sshd) that the integration tests chroot into and the trainer images are packed from (root; mmdebstrap,
+## minutes the first time, then cached under $(CACHE)/rootfs).
+rootfs:
+	$(CLUSTER)/rootfs.sh
+
 ## cluster-build: build the cluster's binaries from the pinned versions (minutes the first time, then cached).
 cluster-build:
 	$(CLUSTER)/build.sh
@@ -62,12 +68,12 @@ cluster-down:
 cluster-status:
 	@$(CLUSTER)/status.sh
 
-## images: build the local images (webhook, rdzv-sidecar, host runtime) and import them into a running cluster.
+## images: build the local images (webhook, rdzv-sidecar, trainers) and import them into a running cluster.
 images:
 	$(CLUSTER)/images.sh
 
 ## bench-sidecar: rdzv-sidecar vs etcd 3.4 (first rendezvous of 4 torchrun agents), hostfile latency, 1,000 members.
-bench-sidecar:
+bench-sidecar: rootfs
 	$(GO) build -o bin/rdzv-sidecar ./cmd/rdzv-sidecar
 	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar
 

@@ -1,14 +1,24 @@
-# A training image for real clusters: PyTorch with torchrun, plus python-etcd, which both of torch's etcd
-# rendezvous backends ("etcd" and "etcd-v2") import but torch does not depend on. The local test cluster
-# uses local/hostrt:1 (the host's Debian python3-torch through read-only hostPath mounts) instead.
-#   docker build -f build/trainer-pytorch.Dockerfile -t REGISTRY/trainer-pytorch:VERSION .
-# CUDA: start from a pytorch/pytorch:*-cuda* image instead; the rest is the same.
-ARG PYTORCH_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
-FROM ${PYTORCH_IMAGE}
-# python-etcd 0.4.5 is known to work with urllib3 1.26 (Debian bookworm's pair, the one our tests use);
-# newer urllib3 2.x is reported (not verified here) to break it, so pin 1.26.
-RUN pip install --no-cache-dir "python-etcd==0.4.5" "urllib3>=1.26,<2"
+# A training image for real clusters with what the local test images contain (test/e2e/cluster/rootfs.sh): Debian's
+# torch with torchrun, python-etcd (both of torch's etcd rendezvous backends import it; torch does not depend on
+# it), Open MPI and MPICH with mpi4py, and sshd for MPI workers. The tests prove these suites:
+#   SUITE=forky   torch 2.14.1 (Python 3.14)   the default, as in `make demo`
+#   SUITE=trixie  torch 2.6.0  (Python 3.13)
+#   docker build -f build/trainer-pytorch.Dockerfile --build-arg SUITE=forky -t REGISTRY/trainer-pytorch:2.14 .
+# Debian's torch runs on CPUs and is built without libuv: jobs on this image set USE_LIBUV=0 (torch >= 2.4 asks
+# for a libuv TCPStore otherwise), as examples/local/*.yaml do. For GPUs start from an official image instead,
+# which has CUDA and libuv, and add the same extras:
+#   FROM pytorch/pytorch:<version>-cuda<cuda>-cudnn9-runtime
+#   RUN pip install --no-cache-dir python-etcd==0.4.5 && apt-get update && apt-get install -y --no-install-recommends \
+#         openssh-server openssh-client procps && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
+# torch 2.3 to 2.7 close the whole rendezvous when an agent gets SIGTERM; the webhook's leave hook handles that
+# (docs/contract.md), so any torch from 2.3 on works, and so does older torch.
+ARG SUITE=forky
+FROM debian:${SUITE}-slim
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3-torch python3-etcd python3-mpi4py openmpi-bin mpich openssh-server openssh-client procps \
+    && rm -rf /var/lib/apt/lists/* \
+    # Every pod makes its own host keys: an image must not carry one key for all of them.
+    && rm -f /etc/ssh/ssh_host_*
 # Mounted read-only by the webhook: the hostfile, discover_hosts.sh and the sidecar binary.
 ENV PATH=/etc/elastic-training:$PATH
 WORKDIR /workspace
-ENTRYPOINT ["torchrun"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: an elastic PyTorch job on the local single-node cluster, scaled with `helm upgrade`.
-# Builds what is missing, starts the cluster, installs the webhook chart and a job that really trains
-# (Debian's torch through the host runtime image), scales it 2 -> 3 -> 4 -> 2 and prints what happened.
+# Builds what is missing (Kubernetes from the Go module proxy, the trainer image from Debian forky's packages:
+# torch 2.14), starts the cluster, installs the webhook chart and a job that really trains, scales it
+# 2 -> 3 -> 4 -> 2 and prints what happened. Needs nothing installed beforehand but Go and root.
 # The cluster is left running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,8 @@ helm -n "$NS" install "$JOB" charts/elastic-training -f examples/local/pytorch-e
   --set-file script=examples/scripts/elastic_train.py --set "args={--steps=$STEPS,--step-seconds=0.5}"
 world 2
 echo "   helm install -> first training step: $(since $t0) s"
+w0=$(kubectl -n "$NS" get pods -l "elastic-training.io/job=$JOB,elastic-training.io/group=worker,batch.kubernetes.io/job-completion-index=0" -o jsonpath='{.items[0].metadata.name}')
+echo "   $(kubectl -n "$NS" logs "$w0" -c trainer | grep -o 'torch=[^ ]*' | head -1) ($(kubectl -n "$NS" get pod "$w0" -o jsonpath='{.spec.containers[?(@.name=="trainer")].image}'))"
 
 for n in 3 4 2; do
   say "helm upgrade $JOB --reuse-values --set workers.replicas=$n"

@@ -57,7 +57,7 @@ def main():
     dist.all_reduce(owner, op=dist.ReduceOp.MIN)
     dist.broadcast(weights, src=int(owner.item()))
     step = newest
-    log(f"joined rank={rank} world_size={world} restart={restart} host={host} resume_step={step}")
+    log(f"joined rank={rank} world_size={world} restart={restart} host={host} resume_step={step} torch={torch.__version__}")
 
     while step < args.steps:
         grad = torch.full((args.dim,), float(rank + 1))

@@ -422,6 +422,23 @@ func TestHelmInstallUpgradeTestUninstall(t *testing.T) {
 	}
 }
 
+// The cluster's helm is the pinned release and knows a current Kubernetes offline: `helm template` (no cluster to
+// ask) renders both charts, whose kubeVersion a helm built without its ldflags (Kubernetes 1.20) would refuse.
+func TestHelmBinaryVersions(t *testing.T) {
+	c := framework.Get(t)
+	helm := filepath.Join(c.BinDir, "helm")
+	out, err := exec.Command(helm, "version", "--template", "{{.Version}}").CombinedOutput()
+	if err != nil || string(out) != "v3.22.0" { // HELM_VERSION in test/e2e/cluster/env.sh
+		t.Errorf("helm version = %q (%v), want v3.22.0", out, err)
+	}
+	for _, chart := range []string{"charts/elastic-training", "charts/elastic-training-webhook"} {
+		out, err := exec.Command(helm, "template", "x", c.RepoPath(chart)).CombinedOutput()
+		if err != nil {
+			t.Errorf("helm template %s: %v\n%s", chart, err, out)
+		}
+	}
+}
+
 // The scripts refuse, with the reason, what would break the machine's one cluster.
 func TestScriptsRefuse(t *testing.T) {
 	c := framework.Get(t)

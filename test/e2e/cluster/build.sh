@@ -13,11 +13,16 @@ K8S_MINOR=${K8S_VERSION#v1.}; K8S_MINOR=${K8S_MINOR%%.*}
 grep -q "k8s.io/kubernetes $K8S_VERSION\$" "$TOOLS/go.mod" || { echo "build: tools/go.mod does not pin k8s.io/kubernetes $K8S_VERSION"; exit 1; }
 grep -q "helm.sh/helm/v3 $HELM_VERSION\$" "$TOOLS/helm/go.mod" || { echo "build: tools/helm/go.mod does not pin helm $HELM_VERSION"; exit 1; }
 KLDF="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$K8S_MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=2026-01-01T00:00:00Z"
+# helm's defaults for `helm template` and lint (Capabilities.KubeVersion) come from ldflags, as helm's own Makefile
+# sets them from its k8s.io modules; without them it assumes Kubernetes 1.20 and fails a chart's kubeVersion.
+HELM_K8S=$(awk '$1 == "k8s.io/client-go" { print $2 }' "$TOOLS/helm/go.mod"); HELM_K8S_MINOR=${HELM_K8S#v0.}; HELM_K8S_MINOR=${HELM_K8S_MINOR%%.*}
+HLDF="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+for p in pkg/chartutil pkg/lint/rules; do HLDF+=" -X helm.sh/helm/v3/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/$p.k8sVersionMinor=$HELM_K8S_MINOR"; done
 all="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd cri-cleanup fake-device-plugin coredns helm"
 spec() { # binary -> "moduledir|package|ldflags"
   case $1 in
     coredns) echo "$TOOLS/coredns|.|-s -w" ;;
-    helm) echo "$TOOLS/helm|helm.sh/helm/v3/cmd/helm|-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+    helm) echo "$TOOLS/helm|helm.sh/helm/v3/cmd/helm|$HLDF" ;;
     etcd|cri-cleanup|fake-device-plugin) echo "$TOOLS|./cmd/$1|-s -w" ;;
     kube-*|kubelet|kubectl) echo "$TOOLS|./cmd/$1|$KLDF" ;;
     *) echo "build: unknown binary $1" >&2; return 1 ;;

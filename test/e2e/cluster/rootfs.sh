@@ -23,6 +23,7 @@ OPTS=(--variant=minbase --include="$PACKAGES" --aptopt='Acquire::Check-Valid-Unt
 stamp() { printf '%s\n' "$1" "$MIRROR" "${OPTS[@]}" | sha256sum | cut -c1-16; }
 if [ "${1:-}" = --stamp ]; then stamp "$2"; exit 0; fi
 suites=(${@:-$TRAINER_SUITES})
+"$CLUSTER_DIR/deps.sh"   # mmdebstrap
 mkdir -p "$ROOTFS"
 exec 8>"$ROOTFS/.lock"; flock 8
 for suite in "${suites[@]}"; do
@@ -31,12 +32,6 @@ for suite in "${suites[@]}"; do
     echo "rootfs: $suite up to date ($(chroot "$dir" dpkg-query -W -f='python3-torch ${Version}' python3-torch))"
     continue
   fi
-  command -v mmdebstrap >/dev/null || {
-    [ "$(id -u)" = 0 ] || { echo "rootfs: needs mmdebstrap (apt-get install mmdebstrap) and root"; exit 1; }
-    echo "rootfs: installing mmdebstrap"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null 2>&1 ||
-      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null; }
-  }
   echo "rootfs: building $suite ($PACKAGES) into $dir: about 2 minutes, log $ROOTFS/$suite.log"
   t0=$(date +%s); rm -rf "$dir.new"
   # Progress: mmdebstrap names each phase; print one line every 20 s. The old root filesystem stays until the new

@@ -3,6 +3,7 @@ package workloads
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -23,55 +24,91 @@ const (
 
 // TestElasticPyTorch is the TorchElastic ElasticJob case: 2 workers (min 1, max 4) train, `helm upgrade` takes
 // them to 3, then 4, then back to 2, every live worker trains at each new world size, the Job ends Complete,
-// and `helm uninstall` leaves nothing behind. Both etcd rendezvous backends torch has.
+// and `helm uninstall` leaves nothing behind. Every torch of the trainer images (2.14 and 2.6), every rendezvous
+// backend the chart offers.
 func TestElasticPyTorch(t *testing.T) {
-	for _, backend := range []string{"etcd-v2", "etcd"} {
-		t.Run(backend, func(t *testing.T) {
-			c := framework.Get(t)
-			installWebhook(t, c)
-			ns := c.Namespace(t)
-			const job = "elastic"
-			v := jobValues(t, c, pytorchValues, trainScript)
-			set(v, "rendezvous.backend", backend)
-			set(v, "args", []any{"--steps=200", "--step-seconds=0.5"})
-
-			start := time.Now()
-			c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
-			waitWorld(t, c, ns, groupSelector(job, "worker"), 2, 1, 3*time.Minute)
-			t.Logf("helm install -> first training step at world 2: %.1fs", time.Since(start).Seconds())
-			// The chart's test hook: the rendezvous answers and both members are registered.
-			c.HelmTest(t, ns, job, 2*time.Minute)
-
-			for _, n := range []int{3, 4, 2} {
-				c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
-				d := waitWorld(t, c, ns, groupSelector(job, "worker"), n, 1, 2*time.Minute)
-				t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
-			}
-
-			waitJobComplete(t, c, ns, naming.Workload(job, "worker"), 5*time.Minute)
-			// Survivors of the last scale-down finished the run at world size 2.
-			pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "elastic-training.io/job=" + job})
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := 0
-			for _, p := range pods.Items {
-				if p.Status.Phase != corev1.PodSucceeded {
-					continue
-				}
-				logs := c.PodLogs(t, ns, p.Name, trainer)
-				if strings.Contains(logs, "done steps=200 world_size=2") {
-					done++
-				}
-			}
-			if done != 2 {
-				t.Errorf("%d succeeded pods logged the end of training at world size 2, want 2", done)
-			}
-
-			c.HelmUninstall(t, ns, job, 2*time.Minute)
-			waitEmpty(t, c, ns)
-		})
+	for _, img := range framework.TrainerImages {
+		for _, backend := range []string{"etcd-v2", "etcd", "c10d"} {
+			t.Run("torch-"+img.Torch+"/"+backend, func(t *testing.T) {
+				testElasticPyTorch(t, img, backend)
+			})
+		}
 	}
+}
+
+func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ns := c.Namespace(t)
+	const job = "elastic"
+	v := jobValues(t, c, pytorchValues, trainScript)
+	useTrainer(v, img)
+	set(v, "rendezvous.backend", backend)
+	set(v, "args", []any{"--steps=120", "--step-seconds=0.5"})
+
+	start := time.Now()
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	waitWorld(t, c, ns, groupSelector(job, "worker"), 2, 1, 3*time.Minute)
+	t.Logf("helm install -> first training step at world 2: %.1fs", time.Since(start).Seconds())
+	logTorch(t, c, ns, job, img)
+	// The chart's test hook: the rendezvous answers and both members are registered.
+	c.HelmTest(t, ns, job, 2*time.Minute)
+
+	for _, n := range []int{3, 4, 2} {
+		c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
+		d := waitWorld(t, c, ns, groupSelector(job, "worker"), n, 1, 2*time.Minute)
+		t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
+	}
+
+	waitJobComplete(t, c, ns, naming.Workload(job, "worker"), 5*time.Minute)
+	// Survivors of the last scale-down finished the run at world size 2.
+	pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "elastic-training.io/job=" + job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := 0
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded {
+			continue
+		}
+		logs := c.PodLogs(t, ns, p.Name, trainer)
+		if strings.Contains(logs, "done steps=120 world_size=2") {
+			done++
+		}
+	}
+	if done != 2 {
+		t.Errorf("%d succeeded pods logged the end of training at world size 2, want 2", done)
+	}
+
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+	waitEmpty(t, c, ns)
+}
+
+// useTrainer makes the job run in a trainer image.
+func useTrainer(v map[string]any, img framework.Trainer) {
+	repo, tag, _ := strings.Cut(img.Image, ":")
+	set(v, "image.repository", repo)
+	set(v, "image.tag", tag)
+}
+
+// logTorch checks that every live worker runs the image's torch (examples/scripts/elastic_train.py prints it
+// when it joins) and logs it.
+func logTorch(t *testing.T, c *framework.Cluster, ns, job string, img framework.Trainer) {
+	t.Helper()
+	pods, err := livePods(t.Context(), c, ns, groupSelector(job, "worker"))
+	if err != nil || len(pods) == 0 {
+		t.Fatalf("list the workers: %d pods, %v", len(pods), err)
+	}
+	var seen string
+	for _, p := range pods {
+		logs := c.PodLogs(t, ns, p.Name, trainer)
+		m := regexp.MustCompile(`torch=(\S+)`).FindStringSubmatch(logs)
+		if m == nil || strings.Split(m[1], "+")[0] != img.Torch {
+			t.Fatalf("%s (%s) does not log torch=%s when it joins:\n%s", p.Name, img.Image, img.Torch, logs)
+		}
+		seen = m[1]
+	}
+	t.Logf("torch %s (%s)", seen, img.Image)
 }
 
 func waitJobComplete(t testing.TB, c *framework.Cluster, ns, name string, timeout time.Duration) {
