@@ -271,7 +271,14 @@ def children(pids):
 def torch_version(pid):
     """The torch version of the agent's interpreter, read without importing torch; None if unknown."""
     probe = "import importlib.metadata as m; print(m.version('torch'))"
-    for python in (f"/proc/{pid}/exe", sys.executable):
+    pythons = [sys.executable]
+    try:
+        # The agent's own interpreter, when it is one (never run another program with these arguments).
+        if os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python"):
+            pythons.insert(0, f"/proc/{pid}/exe")
+    except OSError:
+        pass
+    for python in pythons:
         try:
             out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=5)
         except (OSError, subprocess.SubprocessError):
