@@ -1,7 +1,9 @@
 // Package testenv helps integration tests run real programs (etcd 3.4,
 // torchrun, mpirun): free loopback ports, required binaries that fail the
-// test with a clear reason when missing, polling instead of sleeping, and
-// processes that are always stopped in t.Cleanup.
+// test with a clear reason when missing, polling instead of sleeping,
+// processes (and their whole trees) that are always stopped in t.Cleanup, and
+// torch from the Debian root filesystems of test/e2e/cluster/rootfs.sh
+// (rootfs.go: Rootfs, InRootfs, TorchEnv).
 package testenv
 
 import (
@@ -13,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -105,6 +109,66 @@ func (p *Proc) Signal(sig syscall.Signal) {
 	}
 }
 
+// Kill stops the process, its group and every process below it with
+// SIGKILL, as when a pod is deleted: torchrun (torch 2.x) starts its workers
+// in sessions of their own, which the group's signal does not reach.
+func (p *Proc) Kill() {
+	if p.Cmd.Process == nil {
+		return
+	}
+	pid := p.Cmd.Process.Pid
+	select {
+	case <-p.done: // reaped: its PID may be another process' now
+		syscall.Kill(-pid, syscall.SIGKILL)
+		return
+	default:
+	}
+	syscall.Kill(-pid, syscall.SIGSTOP) // no new workers while the tree is read
+	below := Descendants(pid)
+	syscall.Kill(-pid, syscall.SIGKILL)
+	for _, d := range below {
+		syscall.Kill(d, syscall.SIGKILL)
+	}
+}
+
+// Descendants lists every process below pid, from /proc's parent links.
+func Descendants(pid int) []int {
+	parent := map[int]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			parent[n] = pp
+		}
+	}
+	var out []int
+	seen := map[int]bool{pid: true}
+	for todo := []int{pid}; len(todo) > 0; {
+		var next []int
+		for c, pp := range parent {
+			if !seen[c] && slices.Contains(todo, pp) {
+				seen[c] = true
+				next = append(next, c)
+			}
+		}
+		out = append(out, next...)
+		todo = next
+	}
+	return out
+}
+
 // Start runs cmd in its own process group, captures its output and kills
 // the group in t.Cleanup. With ET_TEST_VERBOSE=1 output also goes to stderr.
 func Start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
@@ -122,7 +186,7 @@ func Start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
 	}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		p.Signal(syscall.SIGKILL)
+		p.Kill()
 		<-p.done
 		if strings.Contains(p.Output(), "WARNING: DATA RACE") {
 			t.Errorf("%s reported a data race", name)

@@ -3,6 +3,8 @@
 //
 //  1. first rendezvous of 4 real torchrun agents (--nnodes=4) through the
 //     sidecar vs through Debian's etcd 3.4 --enable-v2, both torch backends;
+//     torch runs from the trainer root filesystem that
+//     test/e2e/cluster/rootfs.sh builds (forky: torch 2.14), never the host's;
 //  2. latency from a membership change (join/leave) to the rewritten
 //     hostfile, p50/p99 over many changes;
 //  3. with 1,000 registered members: hostfile render time, and the serve
@@ -32,6 +34,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 var (
@@ -44,7 +47,19 @@ var (
 	parts     = flag.String("parts", "v2ops,probe,torchrun,latency,scale", "which measurements to run, comma-separated")
 	probe     = flag.String("probe", "test/bench/sidecarbench/testdata/rdzv_probe.py", "rendezvous-only probe")
 	probeReps = flag.Int("probe-reps", 9, "repetitions of the rendezvous-only measurement")
+	suite     = flag.String("suite", testenv.SuiteForky, "trainer root filesystem ($ET_CACHE/rootfs/<suite>, test/e2e/cluster/rootfs.sh) that runs torch")
 )
+
+// trainerRoot is the root filesystem of -suite, found (and its torch version
+// printed) by the first measurement that runs torch.
+var trainerRoot = sync.OnceValue(func() string {
+	root, err := testenv.RootfsDir(*suite, testenv.RootfsWait, func(f string, a ...any) { fmt.Printf("   "+f+"\n", a...) })
+	check(err)
+	v, err := testenv.RootfsTorchVersion(root)
+	check(err)
+	fmt.Printf("   torch %s (%s)\n", v, root)
+	return root
+})
 
 func main() {
 	flag.Parse()
@@ -90,9 +105,17 @@ type proc struct {
 }
 
 func start(logPath string, name string, args []string, env []string) *proc {
+	return startCmd(logPath, exec.Command(name, args...), env)
+}
+
+// startTorch runs name (a path in the trainer root filesystem) there.
+func startTorch(logPath string, name string, args []string) *proc {
+	return startCmd(logPath, testenv.InRootfs(trainerRoot(), name, args...), testenv.TorchEnv())
+}
+
+func startCmd(logPath string, cmd *exec.Cmd, env []string) *proc {
 	f, err := os.Create(logPath)
 	check(err)
-	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -102,12 +125,19 @@ func start(logPath string, name string, args []string, env []string) *proc {
 	return p
 }
 
+// stop sends SIGTERM to the process group and, after 15 s, SIGKILL to the
+// group and every process that was below it (torchrun starts its workers in
+// sessions of their own).
 func (p *proc) stop() {
+	below := testenv.Descendants(p.cmd.Process.Pid)
 	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-p.done:
 	case <-time.After(15 * time.Second):
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		for _, pid := range below {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 		<-p.done
 	}
 }
@@ -163,14 +193,14 @@ func startEtcd34(dir string) *server {
 func firstRendezvous(dir string, s *server, backend, runID string) time.Duration {
 	script, err := filepath.Abs(*train)
 	check(err)
-	env := append(os.Environ(), "PET_REDIRECTS=1:0", "PET_TEE=1:0", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1")
+	trainerRoot() // before the clock starts
 	t0 := time.Now()
 	var ps []*proc
 	for i := range 4 {
-		ps = append(ps, start(filepath.Join(dir, fmt.Sprintf("%s-agent%d.log", runID, i)), "/usr/bin/torchrun",
+		ps = append(ps, startTorch(filepath.Join(dir, fmt.Sprintf("%s-agent%d.log", runID, i)), "/usr/bin/torchrun",
 			[]string{"--nnodes=4", "--nproc_per_node=1", "--rdzv_backend=" + backend,
 				"--rdzv_endpoint=" + strings.TrimPrefix(s.clientURL, "http://"), "--rdzv_id=" + runID,
-				"--monitor_interval=1", script}, env))
+				"--monitor_interval=1", script}))
 	}
 	var last time.Duration
 	for i, p := range ps {
@@ -231,14 +261,13 @@ func probeRendezvous(dir string, s *server, backend, runID string) time.Duration
 	script, err := filepath.Abs(*probe)
 	check(err)
 	goFile := filepath.Join(dir, runID+".go")
-	env := append(os.Environ(), "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1")
 	var ps []*proc
 	var logs []string
 	for i := range 4 {
 		log := filepath.Join(dir, fmt.Sprintf("%s-probe%d.log", runID, i))
 		logs = append(logs, log)
-		ps = append(ps, start(log, "/usr/bin/python3", []string{script, backend,
-			strings.TrimPrefix(s.clientURL, "http://"), runID, "4", goFile}, env))
+		ps = append(ps, startTorch(log, "/usr/bin/python3", []string{script, backend,
+			strings.TrimPrefix(s.clientURL, "http://"), runID, "4", goFile}))
 	}
 	for _, l := range logs {
 		waitFile(l, func(s string) bool { return strings.Contains(s, "READY") }, 120*time.Second)

@@ -1,6 +1,8 @@
 // Package sidecar_test runs the real rdzv-sidecar binary against real
-// programs: torchrun (Debian python3-torch + python3-etcd), etcdctl, Open MPI
-// and MPICH. Missing programs fail the tests: CI installs them.
+// programs: torchrun, torch and python-etcd from the Debian root filesystems
+// of test/e2e/cluster/rootfs.sh (forky: torch 2.14, trixie: torch 2.6, run
+// through chroot), and the host's etcdctl, Open MPI and MPICH. Missing
+// programs or root filesystems fail the tests: CI installs and builds them.
 package sidecar_test
 
 import (
@@ -137,7 +139,9 @@ func readFile(path string) string {
 	return string(b)
 }
 
-// torch
+// torch: torchrun, python3, torch and python-etcd run from the Debian root
+// filesystems that test/e2e/cluster/rootfs.sh builds (testenv.Rootfs), never
+// from the host.
 
 func trainScript(t *testing.T) string {
 	t.Helper()
@@ -148,17 +152,55 @@ func trainScript(t *testing.T) string {
 	return p
 }
 
-// torchrunEnv is the environment every agent needs: Debian's torch 1.13 on
-// Python 3.11 crashes after rendezvous without PET_REDIRECTS/PET_TEE.
-func torchrunEnv(extra ...string) []string {
-	env := append(os.Environ(), "PET_REDIRECTS=1:0", "PET_TEE=1:0", "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1")
-	return append(env, extra...)
+// trainer is a root filesystem with torch: forky (torch 2.14) is what the
+// tests run by default, trixie (torch 2.6) covers the older release.
+type trainer struct {
+	suite, root, version string
 }
 
-func startAgent(t *testing.T, name string, env []string, args ...string) *testenv.Proc {
+func newTrainer(t *testing.T, suite string) trainer {
 	t.Helper()
-	testenv.RequireBinary(t, "/usr/bin/torchrun", "python3-torch python3-etcd")
-	cmd := exec.Command("/usr/bin/torchrun", args...)
+	root := testenv.Rootfs(t, suite)
+	return trainer{suite: suite, root: root, version: testenv.TorchVersion(t, root)}
+}
+
+// forky is the default trainer (torch 2.14); it logs the torch version.
+func forky(t *testing.T) trainer { t.Helper(); return newTrainer(t, testenv.SuiteForky) }
+
+// name names a subtest by the torch version: "torch-2.14.1".
+func (tr trainer) name() string { return "torch-" + testenv.ShortVersion(tr.version) }
+
+// closesOnSIGTERM: torch 2.3 to 2.7 close the whole rendezvous when an agent
+// gets SIGTERM (pytorch#117066, undone by pytorch#152525), so every survivor
+// of a scale-down would exit with RendezvousClosedError.
+func (tr trainer) closesOnSIGTERM() bool {
+	var major, minor int
+	fmt.Sscanf(tr.version, "%d.%d", &major, &minor)
+	return major == 2 && minor >= 3 && minor < 8
+}
+
+// command runs name (a path in the root filesystem) there.
+func (tr trainer) command(name string, args ...string) *exec.Cmd {
+	return testenv.InRootfs(tr.root, name, args...)
+}
+
+// python runs the root filesystem's python3 with the torch environment.
+func (tr trainer) python(args ...string) *exec.Cmd {
+	cmd := tr.command("/usr/bin/python3", args...)
+	cmd.Env = torchrunEnv()
+	return cmd
+}
+
+// torchrunEnv is the environment every agent needs (testenv.TorchEnv:
+// USE_LIBUV=0 for Debian's libuv-less torch, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+// as the webhook sets it, unbuffered output, one OpenMP thread).
+func torchrunEnv(extra ...string) []string {
+	return testenv.TorchEnv(extra...)
+}
+
+func (tr trainer) startAgent(t *testing.T, name string, env []string, args ...string) *testenv.Proc {
+	t.Helper()
+	cmd := tr.command("/usr/bin/torchrun", args...)
 	cmd.Env = env
 	return testenv.Start(t, name, cmd)
 }

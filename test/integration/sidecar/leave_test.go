@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -21,14 +20,15 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
-// runLeave runs the preStop script the sidecar installed, as the webhook's
-// hook does, with env on top of what the trainer has. ET_LEAVE_AGENT_PID
-// names the agent: here all agents share one host, so the script's own
-// search (every torchrun in the container's PID namespace) would find them all.
-func runLeave(t *testing.T, filesDir string, env ...string) string {
+// runLeave runs the preStop script the sidecar installed with the trainer's
+// python3, as the webhook's hook does, with env on top of what the trainer
+// has. ET_LEAVE_AGENT_PID names the agent: here all agents share one host, so
+// the script's own search (every torchrun in the container's PID namespace)
+// would find them all.
+func runLeave(t *testing.T, tr trainer, filesDir string, env ...string) string {
 	t.Helper()
-	cmd := exec.Command("/usr/bin/python3", filepath.Join(filesDir, constants.LeaveScriptName))
-	cmd.Env = append(os.Environ(), append([]string{"ET_LEAVE_LOG=-"}, env...)...)
+	cmd := tr.command("/usr/bin/python3", filepath.Join(filesDir, constants.LeaveScriptName))
+	cmd.Env = torchrunEnv(append([]string{"ET_LEAVE_LOG=-"}, env...)...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the preStop script must always exit 0:\n%s", out)
 	return string(out)
@@ -36,7 +36,7 @@ func runLeave(t *testing.T, filesDir string, env ...string) string {
 
 // participants reads the dynamic rendezvous state with torch's own backend
 // and classes, and returns the participants' agent PIDs.
-func participants(t *testing.T, s *server, runID string) []int {
+func participants(t *testing.T, tr trainer, s *server, runID string) []int {
 	t.Helper()
 	const read = `
 import json, pickle, sys
@@ -46,7 +46,7 @@ backend, _ = create_backend(RendezvousParameters("etcd-v2", sys.argv[1], sys.arg
 state = pickle.loads(backend.get_state()[0])
 print(json.dumps(sorted(n.pid for n in state.participants)))
 `
-	out, err := exec.Command("/usr/bin/python3", "-c", read, strings.TrimPrefix(s.URL, "http://"), runID).CombinedOutput()
+	out, err := tr.python("-c", read, strings.TrimPrefix(s.URL, "http://"), runID).CombinedOutput()
 	require.NoError(t, err, "read the rendezvous state with torch:\n%s", out)
 	var pids []int
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
@@ -58,82 +58,109 @@ print(json.dumps(sorted(n.pid for n in state.participants)))
 // etcd-v2 the script takes the agent out of the round and torch reads back
 // what it wrote; on the legacy etcd backend it deletes the agent's keep-alive
 // key. Either way the survivors re-form at world 2 once the agent gets SIGTERM.
+// torch 2.14 (forky) on both backends; torch 2.6 (trixie) on etcd-v2, where
+// SIGTERM would close the whole rendezvous, so the script stops the agent and
+// its workers with SIGKILL once it has left.
 func TestLeaveRendezvousBeforeStop(t *testing.T) {
-	for _, backend := range backends {
-		t.Run(backend, func(t *testing.T) {
-			filesDir := t.TempDir()
-			s := startServe(t, "--files-dir="+filesDir)
-			require.FileExists(t, filepath.Join(filesDir, constants.LeaveScriptName), "serve installs the preStop script")
-
-			runID := "leave-" + backend
-			script := trainScript(t)
-			args := append(agentArgs(s, backend, runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
-			env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
-			a := startAgent(t, "agent-0", env, args...)
-			b := startAgent(t, "agent-1", env, args...)
-			c := startAgent(t, "agent-2", env, args...)
-			at3 := 0
-			testenv.Eventually(t, 150*time.Second, "world 3 on every agent", func() error {
-				for _, p := range []*testenv.Proc{a, b, c} {
-					if i := strings.LastIndex(p.Output(), "world=3 "); i < 0 {
-						return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
-					} else if p == a {
-						at3 = i
-					}
-				}
-				return nil
-			})
-			var check func(leaveOutput string)
-			switch backend {
-			case "etcd-v2":
-				all := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid, c.Cmd.Process.Pid}
-				sort.Ints(all)
-				require.Equal(t, all, participants(t, s, runID))
-				check = func(out string) {
-					require.Contains(t, out, "removed=1 remaining=2")
-					survivors := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid}
-					sort.Ints(survivors)
-					require.Equal(t, survivors, participants(t, s, runID), "torch reads the state the script wrote")
-				}
-			case "etcd":
-				rank := groupRankOf(t, c)
-				key := fmt.Sprintf("%s/v2/keys/torchelastic/p2p/run_%s/rdzv/v_%s/rank_%d", s.URL, runID, legacyVersion(t, s, runID), rank)
-				code, _, err := v2Get(key)
-				require.NoError(t, err)
-				require.Equal(t, 200, code, "agent-2's keep-alive key %s", key)
-				check = func(out string) {
-					require.Contains(t, out, fmt.Sprintf("rank=%d", rank))
-					code, _, err := v2Get(key)
-					require.NoError(t, err)
-					require.Equal(t, 404, code, "the keep-alive key is gone")
-				}
+	for _, tc := range []struct {
+		suite    string
+		backends []string
+	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2"}}} {
+		tr := newTrainer(t, tc.suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			for _, backend := range tc.backends {
+				t.Run(backend, func(t *testing.T) { testLeaveBeforeStop(t, tr, backend) })
 			}
-
-			leaveEnv := []string{"PET_RDZV_BACKEND=" + backend, "PET_RDZV_ENDPOINT=" + strings.TrimPrefix(s.URL, "http://"),
-				"PET_RDZV_ID=" + runID, "PET_NNODES=2:3", "ET_LEAVE_AGENT_PID=" + strconv.Itoa(c.Cmd.Process.Pid)}
-			start := time.Now()
-			out := runLeave(t, filesDir, leaveEnv...)
-			t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
-			require.Contains(t, out, `msg="left the rendezvous before stopping"`)
-			check(out)
-
-			// Running it again (a second preStop, or a retry) changes nothing.
-			require.Contains(t, runLeave(t, filesDir, leaveEnv...), `msg="this agent is not in the rendezvous"`)
-
-			c.Signal(syscall.SIGTERM)
-			c.Wait(t, 60*time.Second)
-			testenv.Eventually(t, 120*time.Second, "world 2 on the survivors", func() error {
-				for _, p := range []*testenv.Proc{a, b} {
-					if i := strings.LastIndex(p.Output(), "world=2 "); i < at3 {
-						return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
-					}
-				}
-				return nil
-			})
-			t.Logf("%s: preStop + SIGTERM -> survivors at world 2: %s (TestTorchrunElasticGrowShrink logs the same step without the script)",
-				backend, time.Since(start).Round(100*time.Millisecond))
 		})
 	}
+}
+
+func testLeaveBeforeStop(t *testing.T, tr trainer, backend string) {
+	filesDir := t.TempDir()
+	s := startServe(t, "--files-dir="+filesDir)
+	require.FileExists(t, filepath.Join(filesDir, constants.LeaveScriptName), "serve installs the preStop script")
+
+	runID := "leave-" + backend
+	script := trainScript(t)
+	args := append(agentArgs(s, backend, runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
+	env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+	a := tr.startAgent(t, "agent-0", env, args...)
+	b := tr.startAgent(t, "agent-1", env, args...)
+	c := tr.startAgent(t, "agent-2", env, args...)
+	at3 := 0
+	testenv.Eventually(t, 150*time.Second, "world 3 on every agent", func() error {
+		for _, p := range []*testenv.Proc{a, b, c} {
+			if i := strings.LastIndex(p.Output(), "world=3 "); i < 0 {
+				return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
+			} else if p == a {
+				at3 = i
+			}
+		}
+		return nil
+	})
+	var check func(leaveOutput string)
+	switch backend {
+	case "etcd-v2":
+		all := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid, c.Cmd.Process.Pid}
+		sort.Ints(all)
+		require.Equal(t, all, participants(t, tr, s, runID))
+		check = func(out string) {
+			require.Contains(t, out, "removed=1 remaining=2")
+			survivors := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid}
+			sort.Ints(survivors)
+			got := participants(t, tr, s, runID)
+			if !tr.closesOnSIGTERM() {
+				require.Equal(t, survivors, got, "torch reads the state the script wrote")
+				return
+			}
+			// The script has already killed the agent: the survivors' workers fail at once and
+			// their agents may be re-forming the round, but the stopped agent never comes back.
+			require.NotContains(t, got, c.Cmd.Process.Pid, "torch reads the state the script wrote")
+			require.Subset(t, survivors, got)
+		}
+	case "etcd":
+		rank := groupRankOf(t, c)
+		key := fmt.Sprintf("%s/v2/keys/torchelastic/p2p/run_%s/rdzv/v_%s/rank_%d", s.URL, runID, legacyVersion(t, s, runID), rank)
+		code, _, err := v2Get(key)
+		require.NoError(t, err)
+		require.Equal(t, 200, code, "agent-2's keep-alive key %s", key)
+		check = func(out string) {
+			require.Contains(t, out, fmt.Sprintf("rank=%d", rank))
+			code, _, err := v2Get(key)
+			require.NoError(t, err)
+			require.Equal(t, 404, code, "the keep-alive key is gone")
+		}
+	}
+
+	leaveEnv := []string{"PET_RDZV_BACKEND=" + backend, "PET_RDZV_ENDPOINT=" + strings.TrimPrefix(s.URL, "http://"),
+		"PET_RDZV_ID=" + runID, "PET_NNODES=2:3", "ET_LEAVE_AGENT_PID=" + strconv.Itoa(c.Cmd.Process.Pid)}
+	start := time.Now()
+	out := runLeave(t, tr, filesDir, leaveEnv...)
+	t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
+	require.Contains(t, out, `msg="left the rendezvous before stopping"`)
+	check(out)
+	if tr.closesOnSIGTERM() {
+		require.Contains(t, out, `msg="stopped the agent with SIGKILL: this torch closes the rendezvous on SIGTERM"`)
+		c.Wait(t, 30*time.Second) // the script's SIGKILL
+	} else {
+		require.NotContains(t, out, "SIGKILL", "torch %s keeps the rendezvous open on SIGTERM", tr.version)
+	}
+
+	// Running it again (a second preStop, or a retry) changes nothing.
+	require.Contains(t, runLeave(t, tr, filesDir, leaveEnv...), `msg="this agent is not in the rendezvous"`)
+
+	c.Signal(syscall.SIGTERM)
+	c.Wait(t, 60*time.Second)
+	testenv.Eventually(t, 120*time.Second, "world 2 on the survivors", func() error {
+		for _, p := range []*testenv.Proc{a, b} {
+			if i := strings.LastIndex(p.Output(), "world=2 "); i < at3 {
+				return fmt.Errorf("%s: world sizes so far %v", p.Name, worldSizes(p.Output()))
+			}
+		}
+		return nil
+	})
+	t.Logf("torch %s %s: preStop + SIGTERM -> survivors at world 2: %s (TestTorchrunElasticGrowShrink logs the same step without the script)",
+		tr.version, backend, time.Since(start).Round(100*time.Millisecond))
 }
 
 // groupRankOf is the GROUP_RANK torchrun gave the workers of agent p.
@@ -162,6 +189,7 @@ func legacyVersion(t *testing.T, s *server, runID string) string {
 
 // What the script cannot use, it leaves alone: it logs why and exits 0.
 func TestLeaveRendezvousLosesNothing(t *testing.T) {
+	tr := forky(t)
 	filesDir := t.TempDir()
 	s := startServe(t, "--files-dir="+filesDir)
 	endpoint := strings.TrimPrefix(s.URL, "http://")
@@ -201,7 +229,7 @@ func TestLeaveRendezvousLosesNothing(t *testing.T) {
 		{"server down", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=x", fmt.Sprintf("PET_RDZV_ENDPOINT=127.0.0.1:%d", testenv.FreePort(t))}, "URLError"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out := runLeave(t, filesDir, append(base, tc.env...)...)
+			out := runLeave(t, tr, filesDir, append(base, tc.env...)...)
 			require.Contains(t, out, tc.want)
 		})
 	}

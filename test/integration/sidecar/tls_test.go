@@ -26,9 +26,11 @@ func writeCerts(t *testing.T, dir string) {
 	}
 }
 
-// Client TLS with client certificates: python-etcd (v2), etcdctl (v3) and
-// join all connect over https; a client without a certificate is refused.
+// Client TLS with client certificates: python-etcd (v2, from the forky root
+// filesystem), etcdctl (v3) and join all connect over https; a client without
+// a certificate is refused.
 func TestTLS(t *testing.T) {
+	tr := forky(t)
 	certs := t.TempDir()
 	writeCerts(t, certs)
 	c := func(n string) string { return filepath.Join(certs, n) }
@@ -42,7 +44,7 @@ func TestTLS(t *testing.T) {
 		"--client-cert-auth", "--unsafe-no-fsync"))
 	waitReady(t, s, health)
 
-	py := exec.Command("/usr/bin/python3", "-c", fmt.Sprintf(`
+	py := tr.python("-c", fmt.Sprintf(`
 import etcd
 c = etcd.Client(host="127.0.0.1", port=%d, protocol="https", ca_cert=%q, cert=(%q, %q))
 c.write("/tls/k", "v", ttl=30)
@@ -66,7 +68,7 @@ print("READ", c.read("/tls/k").value)
 		return nil
 	})
 
-	noCert := exec.Command("/usr/bin/python3", "-c", fmt.Sprintf(`
+	noCert := tr.python("-c", fmt.Sprintf(`
 import etcd
 c = etcd.Client(host="127.0.0.1", port=%d, protocol="https", ca_cert=%q)
 c.read("/tls/k")

@@ -22,12 +22,13 @@ func agentArgs(s *server, backend, runID, nnodes string, extra ...string) []stri
 
 // Two real torchrun agents rendezvous through the sidecar and all_reduce.
 func TestTorchrunTwoAgents(t *testing.T) {
+	tr := forky(t)
 	for _, backend := range backends {
 		t.Run(backend, func(t *testing.T) {
 			s := startServe(t)
 			script := trainScript(t)
-			a := startAgent(t, "agent-0", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
-			b := startAgent(t, "agent-1", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
+			a := tr.startAgent(t, "agent-0", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
+			b := tr.startAgent(t, "agent-1", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
 			for _, p := range []*testenv.Proc{a, b} {
 				require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
 				m := resultRe.FindStringSubmatch(p.Output())
@@ -52,12 +53,13 @@ func TestTorchrunTwoAgents(t *testing.T) {
 
 // A run configured only through PET_* environment variables.
 func TestTorchrunPETEnvOnly(t *testing.T) {
+	tr := forky(t)
 	s := startServe(t)
 	env := torchrunEnv("PET_NNODES=2", "PET_NPROC_PER_NODE=1", "PET_RDZV_BACKEND=etcd-v2",
 		"PET_RDZV_ENDPOINT="+strings.TrimPrefix(s.URL, "http://"), "PET_RDZV_ID=pet-env", "PET_MONITOR_INTERVAL=1")
 	script := trainScript(t)
-	a := startAgent(t, "agent-0", env, script)
-	b := startAgent(t, "agent-1", env, script)
+	a := tr.startAgent(t, "agent-0", env, script)
+	b := tr.startAgent(t, "agent-1", env, script)
 	for _, p := range []*testenv.Proc{a, b} {
 		require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
 		require.Contains(t, p.Output(), "world=2 sum=2")
@@ -66,47 +68,67 @@ func TestTorchrunPETEnvOnly(t *testing.T) {
 }
 
 // An elastic run --nnodes=2:3 grows to world 3 when a third agent starts and
-// shrinks back to 2 when that agent gets SIGTERM.
+// shrinks back to 2 when that agent gets SIGTERM: torch 2.14 (forky) on both
+// backends, and torch 2.6 (trixie) on etcd-v2. torch 2.6 closes the whole
+// rendezvous when an agent gets SIGTERM, so there the third agent is stopped
+// as a deleted pod is, with SIGKILL (agent and workers); the preStop script
+// does the same after leaving (TestLeaveRendezvousBeforeStop).
 func TestTorchrunElasticGrowShrink(t *testing.T) {
-	for _, backend := range backends {
-		t.Run(backend, func(t *testing.T) {
-			s := startServe(t)
-			script := trainScript(t)
-			conf := "--rdzv_conf=last_call_timeout=2"
-			args := append(agentArgs(s, backend, "elastic-"+backend, "2:3", "--max_restarts=5", conf), script)
-			env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
-			a := startAgent(t, "agent-0", env, args...)
-			b := startAgent(t, "agent-1", env, args...)
-			waitWorld := func(p interface{ Output() string }, phase, want string, after int) int {
-				var at int
-				testenv.Eventually(t, 150*time.Second, phase, func() error {
-					out := p.Output()
-					i := strings.LastIndex(out, "world="+want+" ")
-					if i < after {
-						return fmt.Errorf("no world=%s step yet; sizes so far %v", want, worldSizes(out))
-					}
-					at = i
-					return nil
-				})
-				return at
+	for _, tc := range []struct {
+		suite    string
+		backends []string
+	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2"}}} {
+		tr := newTrainer(t, tc.suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			for _, backend := range tc.backends {
+				t.Run(backend, func(t *testing.T) { testElasticGrowShrink(t, tr, backend) })
 			}
-			waitWorld(a, "world 2 on agent-0", "2", 0)
-			waitWorld(b, "world 2 on agent-1", "2", 0)
-
-			start := time.Now()
-			c := startAgent(t, "agent-2", env, args...)
-			at3 := waitWorld(a, "world 3 after a third agent started", "3", 0)
-			t.Logf("%s: scale-up 2→3 took %s", backend, time.Since(start).Round(100*time.Millisecond))
-			waitWorld(c, "world 3 on the new agent", "3", 0)
-
-			start = time.Now()
-			c.Signal(syscall.SIGTERM)
-			c.Wait(t, 60*time.Second)
-			waitWorld(a, "world 2 after the third agent got SIGTERM", "2", at3)
-			t.Logf("%s: scale-down 3→2 took %s", backend, time.Since(start).Round(100*time.Millisecond))
-			require.Contains(t, s.Output(), "run_id=elastic-"+backend)
 		})
 	}
+}
+
+func testElasticGrowShrink(t *testing.T, tr trainer, backend string) {
+	s := startServe(t)
+	script := trainScript(t)
+	conf := "--rdzv_conf=last_call_timeout=2"
+	args := append(agentArgs(s, backend, "elastic-"+backend, "2:3", "--max_restarts=5", conf), script)
+	env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+	a := tr.startAgent(t, "agent-0", env, args...)
+	b := tr.startAgent(t, "agent-1", env, args...)
+	waitWorld := func(p interface{ Output() string }, phase, want string, after int) int {
+		var at int
+		testenv.Eventually(t, 150*time.Second, phase, func() error {
+			out := p.Output()
+			i := strings.LastIndex(out, "world="+want+" ")
+			if i < after {
+				return fmt.Errorf("no world=%s step yet; sizes so far %v", want, worldSizes(out))
+			}
+			at = i
+			return nil
+		})
+		return at
+	}
+	waitWorld(a, "world 2 on agent-0", "2", 0)
+	waitWorld(b, "world 2 on agent-1", "2", 0)
+
+	start := time.Now()
+	c := tr.startAgent(t, "agent-2", env, args...)
+	at3 := waitWorld(a, "world 3 after a third agent started", "3", 0)
+	t.Logf("torch %s %s: scale-up 2→3 took %s", tr.version, backend, time.Since(start).Round(100*time.Millisecond))
+	waitWorld(c, "world 3 on the new agent", "3", 0)
+
+	start = time.Now()
+	stop := "SIGTERM"
+	if tr.closesOnSIGTERM() {
+		stop = "SIGKILL"
+		c.Kill()
+	} else {
+		c.Signal(syscall.SIGTERM)
+	}
+	c.Wait(t, 60*time.Second)
+	waitWorld(a, "world 2 after the third agent got "+stop, "2", at3)
+	t.Logf("torch %s %s: scale-down 3→2 (%s) took %s", tr.version, backend, stop, time.Since(start).Round(100*time.Millisecond))
+	require.Contains(t, s.Output(), "run_id=elastic-"+backend)
 }
 
 // With the etcd backend the run directory run_<id> has a TTL (7200 s in
@@ -114,13 +136,14 @@ func TestTorchrunElasticGrowShrink(t *testing.T) {
 // alive, even though torch refreshes it only every TTL/2 (and etcd ≥ 3.5
 // refused those refreshes), because the job's keep-alive keys live under it.
 func TestRunDirectoryOutlivesTTL(t *testing.T) {
+	tr := forky(t)
 	const ttl = 2 * time.Second
 	s := startServe(t, fmt.Sprintf("--v2-max-dir-ttl=%s", ttl))
 	script := trainScript(t)
 	env := torchrunEnv("TRAIN_STEPS=40", "STEP_SLEEP=0.25")
 	args := append(agentArgs(s, "etcd", "ttl-run", "2"), script)
-	a := startAgent(t, "agent-0", env, args...)
-	b := startAgent(t, "agent-1", env, args...)
+	a := tr.startAgent(t, "agent-0", env, args...)
+	b := tr.startAgent(t, "agent-1", env, args...)
 
 	runDir := s.URL + "/v2/keys/torchelastic/p2p/run_ttl-run"
 	var first, last time.Time

@@ -47,6 +47,7 @@ func mutatedPod(t *testing.T, fixture string, edit func(p *corev1.Pod)) (args []
 // and emptyDirs become temp dirs, the Service name becomes localhost and the
 // fixed ports become free ones.
 func TestWebhookTLSWiring(t *testing.T) {
+	tr := forky(t)
 	for _, backend := range []string{constants.BackendEtcdV2, constants.BackendEtcd} {
 		t.Run(backend, func(t *testing.T) {
 			certs := t.TempDir()
@@ -139,8 +140,8 @@ func TestWebhookTLSWiring(t *testing.T) {
 				}
 			}
 			script := trainScript(t)
-			a := startAgent(t, "agent-serving-pod", agentEnv(serveEnv), script)
-			b := startAgent(t, "agent-member-pod", agentEnv(joinEnv), script)
+			a := tr.startAgent(t, "agent-serving-pod", agentEnv(serveEnv), script)
+			b := tr.startAgent(t, "agent-member-pod", agentEnv(joinEnv), script)
 			for _, p := range []*testenv.Proc{a, b} {
 				require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
 				m := resultRe.FindStringSubmatch(p.Output())

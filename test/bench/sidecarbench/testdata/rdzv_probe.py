@@ -16,8 +16,13 @@ while not os.path.exists(go_file):
     time.sleep(0.001)
 t0 = time.monotonic()
 handler = get_rendezvous_handler(params)
-store, rank, world = handler.next_rendezvous()
+info = handler.next_rendezvous()
 elapsed = time.monotonic() - t0
+# torch >= 2.4 returns a RendezvousInfo; older releases a (store, rank, world_size) tuple.
+if isinstance(info, tuple):
+    store, rank, world = info
+else:
+    rank, world = info.rank, info.world_size
 print(f"RDZV {elapsed:.4f} rank={rank} world={world}", flush=True)
 # Stay until every agent is done, as a real agent would (leaving early can
 # make a peer's rendezvous see a departure).
