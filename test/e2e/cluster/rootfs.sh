@@ -20,7 +20,16 @@ OPTS=(--variant=minbase --include="$PACKAGES" --aptopt='Acquire::Check-Valid-Unt
   --dpkgopt='path-exclude=/usr/share/locale/*'
   --customize-hook='chroot "$1" apt-get clean' --customize-hook='rm -rf "$1"/var/lib/apt/lists/*'
   --customize-hook='rm -f "$1"/etc/ssh/ssh_host_*')
-stamp() { printf '%s\n' "$1" "$MIRROR" "${OPTS[@]}" | sha256sum | cut -c1-16; }
+# Per suite (today the same for all). torch's c10d rendezvous (2.6 and 2.14) creates the hosting agent's TCPStore
+# with torch's C++ default, libuv, whatever USE_LIBUV says; Debian's build lacks libuv, official wheels have it.
+# Only in these local images, that one call honours USE_LIBUV, so the c10d backend can be tested as users run it
+# on wheels.
+suite_opts() {
+  case $1 in
+    *) printf '%s\n' --customize-hook='sed -i "s/^\( *\)multi_tenant=True,$/&\n\1use_libuv=os.environ.get(\"USE_LIBUV\", \"1\") == \"1\",/" "$1"/usr/lib/python3/dist-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py && grep -q "use_libuv=os.environ" "$1"/usr/lib/python3/dist-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py' ;;
+  esac
+}
+stamp() { { printf '%s\n' "$1" "$MIRROR" "${OPTS[@]}"; suite_opts "$1"; } | sha256sum | cut -c1-16; }
 if [ "${1:-}" = --stamp ]; then stamp "$2"; exit 0; fi
 suites=(${@:-$TRAINER_SUITES})
 "$CLUSTER_DIR/deps.sh"   # mmdebstrap
@@ -36,7 +45,8 @@ for suite in "${suites[@]}"; do
   t0=$(date +%s); rm -rf "$dir.new"
   # Progress: mmdebstrap names each phase; print one line every 20 s. The old root filesystem stays until the new
   # one is complete.
-  mmdebstrap "${OPTS[@]}" "$suite" "$dir.new" "$MIRROR" >"$ROOTFS/$suite.log" 2>&1 &
+  mapfile -t extra < <(suite_opts "$suite")
+  mmdebstrap "${OPTS[@]}" "${extra[@]}" "$suite" "$dir.new" "$MIRROR" >"$ROOTFS/$suite.log" 2>&1 &
   pid=$!
   while kill -0 $pid 2>/dev/null; do
     sleep 20; kill -0 $pid 2>/dev/null && echo "rootfs:   $suite: $(( $(date +%s) - t0 )) s, $(grep -E '^I: ' "$ROOTFS/$suite.log" | tail -1 | cut -c1-80)"
