@@ -245,3 +245,19 @@ func httpGet(t *testing.T, url string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// forTorchVersions runs f on torch 2.14 (forky) with every backend and on torch 2.6 (trixie) with etcd-v2: the
+// versions differ in what SIGTERM does to the rendezvous.
+func forTorchVersions(t *testing.T, f func(t *testing.T, tr trainer, backend string)) {
+	for _, tc := range []struct {
+		suite    string
+		backends []string
+	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2"}}} {
+		tr := newTrainer(t, tc.suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			for _, backend := range tc.backends {
+				t.Run(backend, func(t *testing.T) { f(t, tr, backend) })
+			}
+		})
+	}
+}

@@ -62,17 +62,7 @@ print(json.dumps(sorted(n.pid for n in state.participants)))
 // SIGTERM would close the whole rendezvous, so the script stops the agent and
 // its workers with SIGKILL once it has left.
 func TestLeaveRendezvousBeforeStop(t *testing.T) {
-	for _, tc := range []struct {
-		suite    string
-		backends []string
-	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2"}}} {
-		tr := newTrainer(t, tc.suite)
-		t.Run(tr.name(), func(t *testing.T) {
-			for _, backend := range tc.backends {
-				t.Run(backend, func(t *testing.T) { testLeaveBeforeStop(t, tr, backend) })
-			}
-		})
-	}
+	forTorchVersions(t, testLeaveBeforeStop)
 }
 
 func testLeaveBeforeStop(t *testing.T, tr trainer, backend string) {

@@ -74,17 +74,7 @@ func TestTorchrunPETEnvOnly(t *testing.T) {
 // as a deleted pod is, with SIGKILL (agent and workers); the preStop script
 // does the same after leaving (TestLeaveRendezvousBeforeStop).
 func TestTorchrunElasticGrowShrink(t *testing.T) {
-	for _, tc := range []struct {
-		suite    string
-		backends []string
-	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2"}}} {
-		tr := newTrainer(t, tc.suite)
-		t.Run(tr.name(), func(t *testing.T) {
-			for _, backend := range tc.backends {
-				t.Run(backend, func(t *testing.T) { testElasticGrowShrink(t, tr, backend) })
-			}
-		})
-	}
+	forTorchVersions(t, testElasticGrowShrink)
 }
 
 func testElasticGrowShrink(t *testing.T, tr trainer, backend string) {
