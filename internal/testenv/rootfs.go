@@ -170,6 +170,9 @@ func RepoRoot() string {
 // the programs write never reach it (images.sh packs it into images).
 const inRootfsScript = `set -e
 root=$1 s=$2 n=$3; shift 3
+# This namespace's copies of the host's network-namespace mounts (pods of a running cluster) would keep
+# containerd from removing them while the program runs: drop them here.
+for m in $(awk '$5 ~ "^/(var/)?run/netns/" { print $5 }' /proc/self/mountinfo); do umount -l "$m" 2>/dev/null || true; done
 mount -t tmpfs -o mode=0755 et-rootfs "$s"
 mkdir "$s/upper" "$s/work" "$s/root"
 mount -t overlay -o "lowerdir=$root,upperdir=$s/upper,workdir=$s/work" et-rootfs "$s/root"

@@ -130,8 +130,10 @@ func sharedDir(t *testing.T, v map[string]any, ns string) string {
 	t.Helper()
 	dir := filepath.Join(os.TempDir(), "et-e2e-"+ns)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	set(v, "volumes", append(v["volumes"].([]any), map[string]any{"name": "shared", "hostPath": map[string]any{"path": dir, "type": "DirectoryOrCreate"}}))
-	set(v, "volumeMounts", append(v["volumeMounts"].([]any), map[string]any{"name": "shared", "mountPath": "/data"}))
+	vols, _ := v["volumes"].([]any)
+	mounts, _ := v["volumeMounts"].([]any)
+	set(v, "volumes", append(vols, map[string]any{"name": "shared", "hostPath": map[string]any{"path": dir, "type": "DirectoryOrCreate"}}))
+	set(v, "volumeMounts", append(mounts, map[string]any{"name": "shared", "mountPath": "/data"}))
 	return dir
 }
 
