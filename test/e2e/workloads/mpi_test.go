@@ -24,13 +24,21 @@ const mpiValues = "examples/local/mpi.yaml"
 // GPUs (group worker: 2 pods x 1 GPU, group wide: 1 pod x 2 GPUs). A real Open MPI mpirun in the launcher,
 // started once the 3 workers are registered, must place exactly as many ranks on each worker pod as the
 // hostfile gives it slots. Then `helm upgrade` scales the wide group to 2: the hostfile and discover_hosts.sh
-// must list the new pod within a second of it being Ready, and a second mpirun round must use it.
+// must list the new pod within a second of it being Ready, and a second mpirun round must use it. With each
+// MPI of the trainer image: Open MPI (mpirun.openmpi, mpi4py) and MPICH (mpiexec.hydra), as mpi.flavour says.
 func TestMPI(t *testing.T) {
+	for _, flavour := range []string{constants.FlavourOpenMPI, constants.FlavourMPICH} {
+		t.Run(flavour, func(t *testing.T) { testMPI(t, flavour) })
+	}
+}
+
+func testMPI(t *testing.T, flavour string) {
 	c := framework.Get(t)
 	installWebhook(t, c)
 	ns := c.Namespace(t)
 	const job = "mpi"
 	v := jobValues(t, c, mpiValues, "")
+	set(v, "mpi.flavour", flavour)
 	// One mpirun round at 3 members, one at 4 after the scale-up.
 	set(v, "mpi.launcher.args", []any{"3", "4"})
 	// A failed launcher is the answer: no retry that would hide it.
@@ -57,7 +65,7 @@ func TestMPI(t *testing.T) {
 	upgraded := time.Now()
 	c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workerGroups": map[string]any{"wide": map[string]any{"replicas": 2}}}, framework.ReuseValues())
 	host := naming.PodFQDN(newPod, job, ns, framework.ClusterDomain)
-	lag := waitFilesList(t, c, ns, job+"-worker-0", newPod, host, 2, readyAt, 2*time.Minute)
+	lag := waitFilesList(t, c, ns, job+"-worker-0", newPod, hostfileLine(flavour, host, 2), host, 2, readyAt, 2*time.Minute)
 	t.Logf("helm upgrade --set workerGroups.wide.replicas=2 -> %s listed in worker-0's hostfile and discover_hosts.sh: %.1fs after the upgrade, %s",
 		newPod, time.Since(upgraded).Seconds(), lag)
 
@@ -153,7 +161,10 @@ func checkPlacement(t testing.TB, log string, round int, slots map[string]int) {
 	used := map[string]int{}
 	if m := regexp.MustCompile(fmt.Sprintf(`(?m)^round %d hostfile: (.*)$`, round)).FindStringSubmatch(log); m != nil {
 		for _, line := range strings.Split(strings.TrimSuffix(m[1], ","), ",") {
-			host, n, _ := strings.Cut(line, " slots=")
+			host, n, ok := strings.Cut(line, " slots=") // Open MPI
+			if !ok {
+				host, n, _ = strings.Cut(line, ":") // MPICH
+			}
 			short, _, _ := strings.Cut(host, ".")
 			used[short], _ = strconv.Atoi(n)
 		}
@@ -222,13 +233,12 @@ func watchReady(t testing.TB, c *framework.Cluster, ns, pod string) <-chan time.
 }
 
 // waitFilesList waits until pod newPod is Ready (readyAt) and reader's hostfile and discover_hosts.sh output
-// both list host with slots, and fails when the files list it more than a second after the pod became Ready.
+// list host with slots (wantHostfile: the line in the flavour's format), and fails when the files list it more than a second after the pod became Ready.
 // It returns the measured delay in words. Files may list the host before the pod is Ready: a member registers
 // when its sidecar starts. A listing time is when the kubectl exec that saw it returned: an upper bound.
-func waitFilesList(t testing.TB, c *framework.Cluster, ns, reader, newPod, host string, slots int, readyAt <-chan time.Time, timeout time.Duration) string {
+func waitFilesList(t testing.TB, c *framework.Cluster, ns, reader, newPod, wantHostfile, host string, slots int, readyAt <-chan time.Time, timeout time.Duration) string {
 	t.Helper()
 	const limit = time.Second
-	wantHostfile := fmt.Sprintf("%s slots=%d", host, slots)
 	wantScript := fmt.Sprintf("%s:%d", host, slots)
 	script := fmt.Sprintf("cat %[1]s/%[2]s; echo ---; %[1]s/%[3]s", constants.FilesDir, constants.HostfileName, constants.DiscoverHostsName)
 	var ready, listed time.Time
@@ -279,4 +289,12 @@ func hasLine(text, line string) bool {
 		}
 	}
 	return false
+}
+
+// hostfileLine is a host's line in the hostfile of an MPI flavour.
+func hostfileLine(flavour, host string, slots int) string {
+	if flavour == constants.FlavourOpenMPI {
+		return fmt.Sprintf("%s slots=%d", host, slots)
+	}
+	return fmt.Sprintf("%s:%d", host, slots)
 }
