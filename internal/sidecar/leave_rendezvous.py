@@ -313,13 +313,14 @@ def stop_if_closing(pids):
                 "the other workers will stop; set spec.shareProcessNamespace", torch=version)
             continue
         workers = children({pid})
+        # Logged first: the line goes to the agent's stdout, which is gone once it is killed.
+        log("INFO", "stopping the agent with SIGKILL: this torch closes the rendezvous on SIGTERM", torch=version,
+            pid=pid, workers=len(workers))
         for p in [pid] + sorted(workers):  # the agent first, so that it never sees its workers fail
             try:
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
-        log("INFO", "stopped the agent with SIGKILL: this torch closes the rendezvous on SIGTERM", torch=version,
-            pid=pid, workers=len(workers))
 
 
 def main():

@@ -130,7 +130,7 @@ func testLeaveBeforeStop(t *testing.T, tr trainer, backend string) {
 	require.Contains(t, out, `msg="left the rendezvous before stopping"`)
 	check(out)
 	if tr.closesOnSIGTERM() {
-		require.Contains(t, out, `msg="stopped the agent with SIGKILL: this torch closes the rendezvous on SIGTERM"`)
+		require.Contains(t, out, `msg="stopping the agent with SIGKILL: this torch closes the rendezvous on SIGTERM"`)
 		c.Wait(t, 30*time.Second) // the script's SIGKILL
 	} else {
 		require.NotContains(t, out, "SIGKILL", "torch %s keeps the rendezvous open on SIGTERM", tr.version)
