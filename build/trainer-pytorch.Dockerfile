@@ -11,7 +11,7 @@
 #   RUN pip install --no-cache-dir python-etcd==0.4.5 && apt-get update && apt-get install -y --no-install-recommends \
 #         openssh-server openssh-client procps && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 # torch 2.3 to 2.7 close the whole rendezvous when an agent gets SIGTERM; the webhook's leave hook handles that
-# (docs/contract.md), so any torch from 2.3 on works, and so does older torch.
+# (docs/contract.md); the tests prove torch 2.6 and 2.14.
 ARG SUITE=forky
 FROM debian:${SUITE}-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
