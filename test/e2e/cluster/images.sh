@@ -35,10 +35,10 @@ if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] |
   rm -rf rootfs; echo "$base_stamp" > .base-stamp
 fi
 rm -f hostrt.tar   # the host-runtime image of earlier versions
-# Trainer images: one per suite, from its root filesystem; the tarball carries the root filesystem's stamp.
+# Trainer images: one per suite, from its root filesystem; repacked when the root filesystem or mkimage.sh changes.
 "$CLUSTER_DIR/rootfs.sh"
 for suite in $TRAINER_SUITES; do
-  s=$(cat "$ROOTFS/$suite/.et-stamp")
+  s="$(cat "$ROOTFS/$suite/.et-stamp") $(sha256sum < "$CLUSTER_DIR/mkimage.sh" | cut -c1-16)"   # and how it is packed
   [ -f "trainer-$suite.tar" ] && [ "$(cat ".trainer-$suite-stamp" 2>/dev/null)" = "$s" ] && continue
   echo "images: packing local/trainer:$suite from $ROOTFS/$suite (about 30 s)"
   mk "local/trainer:$suite" "$ROOTFS/$suite" "trainer-$suite.tar" && echo "$s" > ".trainer-$suite-stamp"
