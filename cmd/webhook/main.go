@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
@@ -44,11 +45,11 @@ func main() {
 	flag.StringVar(&o.MetricsAddr, "metrics-addr", ":8080", `address of /metrics ("0" disables)`)
 	flag.BoolVar(&o.EnableHTTP2, "enable-http2", false, "offer HTTP/2 on the admission server (off: HTTP/1.1 only, as kubebuilder scaffolds, for CVE-2023-44487)")
 	flag.StringVar(&cfg.SidecarImage, "sidecar-image", "", "rdzv-sidecar image injected into training pods (required)")
-	flag.StringVar(&pullPolicy, "sidecar-image-pull-policy", "", "imagePullPolicy of the sidecar (Always, IfNotPresent, Never; empty: Kubernetes' default)")
+	flag.StringVar(&pullPolicy, "sidecar-image-pull-policy", "", "imagePullPolicy of the sidecar ("+strings.Join(constants.PullPolicies, ", ")+"; empty: Kubernetes' default)")
 	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS domain")
 	flag.StringVar(&cfg.WebhookNamespace, "webhook-namespace", "", "the webhook's own namespace, whose pods are never mutated")
 	flag.Var(&extra, "extra-accelerator", "extra resource name counted as an accelerator (repeatable or comma-separated)")
-	flag.StringVar(&d.RdzvBackend, "default-rdzv-backend", d.RdzvBackend, "rendezvous backend when a pod does not say: etcd-v2, etcd or c10d")
+	flag.StringVar(&d.RdzvBackend, "default-rdzv-backend", d.RdzvBackend, "rendezvous backend when a pod does not say: "+strings.Join(constants.Backends, ", "))
 	flag.IntVar(&d.JoinTimeout, "default-join-timeout", d.JoinTimeout, "seconds torchrun waits for min nodes")
 	flag.IntVar(&d.LastCallTimeout, "default-last-call-timeout", d.LastCallTimeout, "seconds torchrun waits for more nodes once min is reached")
 	flag.IntVar(&d.CloseTimeout, "default-close-timeout", d.CloseTimeout, "seconds torchrun waits for a closing rendezvous")
@@ -56,7 +57,7 @@ func main() {
 	flag.IntVar(&d.KeepAliveMaxAttempts, "default-keep-alive-max-attempts", d.KeepAliveMaxAttempts, "missed heartbeats before a node is dropped (torch >= 2.3)")
 	flag.IntVar(&d.MaxRestarts, "default-max-restarts", d.MaxRestarts, "torchrun --max-restarts")
 	flag.IntVar(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds")
-	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: openmpi, mpich or intelmpi")
+	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: "+strings.Join(constants.MPIFlavours, ", "))
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -65,33 +66,16 @@ func main() {
 
 	log := zap.New(zap.UseFlagOptions(&zopts))
 	ctrl.SetLogger(log)
-	if err := check(cfg); err != nil {
+	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "webhook:", err)
 		os.Exit(2)
 	}
 	o.Config = cfg
 	o.Log = log
+	// controller-runtime's own webhook metrics are in its registry: serve ours beside them.
+	o.Metrics = metrics.Registry
 	if err := webhook.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "webhook stopped")
 		os.Exit(1)
 	}
-}
-
-func check(cfg mutate.Config) error {
-	d := cfg.Defaults
-	switch {
-	case cfg.SidecarImage == "":
-		return fmt.Errorf("--sidecar-image is required")
-	case d.RdzvBackend != constants.BackendEtcdV2 && d.RdzvBackend != constants.BackendEtcd && d.RdzvBackend != constants.BackendC10d:
-		return fmt.Errorf("--default-rdzv-backend=%q: want etcd-v2, etcd or c10d", d.RdzvBackend)
-	case d.MPIFlavour != constants.FlavourOpenMPI && d.MPIFlavour != constants.FlavourMPICH && d.MPIFlavour != constants.FlavourIntelMPI:
-		return fmt.Errorf("--default-mpi-flavour=%q: want openmpi, mpich or intelmpi", d.MPIFlavour)
-	case cfg.SidecarImagePullPolicy != "" && cfg.SidecarImagePullPolicy != corev1.PullAlways &&
-		cfg.SidecarImagePullPolicy != corev1.PullIfNotPresent && cfg.SidecarImagePullPolicy != corev1.PullNever:
-		return fmt.Errorf("--sidecar-image-pull-policy=%q: want Always, IfNotPresent or Never", cfg.SidecarImagePullPolicy)
-	case d.JoinTimeout < 1 || d.LastCallTimeout < 1 || d.CloseTimeout < 1 || d.MonitorInterval < 1 ||
-		d.KeepAliveInterval < 1 || d.KeepAliveMaxAttempts < 1 || d.MaxRestarts < 0:
-		return fmt.Errorf("timeouts, intervals and attempts must be >= 1 and --default-max-restarts >= 0")
-	}
-	return nil
 }

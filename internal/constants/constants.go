@@ -49,6 +49,17 @@ const (
 	FrameworkCustom  = "custom"
 )
 
+// The valid values, each listed once: the webhook's checks and denial
+// messages, the sidecar's flags and the charts' schemas (test/helm checks
+// their enums against these) all use them.
+var (
+	Frameworks      = []string{FrameworkCustom, FrameworkMPI, FrameworkMXNet, FrameworkPyTorch}
+	Backends        = []string{BackendEtcdV2, BackendEtcd, BackendC10d}
+	MPIFlavours     = []string{FlavourOpenMPI, FlavourMPICH, FlavourIntelMPI}
+	HostfileFormats = append(MPIFlavours[:len(MPIFlavours):len(MPIFlavours)], FormatHorovod)
+	PullPolicies    = []string{"Always", "IfNotPresent", "Never"}
+)
+
 // Annotations the chart puts on pod templates: the job's settings. The chart
 // writes job-wide values (sums over groups); the webhook computes per-pod ones.
 const (
@@ -99,6 +110,9 @@ const (
 	FlavourOpenMPI  = "openmpi"
 	FlavourMPICH    = "mpich"
 	FlavourIntelMPI = "intelmpi"
+	// FormatHorovod is not an MPI flavour but the host:slots lines a Horovod
+	// discovery script prints; the sidecar's hostfile commands accept it.
+	FormatHorovod = "horovod"
 )
 
 // Ports.

@@ -6,6 +6,10 @@
 package mutate
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -85,4 +89,33 @@ func DefaultConfig() Config {
 			},
 		},
 	}
+}
+
+// Validate checks a configuration before the webhook serves with it; its
+// messages name the webhook's flags.
+func (c Config) Validate() error {
+	d := c.Defaults
+	oneOf := func(flag, v string, valid []string) error {
+		if slices.Contains(valid, v) {
+			return nil
+		}
+		return fmt.Errorf("--%s=%q: want one of %s", flag, v, strings.Join(valid, ", "))
+	}
+	switch {
+	case c.SidecarImage == "":
+		return fmt.Errorf("--sidecar-image is required")
+	case d.JoinTimeout < 1 || d.LastCallTimeout < 1 || d.CloseTimeout < 1 || d.MonitorInterval < 1 ||
+		d.KeepAliveInterval < 1 || d.KeepAliveMaxAttempts < 1 || d.MaxRestarts < 0:
+		return fmt.Errorf("timeouts, intervals and attempts must be >= 1 and --default-max-restarts >= 0")
+	}
+	if err := oneOf("default-rdzv-backend", d.RdzvBackend, constants.Backends); err != nil {
+		return err
+	}
+	if err := oneOf("default-mpi-flavour", d.MPIFlavour, constants.MPIFlavours); err != nil {
+		return err
+	}
+	if c.SidecarImagePullPolicy != "" {
+		return oneOf("sidecar-image-pull-policy", string(c.SidecarImagePullPolicy), constants.PullPolicies)
+	}
+	return nil
 }

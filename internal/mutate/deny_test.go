@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"encoding/json"
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -120,9 +119,9 @@ func TestDenied(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			p := base(t)
 			tc.edit(p)
-			got, _, err := Mutate(Input{Pod: p, Namespace: "team-a", Config: testConfig()})
+			got, err := Mutate(Input{Pod: p, Namespace: "team-a", Config: testConfig()})
 			require.Error(t, err)
-			assert.Nil(t, got)
+			assert.Nil(t, got.Pod)
 			for _, w := range tc.wants {
 				assert.Contains(t, err.Error(), w)
 			}
@@ -133,9 +132,9 @@ func TestDenied(t *testing.T) {
 func TestMisconfiguredWebhook(t *testing.T) {
 	cfg := testConfig()
 	cfg.SidecarImage = ""
-	_, _, err := Mutate(Input{Pod: base(t), Namespace: "team-a", Config: cfg})
+	_, err := Mutate(Input{Pod: base(t), Namespace: "team-a", Config: cfg})
 	require.ErrorContains(t, err, "no sidecar image")
-	_, _, err = Mutate(Input{Pod: nil, Config: testConfig()})
+	_, err = Mutate(Input{Pod: nil, Config: testConfig()})
 	require.Error(t, err)
 }
 
@@ -169,8 +168,7 @@ func TestShouldMutate(t *testing.T) {
 
 // FuzzMutate decodes arbitrary bytes as a pod, as the webhook does with the
 // JSON the API server sends, and mutates it: nothing may panic, and a
-// successful mutation must be idempotent, and mutating in place (PodOwned)
-// must give the same result, warnings and denial as mutating a copy; the
+// successful mutation must leave its input alone and be idempotent, and the
 // patch of the result, applied to the bytes, must give the result.
 func FuzzMutate(f *testing.F) {
 	for _, file := range []string{"testdata/pytorch-worker0-serves-rdzv.yaml", "testdata/mpi-launcher-serves-rdzv.yaml",
@@ -191,27 +189,24 @@ func FuzzMutate(f *testing.F) {
 		if ok, _ := ShouldMutate(pod, "team-a", cfg); !ok {
 			return
 		}
-		owned := pod.DeepCopy()
-		got, warnings, err := Mutate(Input{Pod: pod, Namespace: "team-a", Config: cfg})
-		gotOwned, warningsOwned, errOwned := Mutate(Input{Pod: owned, Namespace: "team-a", Config: cfg, PodOwned: true})
-		if fmt.Sprint(err) != fmt.Sprint(errOwned) || !assert.ObjectsAreEqual(warnings, warningsOwned) {
-			t.Fatalf("in place: %v %q, on a copy: %v %q", errOwned, warningsOwned, err, warnings)
+		input := pod.DeepCopy()
+		res, err := Mutate(Input{Pod: pod, Namespace: "team-a", Config: cfg})
+		if !assert.ObjectsAreEqual(input, pod) {
+			t.Fatalf("Mutate modified its input")
 		}
 		if err != nil {
 			return
 		}
-		if !assert.ObjectsAreEqual(got, gotOwned) {
-			t.Fatalf("mutating in place gave another pod")
-		}
+		got, warnings := res.Pod, res.Warnings
 		// The patch applied to the JSON as it came gives the mutated pod.
 		checkPatch(t, data, "team-a", cfg, warnings)
 		stripped := got.DeepCopy()
 		delete(stripped.Annotations, constants.AnnotationMutated)
-		again, _, err := Mutate(Input{Pod: stripped, Namespace: "team-a", Config: cfg})
+		again, err := Mutate(Input{Pod: stripped, Namespace: "team-a", Config: cfg})
 		if err != nil {
 			t.Fatalf("re-mutation failed: %v", err)
 		}
-		if !assert.ObjectsAreEqual(got, again) {
+		if !assert.ObjectsAreEqual(got, again.Pod) {
 			t.Fatalf("not idempotent")
 		}
 	})

@@ -94,7 +94,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	s.framework = ann[constants.AnnotationFramework]
 	roles, ok := rolesByFramework[s.framework]
 	if !ok {
-		want := "one of custom, mpi, mxnet, pytorch"
+		want := "one of " + strings.Join(constants.Frameworks, ", ")
 		if s.framework == "" {
 			bad.missing("annotation", constants.AnnotationFramework, want)
 		} else {
@@ -192,8 +192,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	}
 
 	d := cfg.Defaults
-	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend,
-		constants.BackendEtcdV2, constants.BackendEtcd, constants.BackendC10d)
+	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend, constants.Backends)
 	s.joinTimeout = parseInt(&bad, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
 	s.lastCall = parseInt(&bad, ann, constants.AnnotationRdzvLastCallTimeout, d.LastCallTimeout, 1, 86400, "seconds")
 	s.closeTimeout = parseInt(&bad, ann, constants.AnnotationRdzvCloseTimeout, d.CloseTimeout, 1, 86400, "seconds")
@@ -202,8 +201,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
 
-	s.flavour = parseEnum(&bad, ann, constants.AnnotationMPIFlavour, d.MPIFlavour,
-		constants.FlavourOpenMPI, constants.FlavourMPICH, constants.FlavourIntelMPI)
+	s.flavour = parseEnum(&bad, ann, constants.AnnotationMPIFlavour, d.MPIFlavour, constants.MPIFlavours)
 
 	switch s.framework {
 	case constants.FrameworkPyTorch:
@@ -305,7 +303,7 @@ func parseInt(bad *invalid, ann map[string]string, key string, def, lo, hi int, 
 
 // parseEnum returns the annotation's value when it is one of allowed, def when it is absent, and records a
 // denial naming the valid values otherwise.
-func parseEnum(bad *invalid, ann map[string]string, key, def string, allowed ...string) string {
+func parseEnum(bad *invalid, ann map[string]string, key, def string, allowed []string) string {
 	v, set := ann[key]
 	if !set {
 		return def

@@ -3,11 +3,13 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	evanphx "gopkg.in/evanphx/json-patch.v4"
@@ -34,7 +36,9 @@ func goldenConfig() mutate.Config {
 // Response.Complete, which serialises the patch) and returns the response.
 func admit(t *testing.T, cfg mutate.Config, namespace string, raw []byte) admission.Response {
 	t.Helper()
-	wh := &admission.Webhook{Handler: NewPodMutator(cfg)}
+	mutator, err := NewPodMutator(cfg, prometheus.NewRegistry())
+	require.NoError(t, err)
+	wh := &admission.Webhook{Handler: mutator}
 	return wh.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		UID: "uid-1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
 		Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Namespace: namespace,
@@ -81,8 +85,9 @@ func TestPatchGivesMutatedPod(t *testing.T) {
 		}{{"typed", typed}, {"as written", asWritten}} {
 			t.Run(strings.TrimSuffix(filepath.Base(in), ".yaml")+"/"+raw.name, func(t *testing.T) {
 				cfg := goldenConfig()
-				want, warnings, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+				res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
 				require.NoError(t, err)
+				want, warnings := res.Pod, res.Warnings
 
 				resp := admit(t, cfg, pod.Namespace, raw.json)
 				require.True(t, resp.Allowed, "%v", resp.Result)
@@ -98,58 +103,14 @@ func TestPatchGivesMutatedPod(t *testing.T) {
 	require.GreaterOrEqual(t, n, 15, "golden inputs")
 }
 
-// TestDecodePod: the pod is decoded as the API server and controller-runtime's
-// decoder do: case-sensitive keys, unknown fields ignored, malformed JSON
-// refused.
-func TestDecodePod(t *testing.T) {
-	for _, tc := range []struct {
-		desc, raw string
-		want      *corev1.Pod
-		err       string
-	}{
-		{desc: "a pod", raw: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"w-0"}}`,
-			want: &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
-		{desc: "keys are case-sensitive", raw: `{"metadata":{"Name":"w-0"}}`, want: &corev1.Pod{}},
-		{desc: "unknown fields are ignored", raw: `{"metadata":{"name":"w-0","futureField":1}}`,
-			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w-0"}}},
-		{desc: "unknown fields in a list element", raw: `{"spec":{"containers":[{"name":"c"},{"name":"d","futureField":{}}]}}`,
-			want: &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}, {Name: "d"}}}}},
-		{desc: "duplicate fields: the last wins", raw: `{"metadata":{"name":"a","name":"b"}}`,
-			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "b"}}},
-		{desc: "status and managed fields are skipped, whatever they hold", raw: `{"metadata":{"name":"a","managedFields":[{"manager":"m","fieldsV1":{"f:x":{}}}]},"status":{"phase":"Pending"}}`,
-			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "a"}}},
-		{desc: "empty", raw: ``, err: "decode pod: there is no content to decode"},
-		{desc: "malformed", raw: `{"metadata":`, err: "decode pod: "},
-		{desc: "wrong type", raw: `{"metadata":[]}`, err: "decode pod: "},
-	} {
-		t.Run(tc.desc, func(t *testing.T) {
-			got, err := decodePod([]byte(tc.raw))
-			if tc.err != "" {
-				require.ErrorContains(t, err, tc.err)
-				return
-			}
-			require.NoError(t, err)
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-// TestDecodePodKeepsWhatMutateReads: a pod as the API server sends it comes
-// out whole but for its status and managed fields.
-func TestDecodePodKeepsWhatMutateReads(t *testing.T) {
-	for _, file := range []string{"../mutate/testdata/pytorch-job-pod-as-sent.yaml", "../mutate/testdata/pytorch-user-values-win.yaml"} {
-		full := readPod(t, file)
-		raw, err := json.Marshal(full)
-		require.NoError(t, err)
-		got, err := decodePod(raw)
-		require.NoError(t, err)
-		want := full.DeepCopy()
-		want.ManagedFields, want.Status = nil, corev1.PodStatus{}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("%s (-want +got):\n%s", file, diff)
-		}
+// TestDecodeErrors: a request whose pod cannot be decoded is answered with
+// an error, not a crash or a patch.
+func TestDecodeErrors(t *testing.T) {
+	for _, raw := range []string{``, `{"metadata":`, `{"metadata":[]}`} {
+		resp := admit(t, goldenConfig(), "team-a", []byte(raw))
+		assert.False(t, resp.Allowed, "%q", raw)
+		assert.Equal(t, int32(http.StatusBadRequest), resp.Result.Code, "%q", raw)
+		assert.Empty(t, resp.Patch, "%q", raw)
 	}
 }
 
@@ -159,8 +120,9 @@ func TestDecodePodKeepsWhatMutateReads(t *testing.T) {
 func TestPatchKeepsUnknownFields(t *testing.T) {
 	pod := readPod(t, "../mutate/testdata/pytorch-worker0-serves-rdzv.yaml")
 	cfg := goldenConfig()
-	want, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
 	require.NoError(t, err)
+	want := res.Pod
 
 	typed, err := json.Marshal(pod)
 	require.NoError(t, err)
@@ -211,8 +173,9 @@ func TestPatchKeepsUnknownFieldsWithTheirElement(t *testing.T) {
 	pod := readPod(t, "../mutate/testdata/pytorch-user-values-win.yaml")
 	require.Equal(t, "fetch-data", pod.Spec.InitContainers[0].Name)
 	cfg := goldenConfig()
-	want, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
 	require.NoError(t, err)
+	want := res.Pod
 	require.Equal(t, []string{"rdzv-sidecar", "fetch-data"}, []string{want.Spec.InitContainers[0].Name, want.Spec.InitContainers[1].Name})
 
 	typed, err := json.Marshal(pod)

@@ -32,8 +32,9 @@ func mutatedPod(t *testing.T, fixture string, edit func(p *corev1.Pod)) (args []
 	edit(pod)
 	cfg := mutate.DefaultConfig()
 	cfg.SidecarImage = "example.com/rdzv-sidecar:test"
-	out, _, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
+	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: pod.Namespace, Config: cfg})
 	require.NoError(t, err)
+	out := res.Pod
 	require.Equal(t, constants.SidecarContainerName, out.Spec.InitContainers[0].Name)
 	return out.Spec.InitContainers[0].Args, out.Spec.Containers[0].Env
 }
