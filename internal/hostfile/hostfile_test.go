@@ -2,7 +2,6 @@ package hostfile
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,7 +9,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/membership"
 )
+
+type Member = membership.Member
 
 func m(host string, slots int, group string, index int) Member {
 	return Member{Host: host, Slots: slots, Group: group, Index: index}
@@ -73,10 +78,10 @@ func TestValidateRefusesWhatLaunchersChokeOn(t *testing.T) {
 }
 
 func TestParseFlavour(t *testing.T) {
-	for _, f := range Flavours {
-		got, err := ParseFlavour(string(f))
+	for _, f := range constants.HostfileFormats {
+		got, err := ParseFlavour(f)
 		require.NoError(t, err)
-		require.Equal(t, f, got)
+		require.Equal(t, Flavour(f), got)
 	}
 	_, err := ParseFlavour("OpenMPI")
 	require.ErrorContains(t, err, "valid: openmpi")
@@ -94,7 +99,7 @@ func TestDiscoverScriptPrintsHostSlots(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			script, err := DiscoverScript(tt.members)
 			require.NoError(t, err)
-			_, err = WriteAtomic(dir, "discover_hosts.sh", script, ScriptMode)
+			_, err = atomicfile.Write(dir, "discover_hosts.sh", script, 0o555)
 			require.NoError(t, err)
 			out, err := exec.Command(filepath.Join(dir, "discover_hosts.sh")).Output()
 			require.NoError(t, err)
@@ -104,30 +109,6 @@ func TestDiscoverScriptPrintsHostSlots(t *testing.T) {
 	}
 }
 
-func TestWriteAtomic(t *testing.T) {
-	dir := t.TempDir()
-	changed, err := WriteAtomic(dir, "hostfile", []byte("a slots=1\n"), HostfileMode)
-	require.NoError(t, err)
-	require.True(t, changed)
-	st, err := os.Stat(filepath.Join(dir, "hostfile"))
-	require.NoError(t, err)
-	require.Equal(t, os.FileMode(HostfileMode), st.Mode().Perm())
-
-	changed, err = WriteAtomic(dir, "hostfile", []byte("a slots=1\n"), HostfileMode)
-	require.NoError(t, err)
-	require.False(t, changed, "same content and mode: no rewrite")
-
-	changed, err = WriteAtomic(dir, "hostfile", []byte("b slots=2\n"), HostfileMode)
-	require.NoError(t, err)
-	require.True(t, changed)
-	got, err := os.ReadFile(filepath.Join(dir, "hostfile"))
-	require.NoError(t, err)
-	require.Equal(t, "b slots=2\n", string(got))
-	entries, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	require.Len(t, entries, 1, "no temporary files left behind")
-}
-
 func FuzzRender(f *testing.F) {
 	f.Add("job-w-0.job.ns.svc.cluster.local", 4, "g", 0, "job-w-1", 2)
 	f.Add("a_b", 0, "", -1, "a_b", -5)
@@ -135,7 +116,8 @@ func FuzzRender(f *testing.F) {
 	f.Add(strings.Repeat("a", 70), 1, "x", 1, "b.", 3)
 	f.Fuzz(func(t *testing.T, h1 string, s1 int, g string, i1 int, h2 string, s2 int) {
 		ms := []Member{m(h1, s1, g, i1), m(h2, s2, g, i1+1)}
-		for _, f := range Flavours {
+		for _, name := range constants.HostfileFormats {
+			f := Flavour(name)
 			out, err := Render(f, ms)
 			if err != nil {
 				continue

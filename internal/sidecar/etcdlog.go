@@ -1,41 +1,110 @@
 package sidecar
 
 import (
-	"os"
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
 	"sync/atomic"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// etcdLogger builds the zap logger embed uses: JSON on stderr at level, and
-// silent once shutdown has begun (embed reports every listener it closes as
-// an error, which would read as a failure in `kubectl logs`).
-func etcdLogger(level string, closing *atomic.Bool) (*zap.Logger, error) {
+// etcdLogger builds the zap logger embed uses: it hands etcd's entries to
+// the sidecar's slog handler h (one log format on the stream), keeps those at
+// level and above, and is silent once shutdown has begun (embed reports every
+// listener it closes as an error, which would read as a failure in
+// `kubectl logs`).
+func etcdLogger(level string, h slog.Handler, closing *atomic.Bool) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, err
 	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.RFC3339NanoTimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(os.Stderr), lvl)
-	return zap.New(&quietOnClose{Core: core, closing: closing}), nil
+	return zap.New(&slogCore{level: lvl, h: h, closing: closing}), nil
 }
 
-type quietOnClose struct {
-	zapcore.Core
+// slogCore is a zapcore.Core that writes to a slog.Handler. It filters by
+// its own level (--etcd-log-level), not the handler's (--log-level): Handle
+// is called without asking the handler's Enabled.
+type slogCore struct {
+	level   zapcore.Level
+	h       slog.Handler
 	closing *atomic.Bool
 }
 
-func (q *quietOnClose) Enabled(l zapcore.Level) bool { return !q.closing.Load() && q.Core.Enabled(l) }
+func (c *slogCore) Enabled(l zapcore.Level) bool { return !c.closing.Load() && c.level.Enabled(l) }
 
-func (q *quietOnClose) With(f []zapcore.Field) zapcore.Core {
-	return &quietOnClose{Core: q.Core.With(f), closing: q.closing}
+func (c *slogCore) With(fs []zapcore.Field) zapcore.Core {
+	return &slogCore{level: c.level, h: c.h.WithAttrs(zapAttrs(fs)), closing: c.closing}
 }
 
-func (q *quietOnClose) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if q.closing.Load() {
-		return ce
+func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.Enabled(e.Level) {
+		return ce.AddCore(e, c)
 	}
-	return q.Core.Check(e, ce)
+	return ce
+}
+
+func (c *slogCore) Write(e zapcore.Entry, fs []zapcore.Field) error {
+	lvl := slog.LevelError
+	switch e.Level {
+	case zapcore.DebugLevel:
+		lvl = slog.LevelDebug
+	case zapcore.InfoLevel:
+		lvl = slog.LevelInfo
+	case zapcore.WarnLevel:
+		lvl = slog.LevelWarn
+	}
+	r := slog.NewRecord(e.Time, lvl, e.Message, 0)
+	if e.LoggerName != "" {
+		r.AddAttrs(slog.String("logger", e.LoggerName))
+	}
+	if e.Caller.Defined {
+		r.AddAttrs(slog.String("caller", e.Caller.TrimmedPath()))
+	}
+	r.AddAttrs(zapAttrs(fs)...)
+	if e.Stack != "" {
+		r.AddAttrs(slog.String("stacktrace", e.Stack))
+	}
+	return c.h.Handle(context.Background(), r)
+}
+
+func (c *slogCore) Sync() error { return nil }
+
+// zapAttrs turns zap fields into slog attributes, in the fields' order; what
+// a field adds under other keys (zap.Error's errorVerbose) follows, sorted.
+// Nested objects and namespaces become groups.
+func zapAttrs(fs []zapcore.Field) []slog.Attr {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, f := range fs {
+		f.AddTo(enc)
+	}
+	attrs := make([]slog.Attr, 0, len(enc.Fields))
+	seen := make(map[string]bool, len(enc.Fields))
+	add := func(k string) {
+		if v, ok := enc.Fields[k]; ok && !seen[k] {
+			seen[k] = true
+			attrs = append(attrs, slog.Attr{Key: k, Value: slogValue(v)})
+		}
+	}
+	for _, f := range fs {
+		add(f.Key)
+	}
+	for _, k := range slices.Sorted(maps.Keys(enc.Fields)) {
+		add(k)
+	}
+	return attrs
+}
+
+func slogValue(v any) slog.Value {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return slog.AnyValue(v)
+	}
+	attrs := make([]slog.Attr, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		attrs = append(attrs, slog.Attr{Key: k, Value: slogValue(m[k])})
+	}
+	return slog.GroupValue(attrs...)
 }

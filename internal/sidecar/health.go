@@ -1,15 +1,22 @@
 package sidecar
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // healthMux serves /healthz (the process runs), /readyz (ready() says
-// whether this sidecar does its job yet) and Prometheus /metrics.
-func healthMux(ready func() (bool, string)) *http.ServeMux {
+// whether this sidecar does its job yet) and Prometheus /metrics: ours from
+// reg and etcd's, which etcd's packages register in prometheus' default
+// registry.
+func healthMux(ready func() (bool, string), reg prometheus.Gatherer) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -19,8 +26,26 @@ func healthMux(ready func() (bool, string)) *http.ServeMux {
 		}
 		w.Write([]byte(why + "\n"))
 	})
-	mux.Handle("/metrics", promhttp.Handler())
+	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{}))
 	return mux
 }
 
-func listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+// startHealth serves healthMux on addr ("" = none) in the background; it
+// listens at once, so a port conflict is an error, not a log line. stop
+// closes the server.
+func startHealth(addr string, ready func() (bool, string), reg prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("health server: %w", err)
+	}
+	hs := &http.Server{Handler: healthMux(ready, reg), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health server failed", "err", err)
+		}
+	}()
+	return func() { hs.Close() }, nil
+}

@@ -5,7 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 
-	"github.com/elastic-training/elastic-training/internal/hostfile"
+	"github.com/elastic-training/elastic-training/internal/atomicfile"
 )
 
 // leaveScript is the PyTorch trainer's preStop hook (see its docstring): it
@@ -15,11 +15,11 @@ import (
 //go:embed leave_rendezvous.py
 var leaveScript []byte
 
-// InstallLeaveScript writes the preStop script into dir as name. It is
+// installLeaveScript writes the preStop script into dir as name. It is
 // Python because only the trainer's image is sure to have what reads
 // torch's pickled rendezvous state.
-func InstallLeaveScript(dir, name string) error {
-	if err := hostfile.WriteAtomicFrom(dir, name, bytes.NewReader(leaveScript), 0o444); err != nil {
+func installLeaveScript(dir, name string) error {
+	if err := atomicfile.WriteFrom(dir, name, bytes.NewReader(leaveScript), leaveMode); err != nil {
 		return fmt.Errorf("install preStop script: %w", err)
 	}
 	return nil

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -10,8 +11,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/membership/etcdmembers"
 )
 
 // MemberConfig is what both serve and join do for their pod: register it
@@ -19,17 +22,34 @@ import (
 type MemberConfig struct {
 	Prefix   string
 	Register bool
-	Member   hostfile.Member
+	Member   membership.Member
 	LeaseTTL time.Duration
 	FilesDir string // empty: write no files
 	Flavour  hostfile.Flavour
-	Resync   time.Duration
+	// InstallHelper copies this binary into FilesDir, for a launcher that
+	// runs `rdzv-sidecar wait|hosts`.
+	InstallHelper bool
+	Resync        time.Duration
 }
 
-// Validate checks the member flags before anything starts.
-func (c MemberConfig) Validate() error {
+// active says whether this process is a member at all (serve without
+// member flags is a plain server).
+func (c MemberConfig) active() bool { return c.Register || c.FilesDir != "" }
+
+// check validates the member flags before anything starts. Without
+// requireHost (serve), Register without a host means a plain server.
+func (c *MemberConfig) check(requireHost bool) error {
+	if c.Register && c.Member.Host == "" {
+		if requireHost {
+			return errors.New("--member-host (or $" + constants.EnvMemberHost + ") is required with --register=true")
+		}
+		c.Register = false
+	}
+	if c.LeaseTTL < 2*time.Second {
+		return fmt.Errorf("--lease-ttl: %s is below etcd's minimum of 2s", c.LeaseTTL)
+	}
 	if c.Register {
-		if err := hostfile.Validate([]hostfile.Member{c.Member}); err != nil {
+		if err := hostfile.Validate([]membership.Member{c.Member}); err != nil {
 			return fmt.Errorf("--member-*: %w", err)
 		}
 	}
@@ -41,12 +61,12 @@ func (c MemberConfig) Validate() error {
 	return nil
 }
 
-// memberState is what /readyz of join reports and what tests wait on.
+// memberState is what /readyz reports and what tests wait on.
 type memberState struct {
 	mu         sync.Mutex
 	registered bool
 	synced     bool // files written at least once
-	members    []hostfile.Member
+	members    []membership.Member
 }
 
 func (s *memberState) set(f func(*memberState)) {
@@ -69,21 +89,20 @@ func (s *memberState) ready(register bool) (bool, string) {
 
 // runMember registers and watches until ctx ends. On return the member has
 // been deregistered.
-func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log *slog.Logger, st *memberState) {
-	m := getMetrics()
+func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log *slog.Logger, st *memberState, m *metrics) {
 	var wg sync.WaitGroup
 	if cfg.Register {
-		reg := &membership.Registration{
+		reg := &etcdmembers.Registration{
 			Client: cli, Prefix: cfg.Prefix, Member: cfg.Member, TTL: cfg.LeaseTTL, Log: log,
 			OnRegistered: func() { st.set(func(s *memberState) { s.registered = true }) },
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); reg.Run(ctx) }()
 	}
-	files := hostfile.Files{Dir: cfg.FilesDir, Flavour: cfg.Flavour}
-	var before []hostfile.Member
+	files := hostFiles{dir: cfg.FilesDir, flavour: cfg.Flavour}
+	var before []membership.Member
 	first := true
-	membership.Watch(ctx, cli, cfg.Prefix, cfg.Resync, log, func(ms []hostfile.Member) {
+	etcdmembers.Watch(ctx, cli, cfg.Prefix, cfg.Resync, log, func(ms []membership.Member) {
 		joined, left := membership.Diff(before, ms)
 		switch {
 		case first:
@@ -96,7 +115,7 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 		before = ms
 		m.members.Set(float64(len(ms)))
 		if cfg.FilesDir != "" {
-			changed, err := files.Write(ms)
+			changed, err := files.write(ms)
 			if err != nil {
 				log.Error("writing hostfile failed", "dir", cfg.FilesDir, "err", err)
 			} else if changed {

@@ -1,17 +1,17 @@
-// Package sidecar wires the rendezvous sidecar's modes: serve (embedded etcd
-// with the v3 API and the v2 keys API on one client port) and join (register
-// this pod, keep the files current), plus their health endpoints.
+// Package sidecar is the rendezvous sidecar's modes: serve (embedded etcd
+// with the v3 API and the v2 keys API on one client port), join (register
+// this pod, keep the files current), their health endpoints, and the
+// launcher's wait and hosts.
 package sidecar
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +19,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
-	"github.com/elastic-training/elastic-training/internal/hostfile"
+	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/v2api"
 )
 
@@ -29,13 +29,14 @@ const v2SnapshotFile = "v2-keys.json"
 
 // ServeConfig configures serve mode.
 type ServeConfig struct {
+	Options
 	Name                string
 	DataDir             string
 	ListenClientURLs    []url.URL
 	AdvertiseClientURLs []url.URL
 	ListenPeerURLs      []url.URL
-	HealthAddr          string // "" = no health server
-	// Client TLS (all empty = plain HTTP).
+	// Client TLS (all empty = plain HTTP; a certificate makes the client
+	// URLs https).
 	CertFile, KeyFile, TrustedCAFile string
 	ClientCertAuth                   bool
 	// MaxDirTTL caps v2 directory TTLs (see v2api's dirttl.go).
@@ -43,18 +44,23 @@ type ServeConfig struct {
 	UnsafeNoFsync bool
 	EtcdLogLevel  string
 	ReadyTimeout  time.Duration
-	// Member, when Register or FilesDir is set, makes this process a member too.
-	Member MemberConfig
-	Log    *slog.Logger
+}
+
+func (c ServeConfig) checkTLS() error {
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return errors.New("--cert-file and --key-file go together")
+	}
+	return nil
 }
 
 // Serve runs the embedded etcd until ctx ends (SIGTERM) or etcd fails.
+// With Member.Register or Member.FilesDir this process is a member too.
 func Serve(ctx context.Context, cfg ServeConfig) error {
-	log := cfg.Log
-	if log == nil {
-		log = slog.Default()
+	mets, err := cfg.begin(false, cfg.checkTLS)
+	if err != nil {
+		return err
 	}
-	mets := getMetrics()
+	log := cfg.Log
 	var etcd atomic.Pointer[embed.Etcd]
 	urls := make([]string, len(cfg.AdvertiseClientURLs))
 	for i, u := range cfg.AdvertiseClientURLs {
@@ -101,7 +107,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
 	ec.Dir = cfg.DataDir
-	ec.ListenClientUrls = cfg.ListenClientURLs
+	ec.ListenClientUrls = slices.Clone(cfg.ListenClientURLs)
+	if cfg.CertFile != "" {
+		for i := range ec.ListenClientUrls {
+			ec.ListenClientUrls[i].Scheme = "https"
+		}
+	}
 	ec.AdvertiseClientUrls = cfg.AdvertiseClientURLs
 	ec.ListenPeerUrls = cfg.ListenPeerURLs
 	ec.AdvertisePeerUrls = cfg.ListenPeerURLs
@@ -112,7 +123,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if cfg.EtcdLogLevel == "" {
 		cfg.EtcdLogLevel = "warn"
 	}
-	zl, err := etcdLogger(cfg.EtcdLogLevel, &closing)
+	zl, err := etcdLogger(cfg.EtcdLogLevel, log.With("component", "etcd").Handler(), &closing)
 	if err != nil {
 		return fmt.Errorf("--etcd-log-level: %w", err)
 	}
@@ -160,28 +171,26 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	go func() { defer wg.Done(); v2.RunExpiry(rctx, 100*time.Millisecond) }()
 
 	st := &memberState{}
-	if cfg.Member.Register || cfg.Member.FilesDir != "" {
+	if cfg.Member.active() {
 		cli := v3client.New(e.Server)
 		wg.Add(1)
-		go func() { defer wg.Done(); defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st) }()
+		go func() { defer wg.Done(); defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st, mets) }()
 	}
-	if cfg.HealthAddr != "" {
-		hs := &http.Server{Addr: cfg.HealthAddr, Handler: healthMux(func() (bool, string) {
-			select {
-			case <-e.Server.ReadyNotify():
-			default:
-				return false, "etcd not ready"
-			}
-			if cfg.Member.Register || cfg.Member.FilesDir != "" {
-				return st.ready(cfg.Member.Register)
-			}
-			return true, "ok"
-		}), ReadHeaderTimeout: 10 * time.Second}
-		if err := startHTTP(hs, log); err != nil {
-			return err
+	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) {
+		select {
+		case <-e.Server.ReadyNotify():
+		default:
+			return false, "etcd not ready"
 		}
-		defer hs.Close()
+		if cfg.Member.active() {
+			return st.ready(cfg.Member.Register)
+		}
+		return true, "ok"
+	}, cfg.Metrics, log)
+	if err != nil {
+		return err
 	}
+	defer stopHealth()
 
 	select {
 	case <-ctx.Done():
@@ -194,26 +203,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	v2.Close()
 	if data, err := v2.Snapshot(); err != nil {
 		log.Warn("could not save the v2 keys", "err", err)
-	} else if _, err := hostfile.WriteAtomic(cfg.DataDir, v2SnapshotFile, data, 0o600); err != nil {
+	} else if _, err := atomicfile.Write(cfg.DataDir, v2SnapshotFile, data, 0o600); err != nil {
 		log.Warn("could not save the v2 keys", "err", err)
 	}
 	closing.Store(true)
 	closeEtcd()
 	log.Info("rendezvous server stopped")
-	return nil
-}
-
-// startHTTP listens at once (so a port conflict is an error, not a log line)
-// and serves in the background.
-func startHTTP(hs *http.Server, log *slog.Logger) error {
-	ln, err := listen(hs.Addr)
-	if err != nil {
-		return fmt.Errorf("health server: %w", err)
-	}
-	go func() {
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("health server failed", "err", err)
-		}
-	}()
 	return nil
 }

@@ -133,7 +133,7 @@ func TestMPIHostfilesPlaceRanks(t *testing.T) {
 	})
 
 	t.Run("wait and hosts helpers", func(t *testing.T) {
-		out, err := exec.Command(sidecarBin, "wait", "--endpoints="+s.URL, "--members=3", "--timeout=10s", "--flavour=mpich").Output()
+		out, err := exec.Command(sidecarBin, "wait", "--endpoints="+s.URL, "--members=3", "--timeout=10s", "--hostfile-flavour=mpich").Output()
 		require.NoError(t, err)
 		require.Equal(t, "job-worker-0.job.ns.svc.cluster.local:2\njob-worker-1.job.ns.svc.cluster.local:1\njob-worker-2.job.ns.svc.cluster.local:3\n", string(out))
 

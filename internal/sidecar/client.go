@@ -1,0 +1,66 @@
+package sidecar
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// ClientConfig says how to reach the rendezvous server.
+type ClientConfig struct {
+	// Endpoints: comma-separated client URLs; a bare host:port gets http://.
+	Endpoints   string
+	DialTimeout time.Duration
+	// TLS (etcdctl's flag names: --cacert, --cert, --key).
+	CAFile, CertFile, KeyFile string
+}
+
+func (c ClientConfig) endpoints() ([]string, error) {
+	var eps []string
+	for _, e := range strings.Split(c.Endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			if !strings.Contains(e, "://") {
+				e = "http://" + e
+			}
+			eps = append(eps, e)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, errors.New("--endpoints is required")
+	}
+	return eps, nil
+}
+
+// NewClient connects to the rendezvous server's v3 API.
+func NewClient(c ClientConfig) (*clientv3.Client, error) {
+	eps, err := c.endpoints()
+	if err != nil {
+		return nil, err
+	}
+	var tlsCfg *tls.Config
+	if c.CAFile != "" || c.CertFile != "" {
+		info := transport.TLSInfo{TrustedCAFile: c.CAFile, CertFile: c.CertFile, KeyFile: c.KeyFile}
+		if tlsCfg, err = info.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("client TLS: %w", err)
+		}
+	}
+	dt := c.DialTimeout
+	if dt <= 0 {
+		dt = 5 * time.Second
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: eps, DialTimeout: dt, TLS: tlsCfg,
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 3 * time.Second,
+		Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", strings.Join(eps, ","), err)
+	}
+	return cli, nil
+}
