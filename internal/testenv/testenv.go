@@ -1,39 +1,27 @@
-// Package testenv helps integration tests run real programs (etcd 3.4,
-// torchrun, mpirun): free loopback ports, required binaries that fail the
-// test with a clear reason when missing, polling instead of sleeping,
-// processes (and their whole trees) that are always stopped in t.Cleanup, and
-// torch from the Debian root filesystems of test/e2e/cluster/rootfs.sh
-// (rootfs.go: Rootfs, InRootfs, TorchEnv).
+// Package testenv is the project's one test-support package. It helps tests,
+// and the benchmarks' mains, run real programs (etcd 3.4, torchrun, mpirun):
+// free loopback ports (ports.go: PickFreePort, FreePort), polling instead of
+// sleeping (poll.go: Poll, PollHTTP, CheckHTTP, Eventually, WaitHTTP),
+// required binaries that fail the test with a clear reason when missing,
+// processes (and their whole trees) that are always stopped in t.Cleanup
+// (proc.go), and torch from the Debian root filesystems of
+// test/e2e/cluster/rootfs.sh (rootfs.go: Rootfs, InRootfs, TorchEnv). Helm
+// charts are rendered client-side by its subpackage chartrender, which keeps
+// the Helm SDK out of the tests that need none of it.
+//
+// Helpers that take a testing.TB fail the test; the port, polling and
+// root-filesystem ones each have a form that returns an error instead, for
+// code without a test (PickFreePort, Poll and PollHTTP, RootfsDir).
 package testenv
 
 import (
-	"bytes"
-	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // RequireBinary fails the test (it does not skip: CI installs these) when
 // path is not an executable.
@@ -45,203 +33,26 @@ func RequireBinary(t testing.TB, path, debianPackage string) string {
 	return path
 }
 
-// Eventually polls cond every 20 ms until it returns nil or timeout passes.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for {
-		if err = cond(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+// Etcd34Args are the arguments of Debian's etcd 3.4 as the v2 reference
+// server: one member named ref with data in dataDir, the v2 API enabled,
+// serving clients on client and peers on peer (URLs), errors logged only.
+func Etcd34Args(dataDir, client, peer string) []string {
+	return []string{"--name=ref", "--data-dir=" + dataDir, "--enable-v2",
+		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=ref=" + peer, "--log-level=error"}
 }
 
-// Proc is a started process whose output is kept for failure messages.
-type Proc struct {
-	Cmd  *exec.Cmd
-	Name string
-	mu   sync.Mutex
-	out  bytes.Buffer
-	done chan struct{}
-	err  error
-}
-
-func (p *Proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-// Output is everything the process printed so far.
-func (p *Proc) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-// Done is closed when the process has exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
-
-// Err is the exit error once Done is closed.
-func (p *Proc) Err() error { <-p.done; return p.err }
-
-// Wait waits up to timeout for the process to exit and returns its error.
-func (p *Proc) Wait(t testing.TB, timeout time.Duration) error {
-	t.Helper()
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(timeout):
-		t.Fatalf("%s did not exit within %s; output:\n%s", p.Name, timeout, p.Output())
-		return nil
-	}
-}
-
-// Signal sends sig to the process group.
-func (p *Proc) Signal(sig syscall.Signal) {
-	if p.Cmd.Process != nil {
-		syscall.Kill(-p.Cmd.Process.Pid, sig)
-	}
-}
-
-// Kill stops the process, its group and every process below it with
-// SIGKILL, as when a pod is deleted: torchrun (torch 2.x) starts its workers
-// in sessions of their own, which the group's signal does not reach.
-func (p *Proc) Kill() {
-	if p.Cmd.Process == nil {
-		return
-	}
-	pid := p.Cmd.Process.Pid
-	select {
-	case <-p.done: // reaped: its PID may be another process' now
-		syscall.Kill(-pid, syscall.SIGKILL)
-		return
-	default:
-	}
-	syscall.Kill(-pid, syscall.SIGSTOP) // no new workers while the tree is read
-	below := Descendants(pid)
-	syscall.Kill(-pid, syscall.SIGKILL)
-	for _, d := range below {
-		syscall.Kill(d, syscall.SIGKILL)
-	}
-}
-
-// Descendants lists every process below pid, from /proc's parent links.
-func Descendants(pid int) []int {
-	parent := map[int]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) < 2 {
-			continue
-		}
-		if pp, err := strconv.Atoi(f[1]); err == nil {
-			parent[n] = pp
-		}
-	}
-	var out []int
-	seen := map[int]bool{pid: true}
-	for todo := []int{pid}; len(todo) > 0; {
-		var next []int
-		for c, pp := range parent {
-			if !seen[c] && slices.Contains(todo, pp) {
-				seen[c] = true
-				next = append(next, c)
-			}
-		}
-		out = append(out, next...)
-		todo = next
-	}
-	return out
-}
-
-// Start runs cmd in its own process group, captures its output and kills
-// the group in t.Cleanup. With ET_TEST_VERBOSE=1 output also goes to stderr.
-func Start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
-	t.Helper()
-	p := &Proc{Cmd: cmd, Name: name, done: make(chan struct{})}
-	if os.Getenv("ET_TEST_VERBOSE") != "" {
-		cmd.Stdout = &prefixWriter{p: p, prefix: name}
-	} else {
-		cmd.Stdout = p
-	}
-	cmd.Stderr = cmd.Stdout
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.Kill()
-		<-p.done
-		if strings.Contains(p.Output(), "WARNING: DATA RACE") {
-			t.Errorf("%s reported a data race", name)
-		}
-		if t.Failed() {
-			t.Logf("--- output of %s ---\n%s", name, p.Output())
-		}
-	})
-	return p
-}
-
-type prefixWriter struct {
-	p      *Proc
-	prefix string
-}
-
-func (w *prefixWriter) Write(b []byte) (int, error) {
-	fmt.Fprintf(os.Stderr, "[%s] %s", w.prefix, b)
-	return w.p.Write(b)
-}
-
-// Etcd34 starts Debian's etcd 3.4 with the v2 API enabled on free loopback
-// ports and returns its client URL once it answers.
+// Etcd34 starts Debian's etcd 3.4 (Etcd34Args, without fsync) on free
+// loopback ports and returns its client URL once it answers.
 func Etcd34(t testing.TB) string {
 	t.Helper()
 	bin := RequireBinary(t, "/usr/bin/etcd", "etcd-server")
 	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
 	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	cmd := exec.Command(bin, "--name=ref", "--data-dir="+filepath.Join(t.TempDir(), "etcd"),
-		"--enable-v2", "--listen-client-urls="+client, "--advertise-client-urls="+client,
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
-		"--initial-cluster=ref="+peer, "--unsafe-no-fsync", "--log-level=error")
+	cmd := exec.Command(bin, append(Etcd34Args(filepath.Join(t.TempDir(), "etcd"), client, peer), "--unsafe-no-fsync")...)
 	cmd.Env = append(os.Environ(), "ETCD_UNSUPPORTED_ARCH=")
 	p := Start(t, "etcd-3.4", cmd)
-	WaitHTTP(t, p, client+"/v2/keys/", 20*time.Second)
+	WaitHTTP(t, p, client+"/v2/keys/", 0, 20*time.Second)
 	return client
-}
-
-// WaitHTTP polls url until it answers (any status) or p exits.
-func WaitHTTP(t testing.TB, p *Proc, url string, timeout time.Duration) {
-	t.Helper()
-	Eventually(t, timeout, url+" to answer", func() error {
-		select {
-		case <-p.Done():
-			t.Fatalf("%s exited early: %v\n%s", p.Name, p.err, p.Output())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
-	})
 }

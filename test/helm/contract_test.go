@@ -6,6 +6,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -30,11 +31,11 @@ func TestContract(t *testing.T) {
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{})
+			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			objs := objects(t, files)
+			objs := r.Objects
 			hosts := 0
 			var job string
 			for _, o := range objs {
@@ -58,38 +59,38 @@ func TestContract(t *testing.T) {
 				labels, _, _ := unstructured.NestedStringMap(o.Obj, "spec", "template", "metadata", "labels")
 				ann, _, _ := unstructured.NestedStringMap(o.Obj, "spec", "template", "metadata", "annotations")
 				if labels[constants.LabelJob] != job || labels["app.kubernetes.io/instance"] != release {
-					t.Errorf("%s: pod labels %v lack %s=%s or app.kubernetes.io/instance=%s", o.key(), labels, constants.LabelJob, job, release)
+					t.Errorf("%s: pod labels %v lack %s=%s or app.kubernetes.io/instance=%s", o.Key(), labels, constants.LabelJob, job, release)
 				}
 				role, group := labels[constants.LabelRole], labels[constants.LabelGroup]
 				if !roles[role] {
-					t.Errorf("%s: role %q is not one of the contract's roles", o.key(), role)
+					t.Errorf("%s: role %q is not one of the contract's roles", o.Key(), role)
 				}
 				if o.Name != naming.Workload(job, group) {
-					t.Errorf("%s: want name naming.Workload(%q, %q) = %q", o.key(), job, group, naming.Workload(job, group))
+					t.Errorf("%s: want name naming.Workload(%q, %q) = %q", o.Key(), job, group, naming.Workload(job, group))
 				}
 				if !frameworks[ann[constants.AnnotationFramework]] || !backends[ann[constants.AnnotationRdzvBackend]] {
-					t.Errorf("%s: framework %q / backend %q not in the contract", o.key(), ann[constants.AnnotationFramework], ann[constants.AnnotationRdzvBackend])
+					t.Errorf("%s: framework %q / backend %q not in the contract", o.Key(), ann[constants.AnnotationFramework], ann[constants.AnnotationRdzvBackend])
 				}
 				if ann[constants.AnnotationRunID] == "" || ann[constants.AnnotationMinNodes] == "" || ann[constants.AnnotationMaxNodes] == "" {
-					t.Errorf("%s: run id, min-nodes or max-nodes missing", o.key())
+					t.Errorf("%s: run id, min-nodes or max-nodes missing", o.Key())
 				}
 				for k := range ann {
 					if strings.HasPrefix(k, constants.Domain+"/") && !known[k] {
-						t.Errorf("%s: annotation %s is not in internal/constants", o.key(), k)
+						t.Errorf("%s: annotation %s is not in internal/constants", o.Key(), k)
 					}
 				}
 				if ann[constants.AnnotationRdzvHost] == "true" {
 					hosts++
 					if role == constants.RoleRdzv && labels[constants.LabelRdzvServer] != "true" {
-						t.Errorf("%s: the dedicated rendezvous pod must carry %s=true itself", o.key(), constants.LabelRdzvServer)
+						t.Errorf("%s: the dedicated rendezvous pod must carry %s=true itself", o.Key(), constants.LabelRdzvServer)
 					}
 				}
 				if o.Kind == "Job" {
 					if sub, _, _ := unstructured.NestedString(o.Obj, "spec", "template", "spec", "subdomain"); sub != naming.HeadlessService(job) {
-						t.Errorf("%s: subdomain %q, want %q", o.key(), sub, naming.HeadlessService(job))
+						t.Errorf("%s: subdomain %q, want %q", o.Key(), sub, naming.HeadlessService(job))
 					}
 				} else if svc, _, _ := unstructured.NestedString(o.Obj, "spec", "serviceName"); svc != naming.HeadlessService(job) {
-					t.Errorf("%s: serviceName %q, want %q", o.key(), svc, naming.HeadlessService(job))
+					t.Errorf("%s: serviceName %q, want %q", o.Key(), svc, naming.HeadlessService(job))
 				}
 			}
 			if hosts != 1 {

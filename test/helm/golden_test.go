@@ -9,6 +9,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/lint/support"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // scenario is one values file rendered to one golden file.
@@ -43,12 +45,11 @@ func TestGolden(t *testing.T) {
 		golden := filepath.Join("testdata", sc.name+".golden.yaml")
 		used[golden] = true
 		t.Run(sc.name, func(t *testing.T) {
-			var notes string
-			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{notes: &notes})
+			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
 			if err != nil {
 				t.Fatalf("render %s: %v", sc.values, err)
 			}
-			got := manifest(objects(t, files)) + "---\n# NOTES.txt\n" + commented(notes)
+			got := manifest(r.Objects) + "---\n# NOTES.txt\n" + commented(r.Notes)
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
 					t.Fatal(err)
@@ -86,7 +87,7 @@ func TestLint(t *testing.T) {
 			l := action.NewLint()
 			l.Strict = true
 			l.Namespace = namespace
-			l.KubeVersion = &kubeVersion
+			l.KubeVersion = &chartrender.KubeVersion
 			res := l.Run([]string{chartDir}, vals)
 			for _, m := range res.Messages {
 				if m.Severity >= support.WarningSev {

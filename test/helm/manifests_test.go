@@ -8,6 +8,8 @@ import (
 
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/strvals"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // TestWriteManifests writes every scenario's rendering (<scenario>.rev1.yaml) and, where a group can scale, the
@@ -25,11 +27,11 @@ func TestWriteManifests(t *testing.T) {
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
 		vals := merge(readValues(t, sc.values), pinned(t))
-		files, err := render(t, ch, vals, renderOpts{})
+		r, err := render(ch, vals, chartrender.Options{})
 		if err != nil {
 			t.Fatalf("%s: %v", sc.name, err)
 		}
-		write(t, filepath.Join(dir, sc.name+".rev1.yaml"), manifest(objects(t, files)))
+		write(t, filepath.Join(dir, sc.name+".rev1.yaml"), manifest(r.Objects))
 		sets := scaleSets(t, vals)
 		if len(sets) == 0 || strings.Contains(sc.name, "mxnet") { // MXNet refuses to scale (see the upgrade test)
 			continue
@@ -40,11 +42,11 @@ func TestWriteManifests(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		files2, err := render(t, ch, chartutil.CoalesceTables(over, vals), renderOpts{revision: 2})
+		r2, err := render(ch, chartutil.CoalesceTables(over, vals), chartrender.Options{Revision: 2})
 		if err != nil {
 			t.Fatalf("%s revision 2: %v", sc.name, err)
 		}
-		write(t, filepath.Join(dir, sc.name+".rev2.yaml"), manifest(objects(t, files2)))
+		write(t, filepath.Join(dir, sc.name+".rev2.yaml"), manifest(r2.Objects))
 	}
 }
 

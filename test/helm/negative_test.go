@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"helm.sh/helm/v3/pkg/strvals"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // TestRejected proves that mistakes fail at `helm install` with a message that names the value to fix.
@@ -67,7 +69,7 @@ func TestRejected(t *testing.T) {
 					t.Fatalf("--set %s: %v", s, err)
 				}
 			}
-			_, err := render(t, ch, vals, renderOpts{})
+			_, err := render(ch, vals, chartrender.Options{})
 			if err == nil {
 				t.Fatalf("--set %v: accepted, want an error containing %q", c.sets, c.want)
 			}

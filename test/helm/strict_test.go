@@ -6,6 +6,8 @@ import (
 
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // TestObjectsDecodeStrictly decodes every rendered object of every scenario into its typed Kubernetes Go struct
@@ -19,13 +21,13 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			files, err := render(t, ch, merge(readValues(t, sc.values), pinned(t)), renderOpts{})
+			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, o := range objects(t, files) {
+			for _, o := range r.Objects {
 				if !allowed[o.Kind] {
-					t.Errorf("%s: not a kind a job install may create", o.key())
+					t.Errorf("%s: not a kind a job install may create", o.Key())
 					continue
 				}
 				apiVersion, _ := o.Obj["apiVersion"].(string)
@@ -38,11 +40,11 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 					}
 				}
 				if typed == nil {
-					t.Errorf("%s: unknown apiVersion %s", o.key(), apiVersion)
+					t.Errorf("%s: unknown apiVersion %s", o.Key(), apiVersion)
 					continue
 				}
 				if err := yaml.UnmarshalStrict([]byte(o.YAML), typed); err != nil {
-					t.Errorf("%s (%s): %v", o.key(), o.Source, err)
+					t.Errorf("%s (%s): %v", o.Key(), o.Source, err)
 				}
 			}
 		})

@@ -12,6 +12,8 @@ import (
 	"helm.sh/helm/v3/pkg/strvals"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // scaleSets returns the --set flags that scale every member group that can move within min..max (one up where it
@@ -82,18 +84,11 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 				t.Skipf("%s: no group can scale within min..max", sc.values)
 			}
 			scaled++
-			files1, err := render(t, ch, vals1, renderOpts{revision: 1})
+			r1, err := render(ch, vals1, chartrender.Options{Revision: 1})
 			if err != nil {
 				t.Fatalf("revision 1: %v", err)
 			}
-			objs1 := objects(t, files1)
-			var cluster []map[string]any
-			for _, o := range objs1 {
-				u := unstructured.Unstructured{Object: o.Obj}
-				u = *u.DeepCopy()
-				u.SetNamespace(namespace)
-				cluster = append(cluster, u.Object)
-			}
+			objs1 := r1.Objects
 			// --reuse-values: the new --set values on top of revision 1's user values.
 			over := map[string]any{}
 			for _, s := range sets {
@@ -102,7 +97,7 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 				}
 			}
 			vals2 := chartutil.CoalesceTables(over, vals1)
-			files2, err := render(t, ch, vals2, renderOpts{revision: 2, cluster: cluster})
+			r2, err := render(ch, vals2, chartrender.Options{Revision: 2, Cluster: r1.Cluster(namespace)})
 			if strings.Contains(sc.name, "mxnet") {
 				// A Job's pod template is immutable and MXNet's carries the worker count: refuse, and say why.
 				if err == nil || !strings.Contains(err.Error(), "MXNet jobs are not elastic") {
@@ -113,19 +108,19 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 			if err != nil {
 				t.Fatalf("revision 2 (--set %s): %v", strings.Join(sets, " "), err)
 			}
-			objs2 := objects(t, files2)
-			byKey := map[string]object{}
+			objs2 := r2.Objects
+			byKey := map[string]chartrender.Object{}
 			for _, o := range objs2 {
-				byKey[o.key()] = o
+				byKey[o.Key()] = o
 			}
 			if len(objs1) != len(objs2) {
 				t.Errorf("revision 1 has %d objects, revision 2 has %d", len(objs1), len(objs2))
 			}
 			changed := 0
 			for _, o1 := range objs1 {
-				o2, ok := byKey[o1.key()]
+				o2, ok := byKey[o1.Key()]
 				if !ok {
-					t.Errorf("%s disappeared in revision 2", o1.key())
+					t.Errorf("%s disappeared in revision 2", o1.Key())
 					continue
 				}
 				if o1.YAML != o2.YAML {
@@ -136,19 +131,19 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 				case "Job":
 					p, c := nested(t, o2, "parallelism"), nested(t, o2, "completions")
 					if p != c {
-						t.Errorf("%s: parallelism %d != completions %d (elastic Indexed Jobs scale both together)", o1.key(), p, c)
+						t.Errorf("%s: parallelism %d != completions %d (elastic Indexed Jobs scale both together)", o1.Key(), p, c)
 					}
 					a, b = scaleLine.ReplaceAllString(a, "  $1: N"), scaleLine.ReplaceAllString(b, "  $1: N")
 				case "StatefulSet":
 					a, b = scaleLine.ReplaceAllString(a, "  $1: N"), scaleLine.ReplaceAllString(b, "  $1: N")
 				}
 				if diff := cmp.Diff(a, b); diff != "" {
-					t.Errorf("%s changed beyond its scale fields after --set %s (-rev1 +rev2):\n%s", o1.key(), strings.Join(sets, " "), diff)
+					t.Errorf("%s changed beyond its scale fields after --set %s (-rev1 +rev2):\n%s", o1.Key(), strings.Join(sets, " "), diff)
 				}
 				if o1.Kind == "Job" || o1.Kind == "StatefulSet" {
 					t1, t2 := template(t, o1), template(t, o2)
 					if t1 != t2 {
-						t.Errorf("%s: pod template not byte-identical across the upgrade", o1.key())
+						t.Errorf("%s: pod template not byte-identical across the upgrade", o1.Key())
 					}
 				}
 			}
@@ -170,7 +165,7 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 	}
 }
 
-func nested(t *testing.T, o object, field string) int64 {
+func nested(t *testing.T, o chartrender.Object, field string) int64 {
 	t.Helper()
 	v, _, err := unstructured.NestedFieldNoCopy(o.Obj, "spec", field)
 	if err != nil {
@@ -179,7 +174,7 @@ func nested(t *testing.T, o object, field string) int64 {
 	return int64(toInt(v))
 }
 
-func template(t *testing.T, o object) string {
+func template(t *testing.T, o chartrender.Object) string {
 	t.Helper()
 	v, _, _ := unstructured.NestedFieldNoCopy(o.Obj, "spec", "template")
 	b, err := yaml.Marshal(v)
@@ -189,7 +184,7 @@ func template(t *testing.T, o object) string {
 	return string(b)
 }
 
-func runID(t *testing.T, objs []object) string {
+func runID(t *testing.T, objs []chartrender.Object) string {
 	t.Helper()
 	for _, o := range objs {
 		if o.Kind == "ConfigMap" && strings.HasSuffix(o.Name, "-run") {
@@ -220,16 +215,9 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			vals1 := readValues(t, filepath.Join(chartDir, c.values))
-			files1, err := render(t, ch, vals1, renderOpts{revision: 1})
+			r1, err := render(ch, vals1, chartrender.Options{Revision: 1})
 			if err != nil {
 				t.Fatal(err)
-			}
-			var cluster []map[string]any
-			for _, o := range objects(t, files1) {
-				u := unstructured.Unstructured{Object: o.Obj}
-				u = *u.DeepCopy()
-				u.SetNamespace(namespace)
-				cluster = append(cluster, u.Object)
 			}
 			over := map[string]any{}
 			for _, s := range c.sets {
@@ -237,12 +225,12 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			_, err = render(t, ch, chartutil.CoalesceTables(over, vals1), renderOpts{revision: 2, cluster: cluster})
+			_, err = render(ch, chartutil.CoalesceTables(over, vals1), chartrender.Options{Revision: 2, Cluster: r1.Cluster(namespace)})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("upgrade --set %v: want an error containing %q, got %v", c.sets, c.want, err)
 			}
 			// The same values on a fresh install are fine.
-			if _, err := render(t, ch, chartutil.CoalesceTables(over, vals1), renderOpts{revision: 1}); err != nil {
+			if _, err := render(ch, chartutil.CoalesceTables(over, vals1), chartrender.Options{Revision: 1}); err != nil {
 				t.Errorf("install with --set %v: %v", c.sets, err)
 			}
 		})

@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -92,10 +91,9 @@ func check(err error) {
 }
 
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.PickFreePort()
 	check(err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 type proc struct {
@@ -142,20 +140,11 @@ func (p *proc) stop() {
 	}
 }
 
-func waitHTTP(url string, ok func(*http.Response) bool) {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			good := ok(resp)
-			resp.Body.Close()
-			if good {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+// waitOK waits up to a minute for url to answer 200 OK.
+func waitOK(url string) {
+	if err := testenv.PollHTTP(context.Background(), 60*time.Second, 20*time.Millisecond, url, http.StatusOK); err != nil {
+		check(fmt.Errorf("%s did not come up: %w", url, err))
 	}
-	check(fmt.Errorf("%s did not come up", url))
 }
 
 // server is either the sidecar or etcd 3.4.
@@ -172,19 +161,17 @@ func startSidecar(dir string, extra ...string) *server {
 		"--advertise-client-urls=" + client, fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", freePort()),
 		"--health-addr=" + health}, extra...)
 	p := start(filepath.Join(dir, "serve.log"), *sidecar, args, os.Environ())
-	waitHTTP("http://"+health+"/readyz", func(r *http.Response) bool { return r.StatusCode == 200 })
+	waitOK("http://" + health + "/readyz")
 	return &server{p: p, clientURL: client, health: health}
 }
 
 func startEtcd34(dir string) *server {
 	client := fmt.Sprintf("http://127.0.0.1:%d", freePort())
 	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort())
-	args := []string{"--name=ref", "--data-dir=" + filepath.Join(dir, "data"), "--enable-v2",
-		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer, "--initial-cluster=ref=" + peer,
-		"--log-level=error"}
+	// With fsync, unlike testenv.Etcd34: both servers run with their default durability.
+	args := testenv.Etcd34Args(filepath.Join(dir, "data"), client, peer)
 	p := start(filepath.Join(dir, "etcd.log"), *etcd34, args, os.Environ())
-	waitHTTP(client+"/v2/keys/", func(r *http.Response) bool { return r.StatusCode == 200 })
+	waitOK(client + "/v2/keys/")
 	return &server{p: p, clientURL: client}
 }
 
@@ -403,13 +390,13 @@ func benchHostfileLatency(tmp string) {
 	j := start(filepath.Join(dir, "join.log"), *sidecar, []string{"join", "--endpoints=" + s.clientURL,
 		"--register=false", "--files-dir=" + files, "--health-addr=" + jhealth}, os.Environ())
 	defer j.stop()
-	waitHTTP("http://"+jhealth+"/readyz", func(r *http.Response) bool { return r.StatusCode == 200 })
+	waitOK("http://" + jhealth + "/readyz")
 	cli := client(s.clientURL)
 	defer cli.Close()
 	ctx := context.Background()
 	// Three permanent members so the file always exists.
 	for i := range 3 {
-		m := hostfile.Member{Host: fmt.Sprintf("base-%d.job.ns.svc", i), Slots: 1, Group: "worker", Index: i}
+		m := membership.Member{Host: fmt.Sprintf("base-%d.job.ns.svc", i), Slots: 1, Group: "worker", Index: i}
 		_, err := cli.Put(ctx, membership.Key("/elastic-training/members/", m.Host), membership.Encode(m))
 		check(err)
 	}
@@ -417,7 +404,7 @@ func benchHostfileLatency(tmp string) {
 	waitFile(hf, func(s string) bool { return strings.Count(s, "\n") == 3 }, 10*time.Second)
 	var lat []time.Duration
 	var lease clientv3.LeaseID
-	m := hostfile.Member{Host: "moving.job.ns.svc", Slots: 2, Group: "worker", Index: 9}
+	m := membership.Member{Host: "moving.job.ns.svc", Slots: 2, Group: "worker", Index: 9}
 	for i := range *changes {
 		t0 := time.Now()
 		join := i%2 == 0
@@ -438,16 +425,16 @@ func benchHostfileLatency(tmp string) {
 		pct(lat, 0.99).Round(10*time.Microsecond), pct(lat, 1).Round(10*time.Microsecond))
 }
 
+// waitFile waits until ok holds for path's content, polling every 200 µs (the hostfile latency is measured
+// with it).
 func waitFile(path string, ok func(string) bool, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
+	err := testenv.Poll(context.Background(), timeout, 200*time.Microsecond, func(context.Context) (bool, error) {
 		b, _ := os.ReadFile(path)
-		if ok(string(b)) {
-			return
-		}
-		time.Sleep(200 * time.Microsecond)
+		return ok(string(b)), nil
+	})
+	if err != nil {
+		check(fmt.Errorf("%s did not reach the expected content: %w", path, err))
 	}
-	check(fmt.Errorf("%s did not reach the expected content", path))
 }
 
 func rssMiB(pid int) float64 { return statusMiB(pid, "VmRSS:") }
@@ -469,9 +456,9 @@ func statusMiB(pid int, field string) float64 {
 func benchScale(tmp string) {
 	n := *members
 	fmt.Printf("== %d registered members\n", n)
-	ms := make([]hostfile.Member, n)
+	ms := make([]membership.Member, n)
 	for i := range ms {
-		ms[i] = hostfile.Member{Host: fmt.Sprintf("job-worker-%d.job.default.svc.cluster.local", i), Slots: 8, Group: "worker", Index: i}
+		ms[i] = membership.Member{Host: fmt.Sprintf("job-worker-%d.job.default.svc.cluster.local", i), Slots: 8, Group: "worker", Index: i}
 	}
 	r := testing.Benchmark(func(b *testing.B) {
 		for b.Loop() {

@@ -185,22 +185,24 @@ func (c *Cluster) Running() bool {
 // Up starts the cluster (or the parts of it that are not running) and waits until it is ready.
 func (c *Cluster) Up(t testing.TB) {
 	t.Helper()
-	var out bytes.Buffer
-	if err := c.script(&out, "up.sh"); err != nil {
-		t.Fatalf("cluster up: %v\n%s", err, out.String())
-	}
-	t.Logf("cluster up:\n%s", out.String())
+	c.scriptForTest(t, "cluster up", "up.sh")
 }
 
 // Down stops the cluster and undoes every host change (down.sh). Main starts it again at the end if it was
 // running before the tests; later tests in the same binary must call Up first.
 func (c *Cluster) Down(t testing.TB) {
 	t.Helper()
+	c.scriptForTest(t, "cluster down", "down.sh")
+}
+
+// scriptForTest runs a cluster script and logs its output as what, failing the test when it fails.
+func (c *Cluster) scriptForTest(t testing.TB, what, name string) {
+	t.Helper()
 	var out bytes.Buffer
-	if err := c.script(&out, "down.sh"); err != nil {
-		t.Fatalf("cluster down: %v\n%s", err, out.String())
+	if err := c.script(&out, name); err != nil {
+		t.Fatalf("%s: %v\n%s", what, err, out.String())
 	}
-	t.Logf("cluster down:\n%s", out.String())
+	t.Logf("%s:\n%s", what, out.String())
 }
 
 // Script runs one of the cluster scripts (test/e2e/cluster/NAME) and returns its combined output.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
@@ -56,6 +57,16 @@ func (c *Cluster) HelmConfig(t testing.TB, ns string) *action.Configuration {
 	return cfg
 }
 
+// loadChart loads the chart in chartDir for `helm <command> <releaseName>`, failing the test when it cannot.
+func loadChart(t testing.TB, command, releaseName, chartDir string) *chart.Chart {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("helm %s %s: load chart %s: %v", command, releaseName, chartDir, err)
+	}
+	return ch
+}
+
 func applyOptions(opts []HelmOption) helmOptions {
 	o := helmOptions{timeout: 5 * time.Minute}
 	for _, opt := range opts {
@@ -69,10 +80,7 @@ func applyOptions(opts []HelmOption) helmOptions {
 // (before the namespace goes), so cluster-scoped objects such as webhook configurations go with it.
 func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("helm install %s: load chart %s: %v", releaseName, chartDir, err)
-	}
+	ch := loadChart(t, "install", releaseName, chartDir)
 	o := applyOptions(opts)
 	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
@@ -105,10 +113,7 @@ func (c *Cluster) uninstallLeftover(t testing.TB, ns, releaseName string) {
 // HelmUpgrade upgrades release in ns to the chart in chartDir with values (as `helm upgrade`).
 func (c *Cluster) HelmUpgrade(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("helm upgrade %s: load chart %s: %v", releaseName, chartDir, err)
-	}
+	ch := loadChart(t, "upgrade", releaseName, chartDir)
 	o := applyOptions(opts)
 	up := action.NewUpgrade(c.HelmConfig(t, ns))
 	up.Namespace = ns

@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 // LabelE2E marks every namespace the framework creates.
@@ -96,7 +98,7 @@ func (c *Cluster) SweepOrphans(ctx context.Context, timeout time.Duration) ([]st
 	if len(orphans) == 0 {
 		return nil, nil
 	}
-	err = Poll(ctx, timeout, func(ctx context.Context) (bool, error) {
+	err = testenv.Poll(ctx, timeout, PollInterval, func(ctx context.Context) (bool, error) {
 		var left []string
 		for _, name := range orphans {
 			_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})

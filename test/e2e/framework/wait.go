@@ -10,48 +10,21 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 // PollInterval is how often WaitFor checks its condition.
 const PollInterval = 250 * time.Millisecond
 
-// WaitFor polls cond until it returns true, and fails the test when timeout passes first. An error from
-// cond with false means "not yet, because...": polling goes on, and the last error is part of the failure
-// message. True ends the wait even with an error.
+// WaitFor polls cond (testenv.Poll, every PollInterval) until it returns true, and fails the test when timeout
+// passes first. An error from cond with false means "not yet, because...": polling goes on, and the last error
+// is part of the failure message. True ends the wait even with an error.
 // It returns as soon as the test's context is done.
 func (c *Cluster) WaitFor(t testing.TB, timeout time.Duration, desc string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
-	if err := Poll(t.Context(), timeout, cond); err != nil {
+	if err := testenv.Poll(t.Context(), timeout, PollInterval, cond); err != nil {
 		t.Fatalf("waiting for %s: %v", desc, err)
-	}
-}
-
-// Poll is WaitFor without a test: it returns nil when cond held, or an error naming the timeout and the
-// last error cond returned.
-func Poll(ctx context.Context, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(PollInterval)
-	defer tick.Stop()
-	start := time.Now()
-	var last error
-	for {
-		// A condition that holds is success, whatever else it says: the error only explains a "not yet".
-		ok, err := cond(ctx)
-		if ok {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("gave up after %s: %w (last error: %v)", time.Since(start).Round(time.Millisecond), ctx.Err(), last)
-			}
-			return fmt.Errorf("gave up after %s: %w", time.Since(start).Round(time.Millisecond), ctx.Err())
-		case <-tick.C:
-		}
 	}
 }
 

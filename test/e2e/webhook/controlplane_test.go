@@ -15,9 +15,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/elastic-training/elastic-training/internal/testcert"
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 type controlPlane struct {
@@ -64,15 +63,6 @@ func binDir() (string, error) {
 	return "", fmt.Errorf("etcd, kube-apiserver and kube-controller-manager not found in any of %s: build them with the cluster harness (make cluster-build) or set ET_KUBE_BIN", strings.Join(dirs, ", "))
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func startControlPlane() (cp *controlPlane, err error) {
 	bin, err := binDir()
 	if err != nil {
@@ -90,7 +80,7 @@ func startControlPlane() (cp *controlPlane, err error) {
 	}()
 	ports := make([]int, 3)
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = testenv.PickFreePort(); err != nil {
 			return cp, err
 		}
 	}
@@ -214,23 +204,17 @@ func waitReady(host, token string, ca []byte, timeout time.Duration) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 5 * time.Second}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var last error = errors.New("not ready")
-	for ctx.Err() == nil {
+	return testenv.Poll(context.Background(), timeout, 250*time.Millisecond, func(ctx context.Context) (bool, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, host+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := c.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Errorf("readyz: %s", resp.Status)
-		} else {
-			last = err
+		if err != nil {
+			return false, err
 		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	return fmt.Errorf("not ready after %s: %w", timeout, last)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("readyz: %s", resp.Status)
+		}
+		return true, nil
+	})
 }

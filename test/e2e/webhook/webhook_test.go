@@ -26,15 +26,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 	"github.com/elastic-training/elastic-training/internal/webhook"
-	"github.com/elastic-training/elastic-training/internal/webhookchart"
 )
 
 const webhookNS = "elastic-training-system"
@@ -76,11 +76,10 @@ type server struct {
 // chart's generated serving certificate where the webhook reads it, starts the
 // webhook and registers the chart's MutatingWebhookConfiguration.
 func startWebhook(t *testing.T) *server {
-	port, err := freePort()
-	require.NoError(t, err)
-	r, err := webhookchart.Render("elastic-training-webhook", webhookNS, map[string]any{
+	port := testenv.FreePort(t)
+	r, err := chartrender.RenderDir(chartrender.Dir("elastic-training-webhook"), map[string]any{
 		"webhook": map[string]any{"url": fmt.Sprintf("https://127.0.0.1:%d%s", port, webhook.PathMutatePods), "timeoutSeconds": 10},
-	})
+	}, chartrender.Options{Release: "elastic-training-webhook", Namespace: webhookNS})
 	require.NoError(t, err)
 	secret := r.Find("Secret", "elastic-training-webhook-tls")
 	require.NotNil(t, secret)
@@ -90,8 +89,7 @@ func startWebhook(t *testing.T) *server {
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(certDir, k), b, 0o600))
 	}
-	hport, err := freePort()
-	require.NoError(t, err)
+	hport := testenv.FreePort(t)
 	cfg := mutate.DefaultConfig()
 	cfg.SidecarImage = "local/rdzv-sidecar:dev"
 	cfg.WebhookNamespace = webhookNS
@@ -126,7 +124,7 @@ func namespace(t *testing.T, c kubernetes.Interface, name string) string {
 	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	// Pods need the default ServiceAccount, which the controller manager creates.
-	require.NoError(t, wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+	require.NoError(t, testenv.Poll(ctx, 60*time.Second, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		_, err := c.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	}), "no default ServiceAccount in %s", name)
@@ -176,7 +174,7 @@ func envOf(c *corev1.Container, name string) string {
 
 func waitPods(t *testing.T, c kubernetes.Interface, ns, selector string, n int) []corev1.Pod {
 	var pods []corev1.Pod
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := testenv.Poll(context.Background(), 60*time.Second, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
 		l, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, nil

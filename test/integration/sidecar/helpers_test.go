@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -90,25 +91,10 @@ func (s *server) restart(t *testing.T) {
 	s.start(t)
 }
 
+// waitReady waits until p's /readyz on health answers 200.
 func waitReady(t *testing.T, p *testenv.Proc, health string) {
 	t.Helper()
-	testenv.Eventually(t, 60*time.Second, p.Name+" /readyz", func() error {
-		select {
-		case <-p.Done():
-			t.Fatalf("%s exited: %v\n%s", p.Name, p.Err(), p.Output())
-		default:
-		}
-		resp, err := http.Get("http://" + health + "/readyz")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("%d %s", resp.StatusCode, b)
-		}
-		return nil
-	})
+	testenv.WaitHTTP(t, p, "http://"+health+"/readyz", http.StatusOK, 60*time.Second)
 }
 
 func startJoin(t *testing.T, endpoint, host string, slots int, filesDir string, extra ...string) *testenv.Proc {
@@ -206,6 +192,19 @@ func (tr trainer) startAgent(t *testing.T, name string, env []string, args ...st
 }
 
 var resultRe = regexp.MustCompile(`RESULT rank=(\d+) world=(\d+) sum=(\d+)`)
+
+// requireTwoWorkerResults waits for each agent to exit 0 and checks its worker's RESULT line: a world of 2 whose
+// all_reduce summed to 2.
+func requireTwoWorkerResults(t *testing.T, agents ...*testenv.Proc) {
+	t.Helper()
+	for _, p := range agents {
+		require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
+		m := resultRe.FindStringSubmatch(p.Output())
+		require.NotNil(t, m, "no RESULT line from %s:\n%s", p.Name, p.Output())
+		require.Equal(t, "2", m[2], "world size")
+		require.Equal(t, "2", m[3], "all_reduce sum")
+	}
+}
 
 // worldSizes lists the world sizes an agent's workers reported, in order.
 func worldSizes(out string) []string {

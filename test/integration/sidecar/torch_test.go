@@ -29,13 +29,7 @@ func TestTorchrunTwoAgents(t *testing.T) {
 			script := trainScript(t)
 			a := tr.startAgent(t, "agent-0", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
 			b := tr.startAgent(t, "agent-1", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
-			for _, p := range []*testenv.Proc{a, b} {
-				require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
-				m := resultRe.FindStringSubmatch(p.Output())
-				require.NotNil(t, m, "no RESULT line from %s:\n%s", p.Name, p.Output())
-				require.Equal(t, "2", m[2], "world size")
-				require.Equal(t, "2", m[3], "all_reduce sum")
-			}
+			requireTwoWorkerResults(t, a, b)
 			testenv.Eventually(t, 5*time.Second, "a round log line", func() error {
 				if !strings.Contains(s.Output(), "torch rendezvous round") || !strings.Contains(s.Output(), "run_id=two-"+backend) {
 					return fmt.Errorf("no round line in serve's log")

@@ -143,13 +143,7 @@ func TestWebhookTLSWiring(t *testing.T) {
 			script := trainScript(t)
 			a := tr.startAgent(t, "agent-serving-pod", agentEnv(serveEnv), script)
 			b := tr.startAgent(t, "agent-member-pod", agentEnv(joinEnv), script)
-			for _, p := range []*testenv.Proc{a, b} {
-				require.NoError(t, p.Wait(t, 180*time.Second), "%s failed:\n%s", p.Name, p.Output())
-				m := resultRe.FindStringSubmatch(p.Output())
-				require.NotNil(t, m, "no RESULT line from %s:\n%s", p.Name, p.Output())
-				require.Equal(t, "2", m[2], "world size")
-				require.Equal(t, "2", m[3], "all_reduce sum")
-			}
+			requireTwoWorkerResults(t, a, b)
 			testenv.Eventually(t, 5*time.Second, "the round in serve's log", func() error {
 				if !strings.Contains(s.Output(), "run_id="+runID) {
 					return fmt.Errorf("no round for %s in serve's log", runID)

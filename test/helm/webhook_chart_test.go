@@ -1,4 +1,7 @@
-package webhookchart
+package helm_test
+
+// The webhook add-on's chart, charts/elastic-training-webhook, rendered client-side (chartrender) as release
+// elastic-training-webhook in namespace elastic-training-system.
 
 import (
 	"crypto/x509"
@@ -13,13 +16,29 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
-const ns = "elastic-training-system"
+const (
+	webhookChartDir = "../../charts/elastic-training-webhook"
+	webhookRelease  = "elastic-training-webhook"
+	webhookNS       = "elastic-training-system"
+)
 
-func render(t *testing.T, values map[string]any) *Rendered {
+// renderWebhookChart renders the webhook chart as an install or, given the objects an earlier revision left in the
+// cluster (cluster not nil), as an upgrade: the chart's lookup calls see them (this is how the generated CA is kept).
+func renderWebhookChart(values map[string]any, cluster []map[string]any) (*chartrender.Rendered, error) {
+	o := chartrender.Options{Release: webhookRelease, Namespace: webhookNS, Cluster: cluster}
+	if cluster != nil {
+		o.Revision = 2
+	}
+	return chartrender.RenderDir(webhookChartDir, values, o)
+}
+
+func renderWebhook(t *testing.T, values map[string]any) *chartrender.Rendered {
 	t.Helper()
-	r, err := Render("elastic-training-webhook", ns, values)
+	r, err := renderWebhookChart(values, nil)
 	require.NoError(t, err)
 	return r
 }
@@ -43,8 +62,8 @@ func cert(t *testing.T, b64 string) *x509.Certificate {
 	return c
 }
 
-func TestDefaults(t *testing.T) {
-	r := render(t, nil)
+func TestWebhookChartDefaults(t *testing.T) {
+	r := renderWebhook(t, nil)
 	name := "elastic-training-webhook"
 
 	dep := convert[appsv1.Deployment](t, r.Find("Deployment", name))
@@ -53,7 +72,7 @@ func TestDefaults(t *testing.T) {
 	assert.False(t, *pod.AutomountServiceAccountToken, "the webhook needs no API access")
 	assert.Len(t, pod.TopologySpreadConstraints, 2)
 	c := pod.Containers[0]
-	assert.Contains(t, c.Args, "--webhook-namespace="+ns)
+	assert.Contains(t, c.Args, "--webhook-namespace="+webhookNS)
 	assert.Contains(t, c.Args, "--sidecar-image=ghcr.io/elastic-training/rdzv-sidecar:0.1.0")
 	assert.Contains(t, c.Args, "--default-last-call-timeout=2")
 	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
@@ -76,7 +95,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, wh.Rules[0].Operations)
 	assert.Equal(t, []string{"pods"}, wh.Rules[0].Resources)
 	assert.Equal(t, "elastic-training.io/job", wh.ObjectSelector.MatchExpressions[0].Key)
-	assert.Equal(t, []string{"kube-system", ns}, wh.NamespaceSelector.MatchExpressions[0].Values)
+	assert.Equal(t, []string{"kube-system", webhookNS}, wh.NamespaceSelector.MatchExpressions[0].Values)
 	require.NotNil(t, wh.ClientConfig.Service)
 	assert.Equal(t, "/mutate-pods", *wh.ClientConfig.Service.Path)
 
@@ -88,14 +107,14 @@ func TestDefaults(t *testing.T) {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert(t, data["ca.crt"].(string)))
 	_, err := cert(t, data["tls.crt"].(string)).Verify(x509.VerifyOptions{
-		DNSName: name + "." + ns + ".svc", Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSName: name + "." + webhookNS + ".svc", Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
 	require.NoError(t, err)
 	assert.Contains(t, r.Notes, "rollout status deploy/"+name)
 }
 
-func TestURLMode(t *testing.T) {
-	r := render(t, map[string]any{"webhook": map[string]any{"url": "https://127.0.0.1:30443/mutate-pods", "failurePolicy": "Ignore", "timeoutSeconds": 10, "reinvocationPolicy": "IfNeeded"}})
+func TestWebhookChartURLMode(t *testing.T) {
+	r := renderWebhook(t, map[string]any{"webhook": map[string]any{"url": "https://127.0.0.1:30443/mutate-pods", "failurePolicy": "Ignore", "timeoutSeconds": 10, "reinvocationPolicy": "IfNeeded"}})
 	mwc := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, r.Find("MutatingWebhookConfiguration", ""))
 	wh := mwc.Webhooks[0]
 	assert.Equal(t, "https://127.0.0.1:30443/mutate-pods", *wh.ClientConfig.URL)
@@ -109,24 +128,24 @@ func TestURLMode(t *testing.T) {
 	assert.Equal(t, "127.0.0.1", c.IPAddresses[0].String())
 }
 
-func TestCertManager(t *testing.T) {
-	r := render(t, map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true}}})
+func TestWebhookChartCertManager(t *testing.T) {
+	r := renderWebhook(t, map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true}}})
 	assert.Nil(t, r.Find("Secret", ""), "cert-manager writes the Secret")
 	require.NotNil(t, r.Find("Certificate", "elastic-training-webhook"))
 	require.NotNil(t, r.Find("Issuer", "elastic-training-webhook-ca"))
 	mwc := r.Find("MutatingWebhookConfiguration", "")
-	assert.Equal(t, ns+"/elastic-training-webhook", mwc.GetAnnotations()["cert-manager.io/inject-ca-from"])
+	assert.Equal(t, webhookNS+"/elastic-training-webhook", mwc.GetAnnotations()["cert-manager.io/inject-ca-from"])
 	wh := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, mwc).Webhooks[0]
 	assert.Empty(t, wh.ClientConfig.CABundle)
 
-	r = render(t, map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}}}})
+	r = renderWebhook(t, map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}}}})
 	assert.Nil(t, r.Find("Issuer", ""), "a given issuer is used as is")
 	crt := r.Find("Certificate", "elastic-training-webhook")
 	assert.Equal(t, "corp-ca", crt.Object["spec"].(map[string]any)["issuerRef"].(map[string]any)["name"])
 }
 
-func TestValuesFlowIntoFlags(t *testing.T) {
-	r := render(t, map[string]any{
+func TestWebhookChartValuesFlowIntoFlags(t *testing.T) {
+	r := renderWebhook(t, map[string]any{
 		"extraAccelerators": []any{"example.com/tpu", "xilinx.com/fpga"},
 		"defaults":          map[string]any{"rdzvBackend": "c10d", "mpiFlavour": "mpich"},
 		"webhook":           map[string]any{"excludeNamespaces": []any{"monitoring"}},
@@ -142,7 +161,7 @@ func TestValuesFlowIntoFlags(t *testing.T) {
 	assert.Contains(t, wh.NamespaceSelector.MatchExpressions[0].Values, "monitoring")
 }
 
-func TestSchemaRejects(t *testing.T) {
+func TestWebhookChartSchemaRejects(t *testing.T) {
 	cases := map[string]struct {
 		values map[string]any
 		want   string
@@ -160,21 +179,21 @@ func TestSchemaRejects(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := Render("elastic-training-webhook", ns, tc.values)
+			_, err := renderWebhookChart(tc.values, nil)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
 }
 
-func TestCAKeptAcrossUpgrades(t *testing.T) {
-	first := render(t, nil)
+func TestWebhookChartCAKeptAcrossUpgrades(t *testing.T) {
+	first := renderWebhook(t, nil)
 	secret := first.Find("Secret", "elastic-training-webhook-tls")
 	require.NotNil(t, secret)
-	again := render(t, nil)
+	again := renderWebhook(t, nil)
 	assert.NotEqual(t, secret.Object["data"], again.Find("Secret", "").Object["data"], "a fresh install generates a new CA")
 
-	up, err := RenderUpgrade("elastic-training-webhook", ns, map[string]any{"replicaCount": 3}, []*unstructured.Unstructured{secret})
+	up, err := renderWebhookChart(map[string]any{"replicaCount": 3}, []map[string]any{secret.Object})
 	require.NoError(t, err)
 	assert.Equal(t, secret.Object["data"], up.Find("Secret", "").Object["data"], "an upgrade keeps the CA and certificate")
 	wh := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, up.Find("MutatingWebhookConfiguration", "")).Webhooks[0]

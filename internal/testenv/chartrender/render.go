@@ -1,0 +1,214 @@
+// Package chartrender renders this repository's Helm charts client-side, as
+// `helm install` and `helm upgrade` would but without a cluster, for the
+// charts' tests (test/helm) and for tests that register what a chart renders
+// with a real API server (test/e2e/webhook): the Helm SDK's chart loader,
+// chartutil.ToRenderValuesWithSchemaValidation (values.schema.json applied)
+// and engine.RenderWithClientProvider, with the chart's lookup calls answered
+// from a list of objects. Real installs against a cluster are
+// test/e2e/framework's (HelmInstall).
+package chartrender
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/releaseutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// KubeVersion is the Kubernetes version charts are rendered for: the test
+// cluster's (the charts ask for >=1.29).
+var KubeVersion = chartutil.KubeVersion{Version: "v1.36.3", Major: "1", Minor: "36"}
+
+// Dir is the directory of charts/<name> in this checkout.
+func Dir(name string) string {
+	return filepath.Join(testenv.RepoRoot(), "charts", name)
+}
+
+// Options says which release and revision a chart is rendered as.
+type Options struct {
+	Release, Namespace string
+	// Revision 0 or 1 renders an install, 2 and up an upgrade (.Release.IsUpgrade).
+	Revision int
+	// Cluster holds the objects the chart's lookup calls find: what an earlier revision left in the cluster.
+	Cluster []map[string]any
+}
+
+// Object is one rendered manifest.
+type Object struct {
+	Source string // the template it came from, e.g. elastic-training/templates/workloads.yaml
+	Kind   string
+	Name   string
+	YAML   string // the document as rendered, trimmed
+	Obj    map[string]any
+}
+
+// Key is Kind/Name.
+func (o Object) Key() string { return o.Kind + "/" + o.Name }
+
+// Unstructured is the object as unstructured (sharing its map).
+func (o Object) Unstructured() *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: o.Obj}
+}
+
+// Rendered is the output of one render.
+type Rendered struct {
+	// Objects are sorted by template file, then in document order.
+	Objects []Object
+	// Notes is the rendered NOTES.txt.
+	Notes string
+}
+
+// Find returns the first object of kind named name (of any name when name is
+// ""), or nil.
+func (r *Rendered) Find(kind, name string) *unstructured.Unstructured {
+	for _, o := range r.Objects {
+		if o.Kind == kind && (name == "" || o.Name == name) {
+			return o.Unstructured()
+		}
+	}
+	return nil
+}
+
+// Cluster is what the cluster holds after this revision is applied in
+// namespace: copies of the objects with their namespace set, for the next
+// revision's Options.Cluster.
+func (r *Rendered) Cluster(namespace string) []map[string]any {
+	out := make([]map[string]any, 0, len(r.Objects))
+	for _, o := range r.Objects {
+		u := o.Unstructured().DeepCopy()
+		u.SetNamespace(namespace)
+		out = append(out, u.Object)
+	}
+	return out
+}
+
+// RenderDir loads the chart in dir and renders it (Render).
+func RenderDir(dir string, values map[string]any, o Options) (*Rendered, error) {
+	ch, err := loader.Load(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load chart: %w", err)
+	}
+	return Render(ch, values, o)
+}
+
+// Render renders ch with the user-supplied values as `helm install` (or
+// `helm upgrade`, from revision 2) would, values validated against the chart's
+// values.schema.json, for KubeVersion. Template errors and schema violations
+// are returned as Helm reports them.
+func Render(ch *chart.Chart, values map[string]any, o Options) (*Rendered, error) {
+	if o.Revision == 0 {
+		o.Revision = 1
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = KubeVersion
+	rv, err := chartutil.ToRenderValuesWithSchemaValidation(ch, values, chartutil.ReleaseOptions{
+		Name: o.Release, Namespace: o.Namespace, Revision: o.Revision,
+		IsInstall: o.Revision == 1, IsUpgrade: o.Revision > 1,
+	}, caps, false)
+	if err != nil {
+		return nil, err
+	}
+	files, err := engine.RenderWithClientProvider(ch, rv, clusterProvider{objs: o.Cluster})
+	if err != nil {
+		return nil, err
+	}
+	out := &Rendered{}
+	names := make([]string, 0, len(files))
+	for name, content := range files {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			out.Notes = content
+			continue
+		}
+		if strings.TrimSpace(content) != "" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		objs, err := split(n, files[n])
+		if err != nil {
+			return nil, err
+		}
+		out.Objects = append(out.Objects, objs...)
+	}
+	return out, nil
+}
+
+// split splits one template's output into its objects, in document order.
+func split(source, content string) ([]Object, error) {
+	docs := releaseutil.SplitManifests(content)
+	keys := make([]string, 0, len(docs))
+	for k := range docs {
+		keys = append(keys, k)
+	}
+	sort.Sort(releaseutil.BySplitManifestsOrder(keys))
+	var out []Object
+	for _, k := range keys {
+		doc := strings.TrimSpace(docs[k])
+		if doc == "" {
+			continue
+		}
+		var m map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+			return nil, fmt.Errorf("%s: invalid YAML: %v\n%s", source, err, doc)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		kind, _ := m["kind"].(string)
+		meta, _ := m["metadata"].(map[string]any)
+		name, _ := meta["name"].(string)
+		out = append(out, Object{Source: source, Kind: kind, Name: name, YAML: doc, Obj: m})
+	}
+	return out, nil
+}
+
+// clusterProvider answers the chart's lookup calls from a list of objects, as
+// a cluster holding them would.
+type clusterProvider struct{ objs []map[string]any }
+
+func (p clusterProvider) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableResourceInterface, bool, error) {
+	return &fakeResource{objs: p.objs, apiVersion: apiVersion, kind: kind}, true, nil
+}
+
+// fakeResource implements the two calls a lookup by name makes; any other
+// call panics (nil embedded interface). An object without a namespace is
+// found in every namespace.
+type fakeResource struct {
+	dynamic.NamespaceableResourceInterface
+	objs             []map[string]any
+	apiVersion, kind string
+	namespace        string
+}
+
+func (r *fakeResource) Namespace(ns string) dynamic.ResourceInterface {
+	c := *r
+	c.namespace = ns
+	return &c
+}
+
+func (r *fakeResource) Get(_ context.Context, name string, _ metav1.GetOptions, _ ...string) (*unstructured.Unstructured, error) {
+	for _, o := range r.objs {
+		u := unstructured.Unstructured{Object: o}
+		if u.GetAPIVersion() == r.apiVersion && u.GetKind() == r.kind && u.GetName() == name &&
+			(r.namespace == "" || u.GetNamespace() == "" || u.GetNamespace() == r.namespace) {
+			return u.DeepCopy(), nil
+		}
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: strings.ToLower(r.kind) + "s"}, name)
+}
