@@ -1,0 +1,346 @@
+package tcpstore
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+)
+
+// store is the state every connection shares: the keys, the queues and the
+// clients waiting for keys, under one mutex. Replies are queued on the
+// connection (conn.put*) under the same mutex, so that a STOP_WAITING that
+// another client's SET causes goes out in the order torch's single-threaded
+// server would send it: before any reply to a request that came after it.
+//
+// Values are never modified once stored (APPEND may extend one in place,
+// past the end other slices of it see), so replies hold them by reference.
+type store struct {
+	mu      sync.Mutex
+	kv      map[string][]byte
+	queues  map[string][][]byte
+	waiting map[string][]*waiter // key -> clients waiting for it, in arrival order
+	m       *metrics
+	lim     Limits
+
+	// kicks are connections that a wake gave a STOP_WAITING to write and
+	// that have no flush running: the caller starts one after unlocking.
+	kicks []*conn
+}
+
+// waiter is one client's pending WAIT or BARRIER: it is listed under each of
+// keys (a key named twice is listed twice), and answered when left reaches 0.
+type waiter struct {
+	c    *conn
+	keys []string
+	left int
+}
+
+var (
+	errNotNumber  = errors.New("the value is not a decimal integer")
+	errValueLimit = errors.New("APPEND would make the value longer than the limit")
+)
+
+func newStore(m *metrics, lim Limits) *store {
+	return &store{kv: map[string][]byte{}, queues: map[string][][]byte{}, waiting: map[string][]*waiter{}, m: m, lim: lim}
+}
+
+// do serves q for c: it changes the store, queues c's reply and wakes
+// waiters. It returns the connections to kick (see kicks), whether c has
+// reply bytes queued, and an error that means c is to be closed, as torch's
+// server closes it.
+func (s *store) do(c *conn, q *Request) (kicks []*conn, pending bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err = s.apply(c, q)
+	kicks, s.kicks = s.kicks, nil
+	return kicks, len(c.tail) > 0 || len(c.parts) > 0, err
+}
+
+func (s *store) apply(c *conn, q *Request) error {
+	switch q.Op {
+	case OpPing:
+		c.putU32(q.Nonce)
+	case OpSet:
+		s.set(q.Key, q.Value)
+	case OpMultiSet:
+		for i, k := range q.Keys {
+			s.set(k, q.Values[i])
+		}
+	case OpCompareSet:
+		cur, ok := s.kv[q.Key]
+		switch {
+		case !ok && len(q.Expected) == 0:
+			s.set(q.Key, q.Value)
+			c.putBytes(q.Value)
+		case !ok:
+			// Torch answers the expected value for a missing key (its
+			// source calls this "lying to the caller") and stores nothing.
+			c.putBytes(q.Expected)
+		case string(cur) == string(q.Expected):
+			s.set(q.Key, q.Value)
+			c.putBytes(q.Value)
+		default:
+			c.putBytes(cur)
+		}
+	case OpGet:
+		// A missing key (clients WAIT first, so only a raw client or a
+		// DELETE_KEY in between gets here) is answered with an empty value,
+		// as torch's libuv server does; its classic server closes the
+		// connection.
+		c.putBytes(s.kv[q.Key])
+	case OpMultiGet:
+		for _, k := range q.Keys {
+			c.putBytes(s.kv[k])
+		}
+	case OpAdd:
+		n := q.Delta
+		if cur, ok := s.kv[q.Key]; ok {
+			v, err := parseInt(cur)
+			if err != nil {
+				return err
+			}
+			n += v
+		}
+		s.set(q.Key, strconv.AppendInt(nil, n, 10))
+		c.putI64(n)
+	case OpAppend:
+		cur := s.kv[q.Key]
+		if len(cur)+len(q.Value) > s.lim.MaxValueLen {
+			return errValueLimit
+		}
+		s.set(q.Key, append(cur, q.Value...))
+	case OpCheck:
+		if s.present(q.Keys) {
+			c.putByte(checkReady)
+		} else {
+			c.putByte(checkNotReady)
+		}
+	case OpWait:
+		if s.present(q.Keys) {
+			c.putByte(stopWaiting)
+		} else {
+			s.wait(c, q.Keys)
+		}
+	case OpCancelWait:
+		// Always answered, pending wait or not: the client reads this byte
+		// after any STOP_WAITING that was already on its way.
+		s.cancel(c)
+		c.putByte(waitCanceled)
+	case OpGetNumKeys:
+		c.putI64(int64(len(s.kv)))
+	case OpDeleteKey:
+		_, ok := s.kv[q.Key]
+		delete(s.kv, q.Key)
+		s.m.keys.Set(float64(len(s.kv)))
+		c.putI64(b2i(ok))
+	case OpListKeys:
+		keys := make([]string, 0, len(s.kv))
+		for k := range s.kv {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		c.putI64(int64(len(keys)))
+		for _, k := range keys {
+			c.putString(k)
+		}
+	case OpQueuePush:
+		s.queues[q.Key] = append(s.queues[q.Key], q.Value)
+		s.wakeOne(q.Key)
+	case OpQueuePop:
+		qu := s.queues[q.Key]
+		c.putI64(int64(len(qu)))
+		if len(qu) > 0 {
+			c.putBytes(qu[0])
+			qu[0] = nil
+			if qu = qu[1:]; len(qu) == 0 {
+				delete(s.queues, q.Key)
+			} else {
+				s.queues[q.Key] = qu
+			}
+		}
+	case OpQueueLen:
+		c.putI64(int64(len(s.queues[q.Key])))
+	case OpBarrier:
+		n := int64(1)
+		if cur, ok := s.kv[q.Key]; ok {
+			v, err := parseInt(cur)
+			if err != nil {
+				return err
+			}
+			n = v + 1
+		}
+		// The counter is an ordinary key, and never reset. Torch's servers
+		// store it without waking anyone until the last one arrives.
+		s.kv[q.Key] = strconv.AppendInt(nil, n, 10)
+		s.m.keys.Set(float64(len(s.kv)))
+		if n >= q.WorldSize {
+			s.wakeAll(q.Key)
+			c.putByte(stopWaiting)
+		} else {
+			s.register(c, []string{q.Key})
+		}
+	}
+	return nil
+}
+
+// set stores value under key and wakes everyone waiting for it.
+func (s *store) set(key string, value []byte) {
+	s.kv[key] = value
+	s.m.keys.Set(float64(len(s.kv)))
+	s.wakeAll(key)
+}
+
+// present reports whether every key exists: as a key, or as a queue that is
+// not empty (torch's libuv server counts those too).
+func (s *store) present(keys []string) bool {
+	for _, k := range keys {
+		if !s.has(k) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *store) has(k string) bool {
+	_, ok := s.kv[k]
+	return ok || len(s.queues[k]) > 0
+}
+
+// wait registers c as waiting for the keys that are missing.
+func (s *store) wait(c *conn, keys []string) {
+	var missing []string
+	for _, k := range keys {
+		if !s.has(k) {
+			missing = append(missing, k)
+		}
+	}
+	s.register(c, missing)
+}
+
+// register makes keys c's one pending wait. Torch clients never have two (a
+// store lock is held from WAIT until its answer); a second replaces the
+// first, which then gets no answer.
+func (s *store) register(c *conn, keys []string) {
+	s.cancel(c)
+	w := &waiter{c: c, keys: keys, left: len(keys)}
+	for _, k := range keys {
+		s.waiting[k] = append(s.waiting[k], w)
+	}
+	c.wait = w
+	s.m.waiters.Inc()
+}
+
+// cancel drops c's pending wait, if any, without answering it.
+func (s *store) cancel(c *conn) {
+	w := c.wait
+	if w == nil {
+		return
+	}
+	for _, k := range w.keys {
+		ws := slices.DeleteFunc(s.waiting[k], func(x *waiter) bool { return x == w })
+		if len(ws) == 0 {
+			delete(s.waiting, k)
+		} else {
+			s.waiting[k] = ws
+		}
+	}
+	c.wait = nil
+	s.m.waiters.Dec()
+}
+
+// wakeAll counts key as arrived for everyone waiting for it.
+func (s *store) wakeAll(key string) {
+	ws, ok := s.waiting[key]
+	if !ok {
+		return
+	}
+	delete(s.waiting, key)
+	for _, w := range ws {
+		if w.left--; w.left == 0 {
+			s.answer(w)
+		}
+	}
+}
+
+// wakeOne counts key as arrived for its waiters in order until one of them
+// has all its keys (QUEUE_PUSH: one element, one client woken, as torch's
+// libuv server does).
+func (s *store) wakeOne(key string) {
+	ws := s.waiting[key]
+	for i, w := range ws {
+		if w.left--; w.left == 0 {
+			ws = ws[i+1:]
+			if len(ws) == 0 {
+				delete(s.waiting, key)
+			} else {
+				s.waiting[key] = ws
+			}
+			s.answer(w)
+			return
+		}
+	}
+	delete(s.waiting, key)
+}
+
+// answer sends w's client STOP_WAITING: every registration of w is gone.
+func (s *store) answer(w *waiter) {
+	c := w.c
+	c.wait = nil
+	s.m.waiters.Dec()
+	c.putByte(stopWaiting)
+	if !c.flushing {
+		c.flushing = true
+		s.kicks = append(s.kicks, c)
+	}
+}
+
+// drop forgets c: its pending wait goes, and no flush starts for it again.
+func (s *store) drop(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancel(c)
+	c.flushing = true
+	c.parts, c.tail = nil, nil
+}
+
+// parseInt reads a stored counter as torch does (std::stoll): leading
+// white space, an optional sign, at least one decimal digit, and nothing
+// that follows counts; an empty, non-numeric or out-of-range value is an
+// error.
+func parseInt(b []byte) (int64, error) {
+	i := 0
+	for i < len(b) && (b[i] == ' ' || (b[i] >= '\t' && b[i] <= '\r')) {
+		i++
+	}
+	neg := false
+	if i < len(b) && (b[i] == '+' || b[i] == '-') {
+		neg = b[i] == '-'
+		i++
+	}
+	start := i
+	var u uint64
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		d := uint64(b[i] - '0')
+		if u > (1<<63-d)/10 { // u*10+d would pass 1<<63, beyond every int64
+			return 0, errNotNumber
+		}
+		u = u*10 + d
+	}
+	switch {
+	case i == start:
+		return 0, errNotNumber
+	case neg:
+		return -int64(u), nil // -(1<<63) wraps to itself: math.MinInt64
+	case u > 1<<63-1:
+		return 0, errNotNumber
+	}
+	return int64(u), nil
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}

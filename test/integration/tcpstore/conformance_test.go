@@ -1,0 +1,224 @@
+// Package tcpstore_test checks internal/tcpstore against torch's own
+// TCPStore client and server: torch 2.14 (Debian forky) and 2.6 (trixie),
+// from the trainer root filesystems (testenv.Rootfs; the tests need root).
+// One scenario (testdata/scenario.py) runs against torch's server and
+// against ours, and every result must be the same, but for the differences
+// knownDifferences lists.
+package tcpstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// knownDifferences are the scenario's results where our server answers
+// differently from torch's classic server, on purpose: key -> (torch's, ours).
+var knownDifferences = map[string]struct{ torch, ours any }{
+	// The classic server does not wake waiters when COMPARE_SET creates a key;
+	// torch's libuv server (the default of pip builds since 2.4) and ours do.
+	"wait woken by compare_set creating the key": {
+		torch: map[string]any{"error": "DistStoreError", "msg": "wait timeout after 3000ms, keys: /w-cs"},
+		ours:  nil,
+	},
+}
+
+func TestConformance(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		root := testenv.Rootfs(t, suite)
+		version := testenv.TorchVersion(t, root)
+		t.Run("torch-"+testenv.ShortVersion(version), func(t *testing.T) {
+			testConformance(t, root, version)
+		})
+	}
+}
+
+func testConformance(t *testing.T, root, version string) {
+	torchAddr := startTorchServer(t, root)
+	ours := startOurServer(t)
+
+	// The two runs are independent: run them at once.
+	var (
+		wg                   sync.WaitGroup
+		torchRes, oursRes    map[string]any
+		torchOut, oursOutput string
+	)
+	wg.Go(func() { torchRes, torchOut = runScenario(t, root, "scenario-torch", torchAddr) })
+	wg.Go(func() { oursRes, oursOutput = runScenario(t, root, "scenario-ours", ours.addr) })
+	wg.Wait()
+	if torchRes == nil || oursRes == nil {
+		t.Fatalf("a scenario gave no result\ntorch's server:\n%s\nours:\n%s\nour server's log:\n%s",
+			torchOut, oursOutput, ours.log.String())
+	}
+	t.Logf("torch %s: %d results compared", version, len(torchRes))
+
+	for key, want := range knownDifferences {
+		if d := cmp.Diff(want.torch, torchRes[key]); d != "" {
+			t.Errorf("%q from torch's server, a known difference, changed (-want +got):\n%s", key, d)
+		}
+		if d := cmp.Diff(want.ours, oursRes[key]); d != "" {
+			t.Errorf("%q from our server (-want +got):\n%s", key, d)
+		}
+		delete(torchRes, key)
+		delete(oursRes, key)
+	}
+	if d := cmp.Diff(torchRes, oursRes); d != "" {
+		t.Errorf("results differ (-torch's server +ours):\n%s\nour server's log:\n%s", d, ours.log.String())
+	}
+
+	// The scenario reached every message type the client sends.
+	want := []string{"VALIDATE", "PING", "SET", "COMPARE_SET", "GET", "ADD", "CHECK", "WAIT", "GETNUMKEYS",
+		"DELETE_KEY", "APPEND", "MULTI_GET", "MULTI_SET", "CANCEL_WAIT"}
+	if strings.HasPrefix(version, "2.14") {
+		want = append(want, "LIST_KEYS", "BARRIER")
+	}
+	ops := ours.ops(t)
+	for _, op := range want {
+		if ops[op] == 0 {
+			t.Errorf("the scenario sent no %s (ops served: %v)", op, ops)
+		}
+	}
+	t.Logf("requests our server served: %v", ops)
+}
+
+// startTorchServer runs torch's TCPStore server (use_libuv=False) in root
+// and returns its address once it listens.
+func startTorchServer(t *testing.T, root string) string {
+	t.Helper()
+	port := testenv.FreePort(t)
+	cmd := testenv.InRootfs(root, "/usr/bin/python3", testdata(t, "torch_server.py"), fmt.Sprint(port))
+	cmd.Env = testenv.TorchEnv()
+	p := testenv.Start(t, "torch-server", cmd)
+	testenv.Eventually(t, 2*time.Minute, "torch's server to listen", func() error {
+		select {
+		case <-p.Done():
+			t.Fatalf("torch's server exited: %v\n%s", p.Err(), p.Output())
+		default:
+		}
+		if !strings.Contains(p.Output(), "READY") {
+			return fmt.Errorf("not ready yet")
+		}
+		return nil
+	})
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+type ourServer struct {
+	addr string
+	reg  *prometheus.Registry
+	log  *syncBuffer
+}
+
+func startOurServer(t *testing.T) *ourServer {
+	t.Helper()
+	s := &ourServer{reg: prometheus.NewRegistry(), log: &syncBuffer{}}
+	srv, err := tcpstore.New(tcpstore.Config{
+		Log:     slog.New(slog.NewTextHandler(s.log, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Metrics: s.reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = l.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s
+}
+
+// ops is how many requests of each type the server served.
+func (s *ourServer) ops(t *testing.T) map[string]int {
+	t.Helper()
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, mf := range mfs {
+		if mf.GetName() != "rdzv_sidecar_tcpstore_ops_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if n := int(m.GetCounter().GetValue()); n > 0 {
+				out[m.GetLabel()[0].GetValue()] = n
+			}
+		}
+	}
+	return out
+}
+
+// runScenario runs testdata/scenario.py against addr and returns its
+// results (nil if it printed none) and its output.
+func runScenario(t *testing.T, root, name, addr string) (map[string]any, string) {
+	host, port, _ := net.SplitHostPort(addr)
+	cmd := testenv.InRootfs(root, "/usr/bin/python3", testdata(t, "scenario.py"), host, port)
+	cmd.Env = testenv.TorchEnv()
+	p := testenv.Start(t, name, cmd)
+	select {
+	case <-p.Done():
+	case <-time.After(5 * time.Minute):
+		p.Kill()
+		<-p.Done()
+		return nil, p.Output() + "\n(killed after 5 minutes)"
+	}
+	out := p.Output()
+	for line := range strings.Lines(out) {
+		if rest, ok := strings.CutPrefix(line, "RESULT "); ok {
+			var res map[string]any
+			if err := json.Unmarshal([]byte(rest), &res); err != nil {
+				return nil, fmt.Sprintf("%s\n(bad RESULT line: %v)", out, err)
+			}
+			return res, out
+		}
+	}
+	return nil, fmt.Sprintf("%s\n(exit: %v)", out, p.Err())
+}
+
+func testdata(t *testing.T, name string) string {
+	t.Helper()
+	p, err := filepath.Abs(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
