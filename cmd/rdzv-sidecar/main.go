@@ -180,7 +180,7 @@ func addQueryFlags(fs *flag.FlagSet, q *sidecar.QueryConfig, timeout time.Durati
 }
 
 func serveCmd(args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("serve", "Run the job's rendezvous: embedded etcd serving the v3 API and the etcd v2 keys API on one client port.", stderr)
+	fs := newFlagSet("serve", "Run the job's rendezvous: embedded etcd serving the v3 API and the etcd v2 keys API on one client port, and torch's c10d TCPStore on another.", stderr)
 	var cfg sidecar.ServeConfig
 	fs.StringVar(&cfg.Name, "name", "rdzv", "etcd member name")
 	fs.StringVar(&cfg.DataDir, "data-dir", constants.DataDir, "etcd data directory")
@@ -195,6 +195,7 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.UnsafeNoFsync, "unsafe-no-fsync", false, "skip fsync (tests; the store is rebuilt by the agents anyway)")
 	fs.StringVar(&cfg.EtcdLogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
+	fs.StringVar(&cfg.C10dAddr, "c10d-addr", fmt.Sprintf(":%d", constants.C10dPort), `address of the torch c10d TCPStore (torchrun --rdzv-backend=c10d with is_host=false); "" turns it off`)
 	d := addDaemonFlags(fs, &cfg.Options)
 	return d.run(fs, args, stderr, func(ctx context.Context) error { return sidecar.Serve(ctx, cfg) })
 }

@@ -119,7 +119,7 @@ const (
 const (
 	RdzvClientPort    = 2379  // sidecar serve: etcd v3 + v2 keys API
 	SidecarHealthPort = 2381  // sidecar (both modes): /healthz /readyz /metrics
-	C10dPort          = 29400 // torch c10d rendezvous on the index-0 worker
+	C10dPort          = 29400 // sidecar serve: torch's c10d TCPStore
 	DefaultPSPort     = 9091  // MXNet scheduler
 )
 

@@ -142,7 +142,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	env := commonEnv(s, fqdn, rdzvURL)
 	switch s.framework {
 	case constants.FrameworkPyTorch:
-		env = append(env, pytorchEnv(s, rdzvHost, fqdn, serving)...)
+		env = append(env, pytorchEnv(s, rdzvHost, fqdn)...)
 	case constants.FrameworkMPI:
 		if s.role == constants.RoleLauncher {
 			env = append(env, mpiLauncherEnv()...)
@@ -209,7 +209,7 @@ func commonEnv(s *settings, fqdn, rdzvURL string) []corev1.EnvVar {
 // rank-0 address other agents connect to is this pod's FQDN (PET_LOCAL_ADDR
 // on torch >= 2.2, getfqdn() before, which the hostname + subdomain make
 // resolvable through the job's headless Service).
-func pytorchEnv(s *settings, rdzvHost, fqdn string, serving bool) []corev1.EnvVar {
+func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 	port := rdzvClientPort
 	conf := map[string]string{}
 	switch s.backend {
@@ -224,11 +224,11 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string, serving bool) []corev1.EnvVa
 		conf["keep_alive_max_attempt"] = strconv.Itoa(s.keepAliveAttempts)
 	}
 	if s.backend == constants.BackendC10d {
-		// The TCPStore lives in the serving pod's torchrun agent, reached through
-		// the rendezvous Service; is_host says who binds it (the Service name
-		// never matches a pod's own hostname).
+		// The TCPStore is the serving sidecar's (rdzv-sidecar serve
+		// --c10d-addr), reached through the rendezvous Service: no agent hosts
+		// one, so the rendezvous outlives every worker.
 		port = c10dPort
-		conf["is_host"] = strconv.FormatBool(serving)
+		conf["is_host"] = "false"
 	}
 	if s.tlsSecret != "" {
 		// Both etcd backends talk to the store through python-etcd, but each
@@ -407,6 +407,7 @@ func checkPorts(pod *corev1.Pod, serving bool) error {
 	taken := map[int32]string{constants.SidecarHealthPort: "the sidecar's health port"}
 	if serving {
 		taken[constants.RdzvClientPort] = "the rendezvous client port"
+		taken[constants.C10dPort] = "the c10d store's port"
 	}
 	for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
 		for _, c := range list {
@@ -473,7 +474,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 			"--health-addr="+sidecarHealthAddr,
 		)
 		mounts = append(mounts, corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir})
-		ports = append(ports, corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP})
+		ports = append(ports,
+			corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{Name: "c10d", ContainerPort: constants.C10dPort, Protocol: corev1.ProtocolTCP})
 		if s.tlsSecret != "" {
 			// etcd's flag names; every client must present a certificate from the CA.
 			args = append(args,

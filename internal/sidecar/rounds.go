@@ -8,15 +8,17 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // Round is one completed torch rendezvous round, as seen in the v2 store.
 type Round struct {
-	Backend      string // "etcd" or "etcd-v2"
+	Backend      string // "etcd", "etcd-v2" or "c10d"
 	RunID        string
 	Round        string
 	Participants int    // -1 when the backend does not say
-	Master       string // etcd-v2: MASTER_ADDR:MASTER_PORT when known
+	Master       string // etcd-v2 and c10d: the round's MASTER_ADDR
 }
 
 var activeVersionRe = regexp.MustCompile(`/run_([^/]+)/rdzv/active_version$`)
@@ -46,27 +48,34 @@ func roundFromEvent(key string, value string) (Round, bool) {
 		if err != nil {
 			return Round{}, false
 		}
-		k := string(raw)
-		rest, ok := strings.CutPrefix(k, "torch.rendezvous.")
-		if !ok || !strings.HasSuffix(rest, "/MASTER_ADDR") {
-			return Round{}, false
-		}
-		rest = strings.TrimSuffix(rest, "/MASTER_ADDR")
-		i := strings.LastIndexByte(rest, '.')
-		if i < 0 {
-			return Round{}, false
-		}
 		master := ""
 		if v, err := base64.StdEncoding.DecodeString(value); err == nil {
 			master = string(v)
 		}
-		return Round{Backend: "etcd-v2", RunID: rest[:i], Round: rest[i+1:], Participants: -1, Master: master}, true
+		return roundFromStoreKey(constants.BackendEtcdV2, string(raw), master)
 	}
 	return Round{}, false
 }
 
+// roundFromStoreKey recognises the key torch's dynamic rendezvous (etcd-v2
+// and c10d) writes once per round, in the rendezvous store: the rank-0
+// agent's MASTER_ADDR under the round's prefix "torch.rendezvous.<id>.<round>/".
+func roundFromStoreKey(backend, key, master string) (Round, bool) {
+	rest, ok := strings.CutPrefix(key, "torch.rendezvous.")
+	if !ok || !strings.HasSuffix(rest, "/MASTER_ADDR") {
+		return Round{}, false
+	}
+	rest = strings.TrimSuffix(rest, "/MASTER_ADDR")
+	i := strings.LastIndexByte(rest, '.')
+	if i < 0 {
+		return Round{}, false
+	}
+	return Round{Backend: backend, RunID: rest[:i], Round: rest[i+1:], Participants: -1, Master: master}, true
+}
+
 // roundLogger logs one line per torch rendezvous round written through the
-// v2 API (v2api.Config.OnWrite calls observe for every successful write).
+// v2 API (v2api.Config.OnWrite calls observe for every successful write) or
+// the c10d store (observeC10d).
 type roundLogger struct {
 	mu   sync.Mutex
 	seen map[string]bool
@@ -79,10 +88,20 @@ func newRoundLogger(log *slog.Logger, m *metrics) *roundLogger {
 }
 
 func (l *roundLogger) observe(key, value string) {
-	r, ok := roundFromEvent(key, value)
-	if !ok {
-		return
+	if r, ok := roundFromEvent(key, value); ok {
+		l.round(r)
 	}
+}
+
+// observeC10d is the c10d store's tcpstore.Config.OnSet. torch's TCPStore
+// client puts "/" in front of every key.
+func (l *roundLogger) observeC10d(key string, value []byte) {
+	if r, ok := roundFromStoreKey(constants.BackendC10d, strings.TrimPrefix(key, "/"), string(value)); ok {
+		l.round(r)
+	}
+}
+
+func (l *roundLogger) round(r Round) {
 	id := r.Backend + "/" + r.RunID + "/" + r.Round
 	l.mu.Lock()
 	dup := l.seen[id]

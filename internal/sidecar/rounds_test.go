@@ -46,3 +46,18 @@ func TestRoundFromEvent(t *testing.T) {
 		})
 	}
 }
+
+func TestRoundFromC10dKey(t *testing.T) {
+	got, ok := roundFromStoreKey("c10d", "torch.rendezvous.my.run.4/MASTER_ADDR", "w-0.job.ns.svc")
+	if !ok {
+		t.Fatal("MASTER_ADDR of a round not recognised")
+	}
+	if diff := cmp.Diff(Round{Backend: "c10d", RunID: "my.run", Round: "4", Participants: -1, Master: "w-0.job.ns.svc"}, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	for _, key := range []string{"torch.rendezvous.r.0/MASTER_PORT", "torch.rendezvous.r", "other/MASTER_ADDR", "torch.rendezvous.norounddot/MASTER_ADDR"} {
+		if _, ok := roundFromStoreKey("c10d", key, ""); ok {
+			t.Errorf("%q taken for a round", key)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,10 +18,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/v2api"
 )
 
@@ -44,6 +48,8 @@ type ServeConfig struct {
 	UnsafeNoFsync bool
 	EtcdLogLevel  string
 	ReadyTimeout  time.Duration
+	// C10dAddr is where torch's c10d TCPStore is served ("" = not at all).
+	C10dAddr string
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -66,6 +72,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	for i, u := range cfg.AdvertiseClientURLs {
 		urls[i] = u.String()
 	}
+	rounds := newRoundLogger(log, mets)
 	v2 := v2api.New(v2api.Config{
 		ClusterID: func() string {
 			if e := etcd.Load(); e != nil {
@@ -82,7 +89,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		},
 		MaxDirTTL: cfg.MaxDirTTL,
 		Metrics:   mets.v2,
-		OnWrite:   newRoundLogger(log, mets).observe,
+		OnWrite:   rounds.observe,
 		Logger:    log,
 	})
 
@@ -170,6 +177,14 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); v2.RunExpiry(rctx, 100*time.Millisecond) }()
 
+	if cfg.C10dAddr != "" {
+		// After etcd is ready, so that a c10d client never meets a sidecar
+		// that answers but is not ready.
+		if err := serveC10d(rctx, &wg, cfg.C10dAddr, log.With("component", "c10d"), cfg.Metrics, rounds.observeC10d); err != nil {
+			return err
+		}
+	}
+
 	st := &memberState{}
 	if cfg.Member.active() {
 		cli := v3client.New(e.Server)
@@ -209,5 +224,26 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	closing.Store(true)
 	closeEtcd()
 	log.Info("rendezvous server stopped")
+	return nil
+}
+
+// serveC10d serves torch's c10d TCPStore on addr until ctx ends. Its keys
+// live in memory only: after a restart the agents find an empty store and
+// form a new round, as torch's own store hosted by an agent would make them.
+func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.Logger, reg prometheus.Registerer, onSet func(string, []byte)) error {
+	srv, err := tcpstore.New(tcpstore.Config{Log: log, Metrics: reg, OnSet: onSet})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("c10d store: %w", err)
+	}
+	log.Info("c10d store listening", "addr", ln.Addr().String())
+	wg.Go(func() {
+		if err := srv.Serve(ctx, ln); err != nil {
+			log.Error("c10d store stopped", "err", err)
+		}
+	})
 	return nil
 }

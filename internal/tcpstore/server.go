@@ -22,6 +22,10 @@ type Config struct {
 	// (rdzv_sidecar_tcpstore_*); nil: nowhere.
 	Metrics prometheus.Registerer
 	Limits  Limits // zero fields: DefaultLimits'
+	// OnSet, if not nil, is called with every key and value a client SETs
+	// (MULTI_SET included), after the store has it, on that client's
+	// goroutine: torch's rendezvous publishes each round's MASTER_ADDR so.
+	OnSet func(key string, value []byte)
 }
 
 // Server is one store, served on any number of listeners.
@@ -30,6 +34,7 @@ type Server struct {
 	lim Limits
 	m   *metrics
 	st  *store
+	set func(key string, value []byte)
 }
 
 // New returns a Server with an empty store. It fails only when its metrics
@@ -44,7 +49,7 @@ func New(cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	lim := cfg.Limits.withDefaults()
-	return &Server{log: log, lim: lim, m: m, st: newStore(m, lim)}, nil
+	return &Server{log: log, lim: lim, m: m, st: newStore(m, lim), set: cfg.OnSet}, nil
 }
 
 // readBufSize is each connection's read buffer. A connection holds it, its
@@ -195,6 +200,16 @@ func (s *Server) serveConn(c *conn) {
 			c.flushPending()
 			s.refuse(c, fmt.Errorf("%s %.100q: %w", q.Op, q.Key, err))
 			return
+		}
+		if s.set != nil {
+			switch q.Op {
+			case OpSet:
+				s.set(q.Key, q.Value)
+			case OpMultiSet:
+				for i, k := range q.Keys {
+					s.set(k, q.Values[i])
+				}
+			}
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -49,9 +50,16 @@ func (b *syncBuffer) String() string {
 
 func startServer(t *testing.T, lim Limits) *testServer {
 	t.Helper()
+	return startServerWith(t, Config{Limits: lim})
+}
+
+// startServerWith starts a server with cfg, its log and metrics the test's.
+func startServerWith(t *testing.T, cfg Config) *testServer {
+	t.Helper()
 	ts := &testServer{reg: prometheus.NewRegistry(), log: &syncBuffer{}}
-	log := slog.New(slog.NewTextHandler(ts.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	s, err := New(Config{Log: log, Metrics: ts.reg, Limits: lim})
+	cfg.Log = slog.New(slog.NewTextHandler(ts.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Metrics = ts.reg
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -756,5 +764,30 @@ func TestReplyBeforeWaitingForTheRest(t *testing.T) {
 	c.sendRaw(next[5:])
 	if got := string(c.get("/b")); got != "2" {
 		t.Fatalf("GET /b = %q, want 2", got)
+	}
+}
+
+// TestOnSet: every key a client SETs, alone or in a MULTI_SET, reaches the
+// hook once the store has it; other writes do not.
+func TestOnSet(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	ts := startServerWith(t, Config{OnSet: func(key string, value []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, key+"="+string(value))
+	}})
+	c := dial(t, ts.addr)
+	c.set("torch.rendezvous.r.0/MASTER_ADDR", "w-0.job")
+	c.send(&Request{Op: OpMultiSet, Keys: []string{"a", "b"}, Values: [][]byte{[]byte("1"), []byte("2")}})
+	c.send(&Request{Op: OpAdd, Key: "n", Delta: 1})
+	c.i64()
+	c.send(&Request{Op: OpCompareSet, Key: "cas", Value: []byte("x")})
+	c.bytes()
+	c.sync()
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]string{"torch.rendezvous.r.0/MASTER_ADDR=w-0.job", "a=1", "b=2"}, got); diff != "" {
+		t.Errorf("OnSet calls (-want +got):\n%s", diff)
 	}
 }

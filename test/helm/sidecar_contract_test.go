@@ -74,6 +74,7 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 		{"pytorch", merge(pinned(t), map[string]any{"rendezvous": dedicated}), false},
 		{"pytorch-tls", merge(pinned(t), map[string]any{"rendezvous": withTLS}), false},
 		{"pytorch-etcd-tls", merge(pinned(t), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcd})}), false},
+		{"pytorch-c10d-preemptible", merge(pinned(t), map[string]any{"rendezvous": map[string]any{"backend": constants.BackendC10d}, "workers": map[string]any{"preemptible": true}}), false},
 		{"mpi-mpich", merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI, "rendezvous": dedicated,
 			"mpi": map[string]any{"flavour": constants.FlavourMPICH, "launcher": map[string]any{"command": []any{"mpirun"}}}}), false},
 		{"custom-tls", merge(pinned(t), map[string]any{"framework": constants.FrameworkCustom, "rendezvous": withTLS,

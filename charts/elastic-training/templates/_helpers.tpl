@@ -112,7 +112,7 @@ hosts the rendezvous, and the job-wide counts. Returned as YAML; use with fromYa
 {{- if .values.preemptible -}}{{- $preemptible = true -}}{{- end -}}
 {{- $resolved = append $resolved (dict "name" .name "path" .path "role" "worker" "kind" ($memberKind) "member" true "replicas" $r "minReplicas" $lo "maxReplicas" $hi "preemptible" (.values.preemptible | default false) "values" .values) -}}
 {{- end -}}
-{{- $dedicated := or (eq $v.rendezvous.placement "dedicated") (and $preemptible (ne $v.rendezvous.backend "c10d")) -}}
+{{- $dedicated := or (eq $v.rendezvous.placement "dedicated") $preemptible -}}
 {{- $host := "" -}}
 {{- if $dedicated -}}
 {{- $host = "rdzv" -}}

@@ -72,16 +72,8 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- end -}}
 {{- $backend := $v.rendezvous.backend -}}
 {{- if eq $backend "c10d" -}}
-{{- if eq $v.rendezvous.placement "dedicated" -}}
-{{- fail "rendezvous.placement dedicated needs backend etcd-v2 or etcd: the c10d rendezvous runs inside worker 0's torchrun" -}}
-{{- end -}}
 {{- if $v.rendezvous.tls.secretName -}}
 {{- fail "rendezvous.tls works with backend etcd-v2 or etcd, not c10d" -}}
-{{- end -}}
-{{- range $g := $plan.groups -}}
-{{- if and $g.rdzvHost $g.preemptible -}}
-{{- fail (printf "rendezvous.backend c10d serves the rendezvous from %s index 0, which is preemptible; use backend etcd-v2 (a dedicated rendezvous pod) or make %s not preemptible" $g.path $g.path) -}}
-{{- end -}}
 {{- end -}}
 {{- if ne $v.framework "pytorch" -}}
 {{- fail (printf "rendezvous.backend c10d is torchrun's own rendezvous: it needs framework pytorch, not %s" $v.framework) -}}

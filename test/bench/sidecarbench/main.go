@@ -159,7 +159,7 @@ func startSidecar(dir string, extra ...string) *server {
 	health := fmt.Sprintf("127.0.0.1:%d", freePort())
 	args := append([]string{"serve", "--data-dir=" + filepath.Join(dir, "data"), "--listen-client-urls=" + client,
 		"--advertise-client-urls=" + client, fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", freePort()),
-		"--health-addr=" + health}, extra...)
+		"--health-addr=" + health, fmt.Sprintf("--c10d-addr=127.0.0.1:%d", freePort())}, extra...)
 	p := start(filepath.Join(dir, "serve.log"), *sidecar, args, os.Environ())
 	waitOK("http://" + health + "/readyz")
 	return &server{p: p, clientURL: client, health: health}

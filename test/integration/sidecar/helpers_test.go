@@ -57,6 +57,7 @@ func TestMain(m *testing.M) {
 type server struct {
 	*testenv.Proc
 	URL, Health, DataDir string
+	C10d                 string // host:port of the c10d store
 	port                 int
 	args                 []string
 }
@@ -66,10 +67,11 @@ func startServe(t *testing.T, extra ...string) *server {
 	s := &server{port: testenv.FreePort(t), DataDir: filepath.Join(t.TempDir(), "data")}
 	s.URL = fmt.Sprintf("http://127.0.0.1:%d", s.port)
 	s.Health = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	s.C10d = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	s.args = append([]string{"serve", "--data-dir=" + s.DataDir,
 		"--listen-client-urls=" + s.URL, "--advertise-client-urls=" + s.URL,
 		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", testenv.FreePort(t)),
-		"--health-addr=" + s.Health, "--unsafe-no-fsync"}, extra...)
+		"--health-addr=" + s.Health, "--c10d-addr=" + s.C10d, "--unsafe-no-fsync"}, extra...)
 	s.start(t)
 	return s
 }
@@ -251,7 +253,7 @@ func forTorchVersions(t *testing.T, f func(t *testing.T, tr trainer, backend str
 	for _, tc := range []struct {
 		suite    string
 		backends []string
-	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2"}}} {
+	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2", "c10d"}}} {
 		tr := newTrainer(t, tc.suite)
 		t.Run(tr.name(), func(t *testing.T) {
 			for _, backend := range tc.backends {

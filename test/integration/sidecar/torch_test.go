@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,12 +13,25 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
-var backends = []string{"etcd-v2", "etcd"}
+var backends = []string{"etcd-v2", "etcd", "c10d"}
 
+// agentArgs are torchrun's arguments for the sidecar s as the webhook sets
+// them: c10d through the sidecar's store, which no agent hosts (is_host=false
+// joins any --rdzv_conf in extra).
 func agentArgs(s *server, backend, runID, nnodes string, extra ...string) []string {
+	endpoint := strings.TrimPrefix(s.URL, "http://")
+	if backend == "c10d" {
+		endpoint = s.C10d
+		conf := slices.IndexFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--rdzv_conf=") })
+		if conf < 0 {
+			extra = append(extra, "--rdzv_conf=is_host=false")
+		} else {
+			extra = slices.Clone(extra)
+			extra[conf] += ",is_host=false"
+		}
+	}
 	return append([]string{"--nnodes=" + nnodes, "--nproc_per_node=1", "--rdzv_backend=" + backend,
-		"--rdzv_endpoint=" + strings.TrimPrefix(s.URL, "http://"), "--rdzv_id=" + runID,
-		"--monitor_interval=1"}, extra...)
+		"--rdzv_endpoint=" + endpoint, "--rdzv_id=" + runID, "--monitor_interval=1"}, extra...)
 }
 
 // Two real torchrun agents rendezvous through the sidecar and all_reduce.
@@ -38,11 +52,36 @@ func TestTorchrunTwoAgents(t *testing.T) {
 			})
 			metrics := httpGet(t, "http://"+s.Health+"/metrics")
 			require.Contains(t, metrics, `rdzv_sidecar_rendezvous_rounds_total{backend="`+backend+`"} 1`)
-			require.Contains(t, metrics, `rdzv_sidecar_v2_requests_total{op="compareAndSwap",outcome="ok"}`)
-			require.Contains(t, metrics, `rdzv_sidecar_v2_active_waits 0`)
+			if backend == "c10d" {
+				require.Contains(t, metrics, `rdzv_sidecar_tcpstore_ops_total{op="COMPARE_SET"}`)
+				require.Contains(t, metrics, `rdzv_sidecar_tcpstore_waiters 0`)
+			} else {
+				require.Contains(t, metrics, `rdzv_sidecar_v2_requests_total{op="compareAndSwap",outcome="ok"}`)
+				require.Contains(t, metrics, `rdzv_sidecar_v2_active_waits 0`)
+			}
 			require.Contains(t, metrics, `etcd_server_has_leader 1`, "etcd's own metrics")
 		})
 	}
+}
+
+// c10d needs nothing but torch: two agents train through the sidecar's store
+// in a root filesystem from which python-etcd has been removed.
+func TestTorchrunC10dWithoutPythonEtcd(t *testing.T) {
+	tr := forky(t)
+	s := startServe(t)
+	script := trainScript(t)
+	// In the command's own overlay: the cached root filesystem keeps python-etcd.
+	const noEtcd = `rm -rf /usr/lib/python3/dist-packages/etcd /usr/lib/python3/dist-packages/python_etcd-*
+python3 -c 'import etcd' 2>/dev/null && { echo "python-etcd still importable"; exit 99; }
+exec /usr/bin/torchrun "$@"`
+	var agents []*testenv.Proc
+	for _, name := range []string{"agent-0", "agent-1"} {
+		cmd := tr.command("/bin/sh", append([]string{"-c", noEtcd, "sh"}, append(agentArgs(s, "c10d", "no-etcd", "2"), script)...)...)
+		cmd.Env = torchrunEnv()
+		agents = append(agents, testenv.Start(t, name, cmd))
+	}
+	requireTwoWorkerResults(t, agents[0], agents[1])
+	require.Contains(t, s.Output(), "run_id=no-etcd")
 }
 
 // A run configured only through PET_* environment variables.
