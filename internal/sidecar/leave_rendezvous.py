@@ -1,4 +1,4 @@
-"""Take this pod's torchrun agent out of the etcd-v2 (or legacy etcd) rendezvous before the pod stops.
+"""Take this pod's torchrun agent out of the etcd-v2, c10d (or legacy etcd) rendezvous before the pod stops.
 
 The webhook runs this as the training container's preStop hook; the sidecar installs it into the shared
 files directory. torchrun's agent does not leave the rendezvous when it gets SIGTERM (torch keeps the round
@@ -29,6 +29,7 @@ import pickle
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import time
@@ -172,6 +173,64 @@ class Store:
         if ttl:
             form["ttl"] = str(ttl)
         return self._do("PUT", key, form)
+
+
+class StateOverV2:
+    """The dynamic rendezvous state as etcd-v2 keeps it: base64 in a v2 key, swapped on its modifiedIndex."""
+
+    def __init__(self, store, run_id):
+        self.store, self.key = store, f"{KEY_PREFIX}/{run_id}"
+
+    def read(self):
+        """(the base64 state, a token for swap), or (None, None) when there is none."""
+        node = self.store.read(self.key)
+        return (None, None) if node is None else (node["value"], node)
+
+    def swap(self, token, value):
+        """Writes value if the state is still the one token was read with; False when it changed."""
+        status, body = self.store.cas(self.key, value, token["modifiedIndex"], token.get("ttl"))
+        if status == 412:  # an agent changed the state since we read it
+            return False
+        if status not in (200, 201):
+            raise RuntimeError(f"compare-and-swap {self.key}: HTTP {status} {body}")
+        return True
+
+
+class StateOverC10d:
+    """The dynamic rendezvous state in torch's c10d TCPStore, which the sidecar serves (docs/tcpstore-protocol.md):
+    base64 under "torch.rendezvous.<id>", read and swapped with COMPARE_SET as torch's C10dRendezvousBackend does."""
+
+    MAGIC = 0x3C85F7CE
+    NULL = b"Y2FuaW1hZGFt"  # torch's _NULL_SENTINEL: what COMPARE_SET answers for a missing state
+
+    def __init__(self, endpoint, run_id):
+        host, _, port = endpoint.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=3)
+        self.sock.sendall(struct.pack("<BI", 0, self.MAGIC))  # VALIDATE
+        # torch's client puts "/" in front of every key.
+        self.key = f"/torch.rendezvous.{run_id}".encode()
+
+    def _compare_set(self, expected, desired):
+        field = lambda b: struct.pack("<Q", len(b)) + b
+        self.sock.sendall(b"\x02" + field(self.key) + field(expected) + field(desired))
+        n = struct.unpack("<Q", self._read(8))[0]
+        return self._read(n)
+
+    def _read(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise RuntimeError("the c10d store closed the connection")
+            buf += chunk
+        return buf
+
+    def read(self):
+        value = self._compare_set(self.NULL, self.NULL)
+        return (None, None) if value == self.NULL else (value.decode(), value)
+
+    def swap(self, token, value):
+        return self._compare_set(token, value.encode()) == value.encode()
 
 
 def group_rank(pids, run_id):
@@ -336,7 +395,7 @@ def main():
 
 def leave_rendezvous(pids):
     backend = os.environ.get("PET_RDZV_BACKEND", "")
-    if backend not in ("etcd-v2", "etcd"):
+    if backend not in ("etcd-v2", "etcd", "c10d"):
         log("INFO", "nothing to do for this rendezvous backend", backend=backend or "unset")
         return
     run_id = os.environ.get("PET_RDZV_ID", "")
@@ -353,20 +412,18 @@ def leave_rendezvous(pids):
     if backend == "etcd":
         # The legacy backend names its TLS files differently (etcd_rendezvous.py's cacert, cert, key).
         conf.update({"ca_cert": conf.get("cacert", ""), "ssl_cert": conf.get("cert", ""), "ssl_cert_key": conf.get("key", "")})
-    store = Store(endpoint, conf)
-    if backend == "etcd":
-        leave_legacy(store, run_id, conf, pids)
+        leave_legacy(Store(endpoint, conf), run_id, conf, pids)
         return
-    key = f"{KEY_PREFIX}/{run_id}"
+    states = StateOverC10d(endpoint, run_id) if backend == "c10d" else StateOverV2(Store(endpoint, conf), run_id)
     deadline = time.monotonic() + DEADLINE_S
     attempt = 0
     while time.monotonic() < deadline:
         attempt += 1
-        node = store.read(key)
-        if node is None:
+        current, token = states.read()
+        if current is None:
             log("INFO", "no rendezvous state; nothing to leave", run_id=run_id)
             return
-        raw = base64.b64decode(node["value"])
+        raw = base64.b64decode(current)
         state = StateUnpickler(io.BytesIO(raw)).load()
         participants = state.__dict__.get("participants", {})
         waiting = set(state.__dict__.get("wait_list", set())) | set(state.__dict__.get("redundancy_list", set()))
@@ -377,14 +434,11 @@ def leave_rendezvous(pids):
             return
         removed = leave(state, ours, min_nodes)
         value = base64.b64encode(pickle.dumps(state, protocol=pickle_protocol(raw))).decode()
-        status, body = store.cas(key, value, node["modifiedIndex"], node.get("ttl"))
-        if status in (200, 201):
+        if states.swap(token, value):
             log("INFO", "left the rendezvous before stopping", run_id=run_id, round=state.__dict__.get("round"),
                 removed=len(removed), remaining=len(state.__dict__.get("participants", {})), attempts=attempt)
             return
-        if status != 412:  # 412: an agent changed the state since we read it; read again
-            raise RuntimeError(f"compare-and-swap {key}: HTTP {status} {body}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # an agent changed the state since we read it; read again
     log("WARN", "gave up leaving the rendezvous: the state kept changing", run_id=run_id, attempts=attempt)
 
 

@@ -34,19 +34,20 @@ func runLeave(t *testing.T, tr trainer, filesDir string, env ...string) string {
 	return string(out)
 }
 
-// participants reads the dynamic rendezvous state with torch's own backend
-// and classes, and returns the participants' agent PIDs.
-func participants(t *testing.T, tr trainer, s *server, runID string) []int {
+// participants reads the dynamic rendezvous state (etcd-v2 or c10d) with
+// torch's own backend and classes, and returns the participants' agent PIDs.
+func participants(t *testing.T, tr trainer, s *server, backend, runID string) []int {
 	t.Helper()
 	const read = `
-import json, pickle, sys
+import importlib, json, pickle, sys
 from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import create_backend
-backend, _ = create_backend(RendezvousParameters("etcd-v2", sys.argv[1], sys.argv[2], 1, 3))
+module = {"etcd-v2": "etcd_rendezvous_backend", "c10d": "c10d_rendezvous_backend"}[sys.argv[1]]
+create_backend = importlib.import_module("torch.distributed.elastic.rendezvous." + module).create_backend
+backend, _ = create_backend(RendezvousParameters(sys.argv[1], sys.argv[2], sys.argv[3], 1, 3, is_host=False))
 state = pickle.loads(backend.get_state()[0])
 print(json.dumps(sorted(n.pid for n in state.participants)))
 `
-	out, err := tr.python("-c", read, strings.TrimPrefix(s.URL, "http://"), runID).CombinedOutput()
+	out, err := tr.python("-c", read, backend, leaveEndpoint(s, backend), runID).CombinedOutput()
 	require.NoError(t, err, "read the rendezvous state with torch:\n%s", out)
 	var pids []int
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
@@ -55,10 +56,11 @@ print(json.dumps(sorted(n.pid for n in state.participants)))
 }
 
 // A torchrun agent whose pod stops runs the preStop script first. On
-// etcd-v2 the script takes the agent out of the round and torch reads back
-// what it wrote; on the legacy etcd backend it deletes the agent's keep-alive
-// key. Either way the survivors re-form at world 2 once the agent gets SIGTERM.
-// torch 2.14 (forky) on both backends; torch 2.6 (trixie) on etcd-v2, where
+// etcd-v2 and c10d the script takes the agent out of the round and torch reads
+// back what it wrote; on the legacy etcd backend it deletes the agent's
+// keep-alive key. Either way the survivors re-form at world 2 once the agent
+// gets SIGTERM. torch 2.14 (forky) on every backend; torch 2.6 (trixie) on
+// etcd-v2 and c10d, where
 // SIGTERM would close the whole rendezvous, so the script stops the agent and
 // its workers with SIGKILL once it has left.
 func TestLeaveRendezvousBeforeStop(t *testing.T) {
@@ -90,15 +92,15 @@ func testLeaveBeforeStop(t *testing.T, tr trainer, backend string) {
 	})
 	var check func(leaveOutput string)
 	switch backend {
-	case "etcd-v2":
+	case "etcd-v2", "c10d":
 		all := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid, c.Cmd.Process.Pid}
 		sort.Ints(all)
-		require.Equal(t, all, participants(t, tr, s, runID))
+		require.Equal(t, all, participants(t, tr, s, backend, runID))
 		check = func(out string) {
 			require.Contains(t, out, "removed=1 remaining=2")
 			survivors := []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid}
 			sort.Ints(survivors)
-			got := participants(t, tr, s, runID)
+			got := participants(t, tr, s, backend, runID)
 			if !tr.closesOnSIGTERM() {
 				require.Equal(t, survivors, got, "torch reads the state the script wrote")
 				return
@@ -122,7 +124,7 @@ func testLeaveBeforeStop(t *testing.T, tr trainer, backend string) {
 		}
 	}
 
-	leaveEnv := []string{"PET_RDZV_BACKEND=" + backend, "PET_RDZV_ENDPOINT=" + strings.TrimPrefix(s.URL, "http://"),
+	leaveEnv := []string{"PET_RDZV_BACKEND=" + backend, "PET_RDZV_ENDPOINT=" + leaveEndpoint(s, backend),
 		"PET_RDZV_ID=" + runID, "PET_NNODES=2:3", "ET_LEAVE_AGENT_PID=" + strconv.Itoa(c.Cmd.Process.Pid)}
 	start := time.Now()
 	out := runLeave(t, tr, filesDir, leaveEnv...)
@@ -209,7 +211,9 @@ func TestLeaveRendezvousLosesNothing(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"c10d backend", []string{"PET_RDZV_BACKEND=c10d", "PET_RDZV_ID=x"}, `msg="nothing to do for this rendezvous backend" backend=c10d`},
+		{"c10d, no state yet", []string{"PET_RDZV_BACKEND=c10d", "PET_RDZV_ENDPOINT=" + s.C10d, "PET_RDZV_ID=absent"}, `msg="no rendezvous state; nothing to leave"`},
+		{"c10d store down", []string{"PET_RDZV_BACKEND=c10d", "PET_RDZV_ENDPOINT=127.0.0.1:1", "PET_RDZV_ID=x"}, `msg="could not leave the rendezvous`},
+		{"unknown backend", []string{"PET_RDZV_BACKEND=static", "PET_RDZV_ID=x"}, `msg="nothing to do for this rendezvous backend" backend=static`},
 		{"legacy etcd, no state yet", []string{"PET_RDZV_BACKEND=etcd", "PET_RDZV_ID=absent"}, `msg="no rendezvous state; nothing to leave"`},
 		{"no run id", []string{"PET_RDZV_BACKEND=etcd-v2"}, `msg="PET_RDZV_ID or PET_RDZV_ENDPOINT unset; not leaving"`},
 		{"no state yet", []string{"PET_RDZV_BACKEND=etcd-v2", "PET_RDZV_ID=absent"}, `msg="no rendezvous state; nothing to leave"`},
@@ -226,4 +230,12 @@ func TestLeaveRendezvousLosesNothing(t *testing.T) {
 	require.Equal(t, "%%% not base64 %%%", value("not-base64"))
 	require.Equal(t, "aGVsbG8gd29ybGQ=", value("not-a-pickle"))
 	require.Equal(t, "gASVHwAAAAAAAACMBXBvc2l4lIwGc3lzdGVtlJOUjARlY2hvlIWUUpQu", value("foreign-global"))
+}
+
+// leaveEndpoint is PET_RDZV_ENDPOINT for backend on s, as the webhook sets it.
+func leaveEndpoint(s *server, backend string) string {
+	if backend == "c10d" {
+		return s.C10d
+	}
+	return strings.TrimPrefix(s.URL, "http://")
 }
