@@ -8,7 +8,10 @@
 //  2. latency from a membership change (join/leave) to the rewritten
 //     hostfile, p50/p99 over many changes;
 //  3. with 1,000 registered members: hostfile render time, and the serve
-//     process's RSS (plus idle RSS).
+//     process's RSS (plus idle RSS);
+//  4. torch's c10d store (c10d.go): the sidecar's TCPStore server vs torch's
+//     own, with real torchrun agents (first rendezvous, scale-up) and with a
+//     Go client's load (throughput, p99 latency, RSS per 1,000 connections).
 package main
 
 import (
@@ -43,7 +46,7 @@ var (
 	reps      = flag.Int("reps", 3, "rendezvous repetitions per server and backend")
 	changes   = flag.Int("changes", 200, "membership changes for the hostfile latency")
 	members   = flag.Int("members", 1000, "registered members for the size test")
-	parts     = flag.String("parts", "v2ops,probe,torchrun,latency,scale", "which measurements to run, comma-separated")
+	parts     = flag.String("parts", "v2ops,probe,torchrun,latency,scale,c10d-torchrun,c10d-load,c10d-rss", "which measurements to run, comma-separated")
 	probe     = flag.String("probe", "test/bench/sidecarbench/testdata/rdzv_probe.py", "rendezvous-only probe")
 	probeReps = flag.Int("probe-reps", 9, "repetitions of the rendezvous-only measurement")
 	suite     = flag.String("suite", testenv.SuiteForky, "trainer root filesystem ($ET_CACHE/rootfs/<suite>, test/e2e/cluster/rootfs.sh) that runs torch")
@@ -67,7 +70,8 @@ func main() {
 	defer os.RemoveAll(tmp)
 	fmt.Printf("rdzv-sidecar benchmarks (%s, %d CPUs)\n\n", time.Now().UTC().Format(time.RFC3339), numCPU())
 	run := map[string]func(string){"v2ops": benchV2Ops, "probe": benchRendezvousOnly, "torchrun": benchRendezvous,
-		"latency": benchHostfileLatency, "scale": benchScale}
+		"latency": benchHostfileLatency, "scale": benchScale,
+		"c10d-torchrun": benchC10dTorchrun, "c10d-load": benchC10dLoad, "c10d-rss": benchC10dRSS}
 	for _, p := range strings.Split(*parts, ",") {
 		f, ok := run[p]
 		if !ok {
@@ -152,17 +156,19 @@ type server struct {
 	p         *proc
 	clientURL string
 	health    string
+	c10d      string // the sidecar's c10d store, host:port
 }
 
 func startSidecar(dir string, extra ...string) *server {
 	client := fmt.Sprintf("http://127.0.0.1:%d", freePort())
 	health := fmt.Sprintf("127.0.0.1:%d", freePort())
+	c10d := fmt.Sprintf("127.0.0.1:%d", freePort())
 	args := append([]string{"serve", "--data-dir=" + filepath.Join(dir, "data"), "--listen-client-urls=" + client,
 		"--advertise-client-urls=" + client, fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", freePort()),
-		"--health-addr=" + health, fmt.Sprintf("--c10d-addr=127.0.0.1:%d", freePort())}, extra...)
+		"--health-addr=" + health, "--c10d-addr=" + c10d}, extra...)
 	p := start(filepath.Join(dir, "serve.log"), *sidecar, args, os.Environ())
 	waitOK("http://" + health + "/readyz")
-	return &server{p: p, clientURL: client, health: health}
+	return &server{p: p, clientURL: client, health: health, c10d: c10d}
 }
 
 func startEtcd34(dir string) *server {
@@ -175,19 +181,34 @@ func startEtcd34(dir string) *server {
 	return &server{p: p, clientURL: client}
 }
 
-// firstRendezvous starts 4 agents at once and returns the time until every
-// worker printed its all_reduce RESULT (world formed and used).
-func firstRendezvous(dir string, s *server, backend, runID string) time.Duration {
+// agentArgs are torchrun's arguments for one agent of the run runID through
+// endpoint (host:port), then extra and the training script. On c10d the
+// store is the server's: no agent hosts one (is_host=false, as the webhook
+// sets it, joined to conf).
+func agentArgs(backend, endpoint, runID, nnodes, conf string, extra ...string) []string {
+	if backend == "c10d" {
+		conf = strings.TrimPrefix(conf+",is_host=false", ",")
+	}
+	args := []string{"--nnodes=" + nnodes, "--nproc_per_node=1", "--rdzv_backend=" + backend,
+		"--rdzv_endpoint=" + endpoint, "--rdzv_id=" + runID, "--monitor_interval=1"}
+	if conf != "" {
+		args = append(args, "--rdzv_conf="+conf)
+	}
 	script, err := filepath.Abs(*train)
 	check(err)
+	return append(append(args, extra...), script)
+}
+
+// firstRendezvous starts 4 agents at once through endpoint (host:port) and
+// returns the time until every worker printed its all_reduce RESULT (world
+// formed and used).
+func firstRendezvous(dir, endpoint, backend, runID string) time.Duration {
 	trainerRoot() // before the clock starts
 	t0 := time.Now()
 	var ps []*proc
 	for i := range 4 {
 		ps = append(ps, startTorch(filepath.Join(dir, fmt.Sprintf("%s-agent%d.log", runID, i)), "/usr/bin/torchrun",
-			[]string{"--nnodes=4", "--nproc_per_node=1", "--rdzv_backend=" + backend,
-				"--rdzv_endpoint=" + strings.TrimPrefix(s.clientURL, "http://"), "--rdzv_id=" + runID,
-				"--monitor_interval=1", script}))
+			agentArgs(backend, endpoint, runID, "4", "")))
 	}
 	var last time.Duration
 	for i, p := range ps {
@@ -226,7 +247,7 @@ func benchRendezvous(tmp string) {
 				} else {
 					s = startEtcd34(dir)
 				}
-				d := firstRendezvous(dir, s, backend, fmt.Sprintf("bench-%d", r))
+				d := firstRendezvous(dir, strings.TrimPrefix(s.clientURL, "http://"), backend, fmt.Sprintf("bench-%d", r))
 				s.p.stop()
 				if which == "sidecar" {
 					side = append(side, d)
@@ -428,7 +449,12 @@ func benchHostfileLatency(tmp string) {
 // waitFile waits until ok holds for path's content, polling every 200 µs (the hostfile latency is measured
 // with it).
 func waitFile(path string, ok func(string) bool, timeout time.Duration) {
-	err := testenv.Poll(context.Background(), timeout, 200*time.Microsecond, func(context.Context) (bool, error) {
+	pollFile(path, ok, timeout, 200*time.Microsecond)
+}
+
+// pollFile is waitFile polling every interval.
+func pollFile(path string, ok func(string) bool, timeout, interval time.Duration) {
+	err := testenv.Poll(context.Background(), timeout, interval, func(context.Context) (bool, error) {
 		b, _ := os.ReadFile(path)
 		return ok(string(b)), nil
 	})
