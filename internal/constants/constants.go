@@ -100,9 +100,9 @@ const (
 
 // Rendezvous backends (values of AnnotationRdzvBackend).
 const (
-	BackendEtcdV2 = "etcd-v2" // default
+	BackendEtcdV2 = "etcd-v2" // the webhook's default for a pod that does not say (the chart's default is c10d)
 	BackendEtcd   = "etcd"
-	BackendC10d   = "c10d"
+	BackendC10d   = "c10d" // torch's TCPStore, served by the sidecar; needs no python-etcd
 )
 
 // MPI flavours (values of AnnotationMPIFlavour and of the sidecar's --hostfile-flavour).

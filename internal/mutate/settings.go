@@ -213,8 +213,8 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		}
 		s.minNodes = requireInt(&bad, ann, constants.AnnotationMinNodes, 1, 100000)
 		s.maxNodes = requireInt(&bad, ann, constants.AnnotationMaxNodes, 1, 100000)
-		// torch's c10d rendezvous is a plain TCPStore in the serving agent: it
-		// has no TLS, so a TLS request cannot be honoured for its traffic.
+		// torch's TCPStore protocol has no TLS (neither its client nor the
+		// sidecar's store), so a TLS request cannot be honoured for c10d.
 		if s.backend == constants.BackendC10d && ann[constants.AnnotationRdzvTLSSecret] != "" {
 			bad = append(bad, fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d rendezvous has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
 				constants.AnnotationRdzvTLSSecret, ann[constants.AnnotationRdzvTLSSecret], constants.AnnotationRdzvBackend, constants.BackendC10d))

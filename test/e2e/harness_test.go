@@ -385,6 +385,24 @@ python3 -c "import torch, etcd, mpi4py, socket; print('torch', torch.__version__
 		}
 		t.Logf("%s: %s", img.Image, strings.TrimSpace(log))
 	}
+	// The image without python-etcd: torch and torchrun, and no etcd module.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "trainer-no-etcd"},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "main", Image: framework.StockTrainer.Image, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/bin/sh", "-c", `set -e; command -v torchrun >/dev/null
+python3 -c "import torch; print('torch', torch.__version__.split('+')[0])"
+if python3 -c "import etcd" 2>/dev/null; then echo "python-etcd present"; else echo "no python-etcd"; fi`},
+			}},
+		},
+	}
+	create(t, c, ns, pod)
+	c.WaitPodPhase(t, ns, pod.Name, corev1.PodSucceeded, 3*time.Minute)
+	if log, want := c.PodLogs(t, ns, pod.Name, ""), fmt.Sprintf("torch %s\nno python-etcd\n", framework.StockTrainer.Torch); log != want {
+		t.Errorf("%s: log = %q, want %q", framework.StockTrainer.Image, log, want)
+	}
 }
 
 // The framework's Helm path: a real install with --wait, an upgrade that scales, helm test, uninstall.

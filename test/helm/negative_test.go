@@ -38,7 +38,6 @@ func TestRejected(t *testing.T) {
 		{"bad group name", []string{"workerGroups.Burst_1.replicas=1"}, "at '/workerGroups': additional properties 'Burst_1' not allowed"},
 		{"reserved group name", []string{"workerGroups.launcher.replicas=1"}, `workerGroups.launcher: the group name "launcher" is reserved`},
 		{"MPI without a launcher command", []string{"framework=mpi"}, "mpi.launcher.command is empty"},
-		{"c10d outside pytorch", []string{"framework=custom", "rendezvous.backend=c10d"}, "rendezvous.backend c10d is torchrun's own rendezvous: it needs framework pytorch, not custom"},
 		{"c10d with TLS", []string{"rendezvous.backend=c10d", "rendezvous.tls.secretName=x"}, "rendezvous.tls works with backend etcd-v2 or etcd, not c10d"},
 		{"no worker group", []string{"workers.enabled=false"}, "no worker group: enable workers or add one under workerGroups"},
 		{"job name not a DNS label", []string{"fullnameOverride=Bert"}, `job name "Bert" (the release name or fullnameOverride) must be a DNS label`},

@@ -72,7 +72,7 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 	}
 	cases := []tc{
 		{"pytorch", merge(pinned(t), map[string]any{"rendezvous": dedicated}), false},
-		{"pytorch-tls", merge(pinned(t), map[string]any{"rendezvous": withTLS}), false},
+		{"pytorch-tls", merge(pinned(t), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcdV2})}), false},
 		{"pytorch-etcd-tls", merge(pinned(t), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcd})}), false},
 		{"pytorch-c10d-preemptible", merge(pinned(t), map[string]any{"rendezvous": map[string]any{"backend": constants.BackendC10d}, "workers": map[string]any{"preemptible": true}}), false},
 		{"mpi-mpich", merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI, "rendezvous": dedicated,

@@ -71,13 +71,9 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail "no worker group: enable workers or add one under workerGroups" -}}
 {{- end -}}
 {{- $backend := $v.rendezvous.backend -}}
-{{- if eq $backend "c10d" -}}
-{{- if $v.rendezvous.tls.secretName -}}
-{{- fail "rendezvous.tls works with backend etcd-v2 or etcd, not c10d" -}}
-{{- end -}}
-{{- if ne $v.framework "pytorch" -}}
-{{- fail (printf "rendezvous.backend c10d is torchrun's own rendezvous: it needs framework pytorch, not %s" $v.framework) -}}
-{{- end -}}
+{{- /* The backend is torchrun's: other frameworks use only the sidecar's membership, whatever it says. */ -}}
+{{- if and (eq $backend "c10d") (eq $v.framework "pytorch") $v.rendezvous.tls.secretName -}}
+{{- fail "rendezvous.tls works with backend etcd-v2 or etcd, not c10d (torch's TCPStore has no TLS): set rendezvous.backend=etcd-v2 (the trainer image then needs python-etcd)" -}}
 {{- end -}}
 {{- if eq $v.framework "mpi" -}}
 {{- if not (or $v.mpi.launcher.command $v.command (include "elastic-training.hasScript" .)) -}}

@@ -6,6 +6,7 @@
 #   local/trainer:<suite>  a trainer image per Debian suite in $TRAINER_SUITES (forky: torch 2.14, trixie:
 #                       torch 2.6), packed from the root filesystems rootfs.sh builds: torch, python-etcd, Open MPI,
 #                       MPICH, mpi4py, sshd. Rebuilt only when that root filesystem was rebuilt.
+#   local/trainer:forky-no-etcd  the same without python-etcd (a stock torch image's view of the rendezvous)
 #   local/elastic-training-webhook:dev, local/rdzv-sidecar:dev
 #                       the project's ./cmd/webhook and ./cmd/rdzv-sidecar, static (CGO_ENABLED=0); a command
 #                       that does not exist yet is skipped with a message.
@@ -43,6 +44,16 @@ for suite in $TRAINER_SUITES; do
   echo "images: packing local/trainer:$suite from $ROOTFS/$suite (about 30 s)"
   mk "local/trainer:$suite" "$ROOTFS/$suite" "trainer-$suite.tar" && echo "$s" > ".trainer-$suite-stamp"
 done
+# local/trainer:forky-no-etcd: the forky image without python-etcd, as stock torch images are (c10d needs nothing
+# more); a second layer of whiteouts over the same first layer.
+if [[ " $TRAINER_SUITES " == *" forky "* ]]; then
+  s="$(cat "$ROOTFS/forky/.et-stamp") $(sha256sum < "$CLUSTER_DIR/mkimage.sh" | cut -c1-16) no-etcd"
+  if [ ! -f trainer-forky-no-etcd.tar ] || [ "$(cat .trainer-forky-no-etcd-stamp 2>/dev/null)" != "$s" ]; then
+    echo "images: packing local/trainer:forky-no-etcd (about 30 s)"
+    REMOVE="$(cd "$ROOTFS/forky" && echo usr/lib/python3/dist-packages/etcd usr/lib/python3/dist-packages/python_etcd-*)" \
+      mk local/trainer:forky-no-etcd "$ROOTFS/forky" trainer-forky-no-etcd.tar && echo "$s" > .trainer-forky-no-etcd-stamp
+  fi
+fi
 if [ "${1:-}" != --base ]; then
   for pair in "webhook:$WEBHOOK_IMAGE" "rdzv-sidecar:$SIDECAR_IMAGE"; do
     cmd=${pair%%:*}; img=${pair#*:}

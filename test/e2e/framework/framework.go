@@ -72,6 +72,10 @@ var TrainerImages = []Trainer{
 	{Image: "local/trainer:trixie", Torch: "2.6.0"},
 }
 
+// StockTrainer is the forky image without python-etcd, as a stock torch image is: what the chart's default
+// backend (c10d) must train with.
+var StockTrainer = Trainer{Image: "local/trainer:forky-no-etcd", Torch: "2.14.1"}
+
 // ModulePath identifies the repository root (its go.mod).
 const ModulePath = "github.com/elastic-training/elastic-training"
 

@@ -25,7 +25,8 @@ const (
 // TestElasticPyTorch is the TorchElastic ElasticJob case: 2 workers (min 1, max 4) train, `helm upgrade` takes
 // them to 3, then 4, then back to 2, every live worker trains at each new world size, the Job ends Complete,
 // and `helm uninstall` leaves nothing behind. Every torch of the trainer images (2.14 and 2.6), every rendezvous
-// backend the chart offers.
+// backend the chart offers; and the chart's default backend in an image without python-etcd, as stock torch
+// images are.
 func TestElasticPyTorch(t *testing.T) {
 	for _, img := range framework.TrainerImages {
 		for _, backend := range []string{"etcd-v2", "etcd", "c10d"} {
@@ -34,6 +35,9 @@ func TestElasticPyTorch(t *testing.T) {
 			})
 		}
 	}
+	t.Run("no-python-etcd/chart-defaults", func(t *testing.T) {
+		testElasticPyTorch(t, framework.StockTrainer, "")
+	})
 }
 
 func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
@@ -43,7 +47,9 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	const job = "elastic"
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
-	set(v, "rendezvous.backend", backend)
+	if backend != "" { // "": the chart's default
+		set(v, "rendezvous.backend", backend)
+	}
 	set(v, "args", []any{"--steps=120", "--step-seconds=0.5"})
 
 	start := time.Now()

@@ -38,6 +38,7 @@ func TestElasticPyTorchTLS(t *testing.T) {
 	}
 	v := jobValues(t, c, pytorchValues, trainScript)
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
+	set(v, "rendezvous.backend", constants.BackendEtcdV2) // c10d, the default, has no TLS
 	set(v, "rendezvous.tls.secretName", secret)
 	sel := groupSelector(job, "worker")
 
