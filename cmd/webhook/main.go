@@ -1,6 +1,6 @@
 // Command webhook is the elastic-training mutating admission webhook. It only
 // parses flags and wires internal/webhook; see docs/contract.md for what it does
-// to pods. It needs no Kubernetes API permissions.
+// to pods. Its only Kubernetes API access is creating Events (--events).
 package main
 
 import (
@@ -10,6 +10,10 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -58,6 +62,8 @@ func main() {
 	flag.IntVar(&d.MaxRestarts, "default-max-restarts", d.MaxRestarts, "torchrun --max-restarts")
 	flag.IntVar(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds")
 	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: "+strings.Join(constants.MPIFlavours, ", "))
+	var events bool
+	flag.BoolVar(&events, "events", false, "record denials and warnings as Events on the pods' Jobs and StatefulSets (needs the API: in-cluster config or --kubeconfig, and RBAC to create events)")
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -74,8 +80,33 @@ func main() {
 	o.Log = log
 	// controller-runtime's own webhook metrics are in its registry: serve ours beside them.
 	o.Metrics = metrics.Registry
+	if events {
+		stop, err := eventRecorder(&o)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "webhook: --events:", err)
+			os.Exit(2)
+		}
+		defer stop()
+	}
 	if err := webhook.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "webhook stopped")
 		os.Exit(1)
 	}
+}
+
+// eventRecorder sets o.Events to a recorder that writes through the API
+// server (controller-runtime's config: --kubeconfig, KUBECONFIG or in-cluster).
+func eventRecorder(o *webhook.Options) (stop func(), err error) {
+	rc, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+	o.Events = b.NewRecorder(clientgoscheme.Scheme, corev1.EventSource{Component: "elastic-training-webhook"})
+	return b.Shutdown, nil
 }

@@ -22,6 +22,12 @@ const (
 	LabelRdzvServer = Domain + "/rdzv-server"
 )
 
+// SchedulingGate is in every pod template the chart renders for the webhook
+// to mutate, and only the webhook removes it: a pod created without the
+// webhook (not installed, namespace excluded) stays SchedulingGated instead of
+// training alone as a one-node job with no rendezvous.
+const SchedulingGate = Domain + "/webhook"
+
 // Roles (values of LabelRole).
 const (
 	RoleWorker    = "worker"    // a training member (torchrun agent, MPI worker, MXNet worker)
@@ -97,6 +103,19 @@ const (
 	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
 	AnnotationMutated = Domain + "/mutated"
 )
+
+// PodAnnotations are the annotations of our Domain a pod may carry when it
+// is created (AnnotationMutated is the webhook's own); the webhook denies any
+// other key of the Domain, which is a typo that would otherwise be ignored.
+var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, AnnotationMaxNodes, AnnotationRunID,
+	AnnotationRdzvBackend, AnnotationRdzvHost, AnnotationRdzvService, AnnotationRdzvJoinTimeout,
+	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
+	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
+	AnnotationNumWorkers, AnnotationPSPort}
+
+// MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
+// node has more, and a typo such as 40000 must not become 40000 processes.
+const MaxSlots = 1024
 
 // Rendezvous backends (values of AnnotationRdzvBackend).
 const (

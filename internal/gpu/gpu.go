@@ -11,39 +11,45 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Known accelerator resource names (exact matches).
-var exactNames = map[corev1.ResourceName]bool{
-	"nvidia.com/gpu":              true,
-	"amd.com/gpu":                 true,
-	"habana.ai/gaudi":             true,
-	"aws.amazon.com/neuron":       true, // Neuron device plugin: whole devices
-	"aws.amazon.com/neurondevice": true,
-	"aws.amazon.com/neuroncore":   true, // Neuron device plugin: individual cores
+// Rules are the accelerator resource names, as data: IsAccelerator applies
+// them, and the job chart checks its gpuResource value against the same
+// data (internal/chartcontract generates it into the chart).
+var Rules = struct {
+	// Exact names, sorted.
+	Exact []string `json:"exact"`
+	// Prefixes: any name with one of them and something after it.
+	Prefixes []string `json:"prefixes"`
+	// Shares: names under a prefix that are not devices but shares of one
+	// (the Intel GPU plugin's resource management: millicores, tiles,
+	// memory.*): the full name, or a prefix when it ends in ".".
+	Shares []string `json:"shares"`
+}{
+	Exact: []string{
+		"amd.com/gpu",
+		"aws.amazon.com/neuron",     // Neuron device plugin: whole devices
+		"aws.amazon.com/neuroncore", // Neuron device plugin: individual cores
+		"aws.amazon.com/neurondevice",
+		"habana.ai/gaudi",
+		"nvidia.com/gpu",
+	},
+	Prefixes: []string{"gpu.intel.com/", "nvidia.com/mig-"},
+	Shares:   []string{"gpu.intel.com/memory.", "gpu.intel.com/millicores", "gpu.intel.com/tiles"},
 }
 
-// intelNonDevice are gpu.intel.com/* resources that are not devices but
-// shares of one (the Intel GPU plugin's resource management mode).
-var intelNonDevice = map[string]bool{
-	"millicores": true,
-	"tiles":      true,
-}
-
-// IsAccelerator reports whether name is an accelerator resource: a known
-// vendor name, an NVIDIA MIG slice (nvidia.com/mig-*), an Intel GPU
-// (gpu.intel.com/* except millicores, tiles and memory.*), or one of extra.
+// IsAccelerator reports whether name is an accelerator resource by Rules,
+// or one of extra.
 func IsAccelerator(name corev1.ResourceName, extra []string) bool {
-	if exactNames[name] {
-		return true
-	}
 	s := string(name)
-	if strings.HasPrefix(s, "nvidia.com/mig-") && len(s) > len("nvidia.com/mig-") {
+	if slices.Contains(Rules.Exact, s) || slices.Contains(extra, s) {
 		return true
 	}
-	if rest, ok := strings.CutPrefix(s, "gpu.intel.com/"); ok && rest != "" {
-		return !intelNonDevice[rest] && !strings.HasPrefix(rest, "memory.")
+	for _, sh := range Rules.Shares {
+		if s == sh || strings.HasSuffix(sh, ".") && strings.HasPrefix(s, sh) {
+			return false
+		}
 	}
-	for _, e := range extra {
-		if s == e {
+	for _, p := range Rules.Prefixes {
+		if strings.HasPrefix(s, p) && len(s) > len(p) {
 			return true
 		}
 	}

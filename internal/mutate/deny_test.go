@@ -109,6 +109,12 @@ func TestDenied(t *testing.T) {
 			p.Annotations[constants.AnnotationNumWorkers] = "1"
 			p.Annotations[constants.AnnotationPSPort] = "70000"
 		}, []string{`elastic-training.io/ps-port="70000" is invalid: want a whole number from 1 to 65535 (port)`}},
+		{"unknown annotation of ours (a typo)", func(p *corev1.Pod) { p.Annotations[constants.Domain+"/max-node"] = "8" },
+			[]string{`annotation elastic-training.io/max-node="8" is invalid: want no such annotation (a typo?); ours are elastic-training.io/framework,`}},
+		{"mutated annotation set by the user", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationMutated] = "yes"
+			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: constants.SchedulingGate}}
+		}, []string{"annotation elastic-training.io/mutated is the webhook's record of its own mutation, yet this pod was never mutated"}},
 		{"several problems reported at once", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationMinNodes] = "x"
 			p.Annotations[constants.AnnotationSlots] = "y"

@@ -57,6 +57,11 @@ func Mutate(in Input) (Result, error) {
 	}
 	pod := in.Pod.DeepCopy()
 	if _, done := pod.Annotations[constants.AnnotationMutated]; done {
+		// Set by us earlier in this admission (a reinvocation) there is no
+		// gate left; with the chart's gate still there, the user set it.
+		if slices.ContainsFunc(pod.Spec.SchedulingGates, isOurGate) {
+			return Result{}, fmt.Errorf("annotation %s is the webhook's record of its own mutation, yet this pod was never mutated: remove it from the pod template (podAnnotations)", constants.AnnotationMutated)
+		}
 		return Result{Pod: pod}, nil
 	}
 	if in.Config.SidecarImage == "" {
@@ -171,7 +176,28 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	// The native sidecar, first among the init containers so that everything
 	// after it (user init containers, then the trainer) starts once it is ready.
 	setSidecar(e, sidecar(cfg, s, mode, register, fqdn, rdzvURL))
+
+	// Last: the pod may be scheduled only once everything above is in it.
+	openGate(e)
 	return nil
+}
+
+func isOurGate(g corev1.PodSchedulingGate) bool { return g.Name == constants.SchedulingGate }
+
+// openGate removes the chart's scheduling gate (constants.SchedulingGate);
+// other gates (a queue's, the user's) stay.
+func openGate(e *editor) {
+	gates := e.pod.Spec.SchedulingGates
+	i := slices.IndexFunc(gates, isOurGate)
+	switch {
+	case i < 0:
+	case len(gates) == 1: // the whole list, so that the result has none rather than an empty one
+		e.pod.Spec.SchedulingGates = nil
+		e.remove("/spec/schedulingGates")
+	default:
+		e.pod.Spec.SchedulingGates = slices.Delete(slices.Clone(gates), i, i+1)
+		e.remove("/spec/schedulingGates/" + strconv.Itoa(i))
+	}
 }
 
 func scheme(s *settings) string {

@@ -3,6 +3,7 @@ package mutate
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -22,10 +23,6 @@ const (
 	labelPodIndex                = "apps.kubernetes.io/pod-index"
 	annotationDefaultContainer   = "kubectl.kubernetes.io/default-container"
 )
-
-// maxSlots bounds the slot count: no node has more accelerators, and a typo
-// such as 40000 should be denied rather than start 40000 processes.
-const maxSlots = 1024
 
 // rolesByFramework lists the roles each framework knows.
 var rolesByFramework = map[string][]string{
@@ -91,6 +88,12 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		bad.add("label", constants.LabelJob, s.job, "a DNS label (lowercase letters, digits, '-', starting with a letter) of at most 58 characters")
 	}
 
+	for _, k := range slices.Sorted(maps.Keys(ann)) {
+		if strings.HasPrefix(k, constants.Domain+"/") && !slices.Contains(constants.PodAnnotations, k) {
+			bad.add("annotation", k, ann[k], "no such annotation (a typo?); ours are "+strings.Join(constants.PodAnnotations, ", "))
+		}
+	}
+
 	s.framework = ann[constants.AnnotationFramework]
 	roles, ok := rolesByFramework[s.framework]
 	if !ok {
@@ -145,8 +148,8 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		computed, gerr := gpu.Slots(c, cfg.ExtraAccelerators)
 		if v, set := ann[constants.AnnotationSlots]; set {
 			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxSlots {
-				bad.add("annotation", constants.AnnotationSlots, v, fmt.Sprintf("a whole number from 1 to %d", maxSlots))
+			if err != nil || n < 1 || n > constants.MaxSlots {
+				bad.add("annotation", constants.AnnotationSlots, v, fmt.Sprintf("a whole number from 1 to %d", constants.MaxSlots))
 			} else {
 				s.slots = n
 				if gerr == nil && len(gpu.Accelerators(c, cfg.ExtraAccelerators)) > 0 && computed != n {
@@ -155,8 +158,8 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 			}
 		} else if gerr != nil {
 			bad = append(bad, fmt.Sprintf("container %q: %v: set annotation %s to the number of processes per pod", c.Name, gerr, constants.AnnotationSlots))
-		} else if computed > maxSlots {
-			bad = append(bad, fmt.Sprintf("container %q asks for %d accelerators: at most %d slots per pod are supported", c.Name, computed, maxSlots))
+		} else if computed > constants.MaxSlots {
+			bad = append(bad, fmt.Sprintf("container %q asks for %d accelerators: at most %d slots per pod are supported", c.Name, computed, constants.MaxSlots))
 		} else {
 			s.slots = computed
 		}

@@ -10,7 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -26,11 +28,21 @@ type PodMutator struct {
 	config    mutate.Config
 	decoder   admission.Decoder
 	decisions *prometheus.CounterVec
+	events    record.EventRecorder // nil: none
 }
 
+// Event reasons on a pod's Job or StatefulSet.
+const (
+	ReasonDenied  = "PodDenied"        // the webhook denied a pod of it
+	ReasonWarning = "AdmissionWarning" // the webhook admitted a pod with a warning
+)
+
 // NewPodMutator returns a handler that mutates pods with cfg and counts its
-// decisions in reg.
-func NewPodMutator(cfg mutate.Config, reg prometheus.Registerer) (*PodMutator, error) {
+// decisions in reg. With events, denials and warnings also become Events on
+// the pod's controller (its Job or StatefulSet): the controller that creates
+// the pods drops admission warnings, and a denial otherwise shows only in its
+// own, easily missed, FailedCreate event.
+func NewPodMutator(cfg mutate.Config, reg prometheus.Registerer, events record.EventRecorder) (*PodMutator, error) {
 	scheme := runtime.NewScheme()
 	if err := corev1.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -42,7 +54,7 @@ func NewPodMutator(cfg mutate.Config, reg prometheus.Registerer) (*PodMutator, e
 	if err := reg.Register(decisions); err != nil {
 		return nil, err
 	}
-	return &PodMutator{config: cfg, decoder: admission.NewDecoder(scheme), decisions: decisions}, nil
+	return &PodMutator{config: cfg, decoder: admission.NewDecoder(scheme), decisions: decisions, events: events}, nil
 }
 
 // Handle implements admission.Handler.
@@ -68,6 +80,7 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if err != nil {
 		h.decisions.WithLabelValues("denied").Inc()
 		log.Info("pod denied", "job", pod.Labels[constants.LabelJob], "generateName", pod.GenerateName, "reason", err.Error())
+		h.event(pod, req.Namespace, corev1.EventTypeWarning, ReasonDenied, "elastic-training webhook denied a pod: "+err.Error())
 		return admission.Denied("elastic-training: " + err.Error())
 	}
 	h.decisions.WithLabelValues("mutated").Inc()
@@ -75,5 +88,21 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 	// counters already say how many were mutated; denials are logged at info.
 	log.V(1).Info("pod mutated", "job", res.Pod.Labels[constants.LabelJob], "hostname", res.Pod.Spec.Hostname,
 		"result", res.Pod.Annotations[constants.AnnotationMutated], "warnings", len(res.Warnings))
+	for _, w := range res.Warnings {
+		h.event(pod, req.Namespace, corev1.EventTypeWarning, ReasonWarning, "elastic-training webhook: "+w)
+	}
 	return admission.Patched("", res.Patch...).WithWarnings(res.Warnings...)
+}
+
+// event records an Event on the pod's controller, if it has one (a pod
+// created directly has no object to carry it yet: it is not stored before
+// admission). The recorder aggregates repeats, so a 500-pod Job with one
+// problem gets one Event with a count.
+func (h *PodMutator) event(pod *corev1.Pod, namespace, kind, reason, msg string) {
+	owner := metav1.GetControllerOf(pod)
+	if h.events == nil || owner == nil {
+		return
+	}
+	h.events.Event(&corev1.ObjectReference{APIVersion: owner.APIVersion, Kind: owner.Kind, Name: owner.Name,
+		UID: owner.UID, Namespace: namespace}, kind, reason, msg)
 }

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/elastic-training/elastic-training/internal/mutate"
@@ -36,7 +37,12 @@ func goldenConfig() mutate.Config {
 // Response.Complete, which serialises the patch) and returns the response.
 func admit(t *testing.T, cfg mutate.Config, namespace string, raw []byte) admission.Response {
 	t.Helper()
-	mutator, err := NewPodMutator(cfg, prometheus.NewRegistry())
+	return admitWith(t, cfg, nil, namespace, raw)
+}
+
+func admitWith(t *testing.T, cfg mutate.Config, events record.EventRecorder, namespace string, raw []byte) admission.Response {
+	t.Helper()
+	mutator, err := NewPodMutator(cfg, prometheus.NewRegistry(), events)
 	require.NoError(t, err)
 	wh := &admission.Webhook{Handler: mutator}
 	return wh.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
@@ -199,3 +205,46 @@ func TestPatchKeepsUnknownFieldsWithTheirElement(t *testing.T) {
 	assert.Equal(t, "fetch-data", fetch["name"])
 	assert.Equal(t, "fetch-data's", fetch["futureContainerField"])
 }
+
+// TestEventsOnTheOwner: a denial and each warning become a Warning Event on the pod's controller (the Job that
+// creates it drops admission warnings); a pod with no controller gets none. client-go's FakeRecorder stands in for
+// the API server here; test/e2e/workloads (TestWebhookEventsOnTheJob) reads the real Events with kubectl.
+func TestEventsOnTheOwner(t *testing.T) {
+	owned := func(edit func(*corev1.Pod)) []byte {
+		pod := readPod(t, "../mutate/testdata/pytorch-worker3-joins.yaml")
+		pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "bert-worker", UID: "u1", Controller: ptrTrue()}}
+		edit(pod)
+		b, err := json.Marshal(pod)
+		require.NoError(t, err)
+		return b
+	}
+	cases := []struct {
+		desc string
+		raw  []byte
+		want []string
+	}{
+		{"denied", owned(func(p *corev1.Pod) { p.Annotations["elastic-training.io/max-node"] = "3" }),
+			[]string{"Warning PodDenied elastic-training webhook denied a pod: annotation elastic-training.io/max-node"}},
+		{"warned", owned(func(p *corev1.Pod) { p.Spec.Subdomain = "other" }),
+			[]string{`Warning AdmissionWarning elastic-training webhook: spec.subdomain "other" is kept`}},
+		{"no controller", owned(func(p *corev1.Pod) { p.OwnerReferences = nil; p.Spec.Subdomain = "other" }), nil},
+		{"clean", owned(func(*corev1.Pod) {}), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			rec := record.NewFakeRecorder(10)
+			admitWith(t, goldenConfig(), rec, "team-a", tc.raw)
+			close(rec.Events)
+			var got []string
+			for e := range rec.Events {
+				got = append(got, e)
+			}
+			require.Len(t, got, len(tc.want), "events: %q", got)
+			for i, w := range tc.want {
+				assert.True(t, strings.HasPrefix(got[i], w), "event %q, want prefix %q", got[i], w)
+			}
+		})
+	}
+}
+
+func ptrTrue() *bool { b := true; return &b }

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -37,6 +38,8 @@ type Options struct {
 	// speaks HTTP/1.1 to webhooks as well.
 	EnableHTTP2 bool
 	Config      mutate.Config
+	// Events, if not nil, records denials and warnings on the pods' Jobs and StatefulSets.
+	Events record.EventRecorder
 	// Metrics registers the webhook's metrics and is what /metrics serves.
 	Metrics ctrlmetrics.RegistererGatherer
 	Log     logr.Logger
@@ -63,7 +66,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Metrics == nil {
 		o.Metrics = prometheus.NewRegistry()
 	}
-	mutator, err := NewPodMutator(o.Config, o.Metrics)
+	mutator, err := NewPodMutator(o.Config, o.Metrics, o.Events)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
