@@ -3,12 +3,17 @@ SHELL := /bin/bash
 GO ?= go
 CACHE ?= $(HOME)/.cache/elastic-training
 
-.PHONY: all build test test-unit test-e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all build chart-docs test test-unit test-e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
 
 all: build
 
 build:
 	$(GO) build ./...
+
+## chart-docs: regenerate charts/*/README.md from README.md.gotmpl and the `# --` comments of values.yaml, with the
+## helm-docs pinned in hack/tools/go.mod. `make test` fails (test/helm, TestChartDocs) when they are out of date.
+chart-docs:
+	GO=$(GO) hack/chart-docs.sh
 
 ## test: every test: unit, integration (real torchrun, etcd, mpirun) and e2e (real cluster).
 test: test-unit test-e2e

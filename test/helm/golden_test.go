@@ -84,20 +84,26 @@ func TestLint(t *testing.T) {
 			if sc.values != "" {
 				vals = readValues(t, sc.values)
 			}
-			l := action.NewLint()
-			l.Strict = true
-			l.Namespace = namespace
-			l.KubeVersion = &chartrender.KubeVersion
-			res := l.Run([]string{chartDir}, vals)
-			for _, m := range res.Messages {
-				if m.Severity >= support.WarningSev {
-					t.Errorf("lint %s: %s", sc.name, m.Error())
-				}
-			}
-			for _, err := range res.Errors {
-				t.Errorf("lint %s: %v", sc.name, err)
-			}
+			lintStrict(t, chartDir, namespace, vals)
 		})
+	}
+}
+
+// lintStrict fails t on every warning or error of `helm lint --strict` of the chart in dir with vals.
+func lintStrict(t *testing.T, dir, ns string, vals map[string]any) {
+	t.Helper()
+	l := action.NewLint()
+	l.Strict = true
+	l.Namespace = ns
+	l.KubeVersion = &chartrender.KubeVersion
+	res := l.Run([]string{dir}, vals)
+	for _, m := range res.Messages {
+		if m.Severity >= support.WarningSev {
+			t.Errorf("lint: %s", m.Error())
+		}
+	}
+	for _, err := range res.Errors {
+		t.Errorf("lint: %v", err)
 	}
 }
 

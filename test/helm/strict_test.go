@@ -30,25 +30,24 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 					t.Errorf("%s: not a kind a job install may create", o.Key())
 					continue
 				}
-				apiVersion, _ := o.Obj["apiVersion"].(string)
-				gvk := scheme.Scheme.AllKnownTypes()
-				var typed any
-				for k, typ := range gvk {
-					if k.Kind == o.Kind && k.GroupVersion().String() == apiVersion {
-						typed = newOf(typ)
-						break
-					}
-				}
-				if typed == nil {
-					t.Errorf("%s: unknown apiVersion %s", o.Key(), apiVersion)
-					continue
-				}
-				if err := yaml.UnmarshalStrict([]byte(o.YAML), typed); err != nil {
-					t.Errorf("%s (%s): %v", o.Key(), o.Source, err)
-				}
+				decodeStrictly(t, o)
 			}
 		})
 	}
 }
 
-func newOf(typ reflect.Type) any { return reflect.New(typ).Interface() }
+// decodeStrictly decodes o into its client-go type, failing t on an unknown apiVersion or any field the type
+// does not have.
+func decodeStrictly(t *testing.T, o chartrender.Object) {
+	t.Helper()
+	apiVersion, _ := o.Obj["apiVersion"].(string)
+	for gvk, typ := range scheme.Scheme.AllKnownTypes() {
+		if gvk.Kind == o.Kind && gvk.GroupVersion().String() == apiVersion {
+			if err := yaml.UnmarshalStrict([]byte(o.YAML), reflect.New(typ).Interface()); err != nil {
+				t.Errorf("%s (%s): %v", o.Key(), o.Source, err)
+			}
+			return
+		}
+	}
+	t.Errorf("%s: unknown apiVersion %s", o.Key(), apiVersion)
+}

@@ -1,12 +1,23 @@
+{{/*
+Names. Every object's name derives from "elastic-training-webhook.fullname": the release name when it contains the
+chart name (the documented `helm install elastic-training-webhook ...` gives elastic-training-webhook), otherwise
+<release>-<chart>; fullnameOverride replaces it, nameOverride replaces the chart name in it and in the
+app.kubernetes.io/name label.
+*/}}
 {{- define "elastic-training-webhook.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "elastic-training-webhook.fullname" -}}
-{{- if contains .Chart.Name .Release.Name }}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -26,4 +37,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "elastic-training-webhook.tlsSecret" -}}
 {{- printf "%s-tls" (include "elastic-training-webhook.fullname" .) }}
+{{- end }}
+
+{{/* The ServiceAccount the webhook runs as: the chart's own (create), or one that exists (name, else default). */}}
+{{- define "elastic-training-webhook.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "elastic-training-webhook.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* logLevel as --zap-log-level gets it: numbers from a values file are float64, printed without an exponent. */}}
+{{- define "elastic-training-webhook.logLevel" -}}
+{{- if kindIs "string" .Values.logLevel }}
+{{- .Values.logLevel }}
+{{- else }}
+{{- int64 .Values.logLevel }}
+{{- end }}
+{{- end }}
+
+{{/* The PodDisruptionBudget is rendered only with more than one replica: with one, any minAvailable >= 1 would
+block every node drain, and minAvailable 0 protects nothing. */}}
+{{- define "elastic-training-webhook.pdbEnabled" -}}
+{{- if and .Values.podDisruptionBudget.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
 {{- end }}
