@@ -20,7 +20,7 @@ func TestRejected(t *testing.T) {
 		{"unknown framework", []string{"framework=tensorflow"}, "at '/framework': value must be one of 'pytorch', 'mpi', 'mxnet', 'custom'"},
 		{"no member required", []string{"workers.enabled=false", "workerGroups.burst.replicas=1", "workerGroups.burst.minReplicas=0"}, "the worker groups' minReplicas add up to 0"},
 		{"min greater than max", []string{"workers.minReplicas=5", "workers.maxReplicas=2", "workers.replicas=3"}, "workers: minReplicas (5) is greater than maxReplicas (2)"},
-		{"replicas above max", []string{"workers.replicas=9"}, "workers: replicas 9 is outside minReplicas..maxReplicas (1..4); a running job keeps the range it was installed with"},
+		{"replicas above max", []string{"workers.replicas=9"}, "workers: replicas 9 is outside minReplicas..maxReplicas (1..4): raise workers.maxReplicas"},
 		{"replicas below min", []string{"workers.minReplicas=3", "workers.replicas=2"}, "workers: replicas 2 is outside minReplicas..maxReplicas (3..4)"},
 		{"replicas outside range in a worker group", []string{"workerGroups.burst.replicas=7", "workerGroups.burst.minReplicas=1", "workerGroups.burst.maxReplicas=6"}, "workerGroups.burst: replicas 7 is outside minReplicas..maxReplicas (1..6)"},
 		{"gpus not an integer (--set)", []string{"workers.gpus=1.5"}, "at '/workers/gpus': got string, want integer"},
@@ -50,6 +50,33 @@ func TestRejected(t *testing.T) {
 		{"slots zero", []string{"workers.slots=0"}, "at '/workers/slots': minimum: got 0, want 1"},
 		{"MXNet without servers", []string{"framework=mxnet", "mxnet.servers.replicas=0"}, "at '/mxnet/servers/replicas': minimum: got 0, want 1"},
 		{"PVC without size", []string{"persistence.enabled=true", "persistence.size="}, "persistence.size is empty"},
+		// What the webhook would deny (its rules, generated into _contract.tpl), refused at install instead.
+		{"sidecar's container name", []string{"command={torchrun,t.py}", "containerName=rdzv-sidecar"}, `containerName: "rdzv-sidecar" is the name of the rendezvous sidecar`},
+		{"reserved volume name", []string{"command={torchrun,t.py}", "volumes[0].name=elastic-training", "volumes[0].emptyDir.medium=Memory"}, `volumes: volume name "elastic-training" is reserved`},
+		{"reserved volume name in a group", []string{"command={torchrun,t.py}", "workers.volumes[0].name=elastic-training-tls", "workers.volumes[0].emptyDir.medium=Memory"}, `workers.volumes: volume name "elastic-training-tls" is reserved`},
+		{"mount at the webhook's path", []string{"command={torchrun,t.py}", "volumeMounts[0].name=x", "volumeMounts[0].mountPath=/etc/elastic-training/"}, "volumeMounts: mountPath /etc/elastic-training/ is where the webhook mounts the rendezvous files"},
+		{"gpus over the webhook's slots", []string{"command={torchrun,t.py}", "workers.gpus=2000"}, "workers.gpus: 2000 is more than a pod may have (1024)"},
+		{"slots over the webhook's slots", []string{"command={torchrun,t.py}", "workers.slots=1025"}, "workers.slots: 1025 is more than a pod may have (1024)"},
+		{"misspelt accelerator", []string{"command={torchrun,t.py}", "gpuResource=nvidia.com/gpus", "workers.gpus=1"}, `gpuResource: "nvidia.com/gpus" is not an accelerator resource the webhook counts`},
+		{"an Intel share is not a device", []string{"command={torchrun,t.py}", "gpuResource=gpu.intel.com/millicores", "workers.gpus=1"}, `gpuResource: "gpu.intel.com/millicores" is not an accelerator`},
+		{"gpus disagree with limits", []string{"command={torchrun,t.py}", "workers.gpus=1", "workers.resources.limits.nvidia\\.com/gpu=2"}, "workers.gpus is 1 but resources.limits says nvidia.com/gpu: 2"},
+		{"script with a command that ignores it", []string{"command={torchrun,other.py}", "script=print(1)"}, "script is set but workers.command [torchrun other.py] does not run it"},
+		{"user-set mutated annotation", []string{"command={torchrun,t.py}", "podAnnotations.elastic-training\\.io/mutated=x"}, "podAnnotations: elastic-training.io/mutated is the webhook's record"},
+		{"our annotation key in a group", []string{"command={torchrun,t.py}", "workers.podAnnotations.elastic-training\\.io/slot=four"}, "workers.podAnnotations: elastic-training.io/slot is the chart's to set"},
+		{"our label key", []string{"command={torchrun,t.py}", "podLabels.elastic-training\\.io/role=x"}, "podLabels: elastic-training.io/role is the chart's to set"},
+		{"bad PriorityClass name", []string{"command={torchrun,t.py}", "priorityClassName=High_Priority"}, `priorityClassName: "High_Priority" is not a valid object name`},
+		{"bad group PriorityClass name", []string{"command={torchrun,t.py}", "workers.priorityClassName=Spot"}, `workers.priorityClassName: "Spot" is not a valid object name`},
+		{"bad TLS Secret name", []string{"command={torchrun,t.py}", "rendezvous.backend=etcd-v2", "rendezvous.tls.secretName=My_Certs"}, `rendezvous.tls.secretName: "My_Certs" is not a valid object name`},
+		{"bad pull Secret name", []string{"command={torchrun,t.py}", "imagePullSecrets[0].name=Regcred"}, `imagePullSecrets: "Regcred" is not a valid object name`},
+		{"two queues", []string{"command={torchrun,t.py}", "queue.kueue=a", "queue.volcano=b"}, "queue.kueue (a) and queue.volcano (b) are both set"},
+		{"helm test that cannot pass", []string{"command={torchrun,t.py}", "tests.minMembers=5"}, "tests.minMembers (5) is more than the job can ever have (4"},
+		{"ReadWriteOncePod with several pods", []string{"command={torchrun,t.py}", "persistence.enabled=true", "persistence.accessModes={ReadWriteOncePod}"}, "persistence.accessModes: ReadWriteOncePod lets one pod mount the volume"},
+		{"MXNet worker groups", []string{"framework=mxnet", "command={python3,t.py}", "workerGroups.more.replicas=1"}, "workerGroups (more): MXNet jobs have one worker group"},
+		{"MXNet port of the sidecar", []string{"framework=mxnet", "command={python3,t.py}", "mxnet.psPort=2381"}, "mxnet.psPort: 2381 is the rendezvous sidecar's health port"},
+		{"the default job: nothing to run", nil, "workers: nothing to run: set command"},
+		{"custom job with nothing to run", []string{"framework=custom"}, "workers: nothing to run: set command"},
+		{"MXNet scheduler with nothing to run", []string{"framework=mxnet", "workers.command={python3,train.py}"}, "mxnet.scheduler: nothing to run"},
+		{"worker group with nothing to run", []string{"workers.command={torchrun,t.py}", "workerGroups.burst.replicas=1"}, "workerGroups.burst: nothing to run"},
 	}
 	if len(cases) < 20 {
 		t.Fatalf("want at least 20 negative cases, have %d", len(cases))
@@ -74,5 +101,33 @@ func TestRejected(t *testing.T) {
 				t.Errorf("--set %v:\n got: %v\nwant: ...%s...", c.sets, err, c.want)
 			}
 		})
+	}
+}
+
+// TestSomethingToRun: what a job may run instead of the image's entrypoint alone, accepted.
+func TestSomethingToRun(t *testing.T) {
+	ch := loadChart(t)
+	for _, sets := range [][]string{
+		{"command={torchrun,/app/train.py}"},
+		{"workers.command={torchrun,/app/train.py}"},
+		{"args={--epochs,three}"},                                                       // an image whose entrypoint trains
+		{"script=print(1)", "command={torchrun,/etc/elastic-training-script/train.py}"}, // a command that runs the script
+		{"command={torchrun,t.py}", "gpuResource=gpu.intel.com/xe", "workers.gpus=1"},
+		{"command={torchrun,t.py}", "gpuResource=nvidia.com/mig-1g.10gb", "workers.gpus=1"},
+		{"command={torchrun,t.py}", "gpuResource=example.com/npu", "workers.gpus=1", "workers.slots=1"}, // the webhook's extraAccelerators
+		{"command={torchrun,t.py}", "workers.gpus=2", "workers.resources.limits.nvidia\\.com/gpu=2"},
+		{"script=print(1)"},
+		{"framework=mpi", "mpi.launcher.command={mpirun,python3,t.py}"}, // MPI workers run sshd
+		{"framework=mxnet", "command={python3,t.py}"},
+	} {
+		vals := map[string]any{}
+		for _, s := range sets {
+			if err := strvals.ParseInto(s, vals); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := render(ch, vals, chartrender.Options{}); err != nil {
+			t.Errorf("--set %v: %v", sets, err)
+		}
 	}
 }

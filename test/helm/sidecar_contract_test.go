@@ -70,11 +70,15 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 		values   map[string]any
 		scenario bool // a ci scenario or example: may have no dedicated rendezvous pod
 	}
+	// A trainer command: the chart refuses a job with nothing to run.
+	train := func() map[string]any {
+		return merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"}})
+	}
 	cases := []tc{
-		{"pytorch", merge(pinned(t), map[string]any{"rendezvous": dedicated}), false},
-		{"pytorch-tls", merge(pinned(t), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcdV2})}), false},
-		{"pytorch-etcd-tls", merge(pinned(t), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcd})}), false},
-		{"pytorch-c10d-preemptible", merge(pinned(t), map[string]any{"rendezvous": map[string]any{"backend": constants.BackendC10d}, "workers": map[string]any{"preemptible": true}}), false},
+		{"pytorch", merge(train(), map[string]any{"rendezvous": dedicated}), false},
+		{"pytorch-tls", merge(train(), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcdV2})}), false},
+		{"pytorch-etcd-tls", merge(train(), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcd})}), false},
+		{"pytorch-c10d-preemptible", merge(train(), map[string]any{"rendezvous": map[string]any{"backend": constants.BackendC10d}, "workers": map[string]any{"preemptible": true}}), false},
 		{"mpi-mpich", merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI, "rendezvous": dedicated,
 			"mpi": map[string]any{"flavour": constants.FlavourMPICH, "launcher": map[string]any{"command": []any{"mpirun"}}}}), false},
 		{"custom-tls", merge(pinned(t), map[string]any{"framework": constants.FrameworkCustom, "rendezvous": withTLS,

@@ -206,9 +206,17 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 		sets   []string
 		want   string
 	}{
-		{"wider range", "ci/pytorch-values.yaml", []string{"workers.maxReplicas=8"}, "this job was installed with min-nodes 1 and max-nodes 3 (now 1 and 8)"},
-		{"higher minimum in a group", "ci/elasticdl-values.yaml", []string{"workerGroups.burst.minReplicas=2"}, "installed with min-nodes 3 and max-nodes 8 (now 4 and 8)"},
-		{"MPI worker set", "ci/mpi-values.yaml", []string{"workerGroups.big.maxReplicas=3"}, "installed with min-nodes 2 and max-nodes 6 (now 2 and 7)"},
+		{"wider range", "ci/pytorch-values.yaml", []string{"workers.maxReplicas=8"},
+			"upgrade refused, nothing was changed: Job demo-worker's pod template would change (values changed since the running revision: workers.maxReplicas), and Kubernetes does not let a Job's pod template change"},
+		{"higher minimum in a group", "ci/elasticdl-values.yaml", []string{"workerGroups.burst.minReplicas=2"}, "(values changed since the running revision: workerGroups.burst)"},
+		{"MPI range (in every pod template)", "ci/mpi-values.yaml", []string{"workerGroups.big.maxReplicas=3"}, "Job demo-launcher's pod template would change (values changed since the running revision: workerGroups.big)"},
+		{"MPI worker set", "ci/mpi-values.yaml", []string{"workerGroups.big.gpus=3"}, "StatefulSet demo-big's pod template would change (values changed since the running revision: workerGroups.big), and every pod of it would restart"},
+		{"image tag", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "Job demo-worker's pod template would change (values changed since the running revision: image.tag)"},
+		{"gpus", "ci/pytorch-values.yaml", []string{"workers.gpus=2"}, "(values changed since the running revision: workers.gpus)"},
+		{"two values", "ci/pytorch-values.yaml", []string{"workers.gpus=2", "env[0].name=X", "env[0].value=1"}, "(values changed since the running revision: env, workers.gpus)"},
+		{"the advice", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "A running job changes only its size (helm upgrade --reuse-values --set workers.replicas=N); to change it, start a new run that resumes from your checkpoints: helm uninstall demo"},
+		{"the run id to keep", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "then helm install demo with the new values and --set runId=demo-"},
+		{"the dedicated rendezvous pod", "ci/elasticdl-values.yaml", []string{"rendezvous.resources.limits.memory=1Gi"}, "StatefulSet demo-rdzv's pod template would change (values changed since the running revision: rendezvous.resources)"},
 		{"MXNet workers", "ci/mxnet-values.yaml", []string{"workers.replicas=3"}, "workers.replicas: MXNet jobs are not elastic"},
 		{"MXNet servers", "ci/mxnet-values.yaml", []string{"mxnet.servers.replicas=3"}, "mxnet.servers.replicas: MXNet jobs are not elastic"},
 	}
@@ -234,5 +242,33 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 				t.Errorf("install with --set %v: %v", c.sets, err)
 			}
 		})
+	}
+}
+
+// TestDataVolumeOutlivesUninstall: the chart's PVC carries helm.sh/resource-policy: keep unless persistence.keep is
+// false, so following the refusal's advice (uninstall, install again) loses no checkpoint.
+func TestDataVolumeOutlivesUninstall(t *testing.T) {
+	ch := loadChart(t)
+	for _, keep := range []bool{true, false} {
+		vals := merge(pinned(t), map[string]any{"command": []any{"torchrun", "t.py"},
+			"persistence": map[string]any{"enabled": true, "keep": keep}})
+		r, err := render(ch, vals, chartrender.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, o := range r.Objects {
+			if o.Kind != "PersistentVolumeClaim" {
+				continue
+			}
+			found = true
+			policy, _, _ := unstructured.NestedString(o.Obj, "metadata", "annotations", "helm.sh/resource-policy")
+			if want := map[bool]string{true: "keep", false: ""}[keep]; policy != want {
+				t.Errorf("persistence.keep=%v: %s has resource-policy %q, want %q", keep, o.Key(), policy, want)
+			}
+		}
+		if !found {
+			t.Errorf("persistence.keep=%v: no PVC rendered", keep)
+		}
 	}
 }

@@ -188,3 +188,74 @@ disruptions, which needs Never).
 {{- end -}}
 {{- $p -}}
 {{- end -}}
+
+{{/*
+Upgrade guard. A Job's pod template cannot change (Kubernetes answers "field is immutable" after Helm has already
+applied the objects before it) and a StatefulSet's restarts every pod, so an upgrade that would change any pod
+template is refused while rendering, before anything is applied. Every Job and StatefulSet carries its pod
+template's digest (elastic-training.io/pod-template); the <job>-run ConfigMap carries a digest of each value
+(values-digests) so that the refusal can name the values that changed.
+*/}}
+{{- define "elastic-training.valueDigests" -}}
+{{- $out := dict -}}
+{{- range $k, $v := .Values -}}
+{{- if hasPrefix "__" $k -}}{{- continue -}}{{- end -}}
+{{- if and (kindIs "map" $v) $v -}}
+{{- range $k2, $v2 := $v -}}
+{{- if eq $k2 "replicas" -}}{{- continue -}}{{- end -}}
+{{- $x := $v2 -}}
+{{- if kindIs "map" $v2 -}}{{- $x = omit $v2 "replicas" -}}{{- end -}}
+{{- $_ := set $out (printf "%s.%s" $k $k2) (toJson $x | sha256sum | trunc 8) -}}
+{{- end -}}
+{{- else -}}
+{{- $_ := set $out $k (toJson $v | sha256sum | trunc 8) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* What to do instead of an upgrade the chart refuses: a new run that keeps the data and the run id. */}}
+{{- define "elastic-training.newRunAdvice" -}}
+{{- $job := include "elastic-training.fullname" . -}}
+{{- $v := .Values -}}
+{{- $data := "" -}}
+{{- if and $v.persistence.enabled (not $v.persistence.existingClaim) $v.persistence.keep -}}
+{{- $data = printf "helm uninstall %s keeps the PVC %s-data with its checkpoints (persistence.keep) and the next install takes it over" $job $job -}}
+{{- else if $v.persistence.existingClaim -}}
+{{- $data = printf "helm uninstall %s leaves your PVC %s as it is" $job $v.persistence.existingClaim -}}
+{{- else -}}
+{{- $data = printf "helm uninstall %s deletes the pods: keep your checkpoints on storage that outlives them (persistence.enabled, or a volume of yours)" $job -}}
+{{- end -}}
+to change it, start a new run that resumes from your checkpoints: {{ $data }}; then helm install {{ $job }} with the new values and --set runId={{ include "elastic-training.runId" . }} (the same run id)
+{{- end -}}
+
+{{/* . = dict "root" "apiVersion" "kind" "name" "digest": fails an upgrade that changes this object's pod template. */}}
+{{- define "elastic-training.podTemplateGuard" -}}
+{{- $root := .root -}}
+{{- if $root.Release.IsUpgrade -}}
+{{- $live := lookup .apiVersion .kind $root.Release.Namespace .name | default dict -}}
+{{- $was := dig "metadata" "annotations" "elastic-training.io/pod-template" "" $live -}}
+{{- if and $was (ne $was .digest) -}}
+{{- $job := include "elastic-training.fullname" $root -}}
+{{- $run := lookup "v1" "ConfigMap" $root.Release.Namespace (printf "%s-run" $job) | default dict -}}
+{{- $old := dig "data" "values-digests" "{}" $run | fromJson -}}
+{{- $new := include "elastic-training.valueDigests" $root | fromJson -}}
+{{- $changed := list -}}
+{{- range $k := concat (keys $old) (keys $new) | uniq | sortAlpha -}}
+{{- if ne (toString (index $old $k)) (toString (index $new $k)) -}}{{- $changed = append $changed $k -}}{{- end -}}
+{{- end -}}
+{{- $why := printf "values changed since the running revision: %s" (join ", " $changed) -}}
+{{- if not $old -}}
+{{- $why = "the running revision was installed by a chart that does not record its values" -}}
+{{- else if not $changed -}}
+{{- $why = printf "no value changed: the chart's templates did (%s -> %s)" (dig "metadata" "labels" "helm.sh/chart" "?" $live) (include "elastic-training.chart" $root) -}}
+{{- end -}}
+{{- $scale := list -}}
+{{- range $g := (include "elastic-training.plan" $root | fromYaml).groups -}}
+{{- if $g.member -}}{{- $scale = append $scale (printf "%s.replicas=N" $g.path) -}}{{- end -}}
+{{- end -}}
+{{- $effect := ternary "Kubernetes does not let a Job's pod template change" "every pod of it would restart" (eq .kind "Job") -}}
+{{- fail (printf "upgrade refused, nothing was changed: %s %s's pod template would change (%s), and %s. A running job changes only its size (helm upgrade --reuse-values --set %s); %s" .kind .name $why $effect (join "," $scale) (include "elastic-training.newRunAdvice" $root)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

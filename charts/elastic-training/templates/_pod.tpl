@@ -4,6 +4,7 @@ Nothing here may depend on a group's replicas (except MXNet's num-workers): the 
 byte-identical when `helm upgrade --set workers.replicas=N` scales the job. No chart version, no revision.
 */}}
 {{- define "elastic-training.podTemplate" -}}
+{{- include "elastic-training.checkGroup" . -}}
 {{- $root := .root -}}
 {{- $rv := $root.Values -}}
 {{- $g := .g -}}
@@ -93,6 +94,10 @@ metadata:
     scheduling.volcano.sh/queue-name: {{ . }}
     {{- end }}
 spec:
+  # Only the admission webhook removes this gate (internal/constants.SchedulingGate): without the webhook the pod
+  # stays SchedulingGated instead of training alone, with no rendezvous.
+  schedulingGates:
+    - name: {{ (include "elastic-training.contract" $root | fromJson).schedulingGate }}
   {{- if eq $g.kind "Job" }}
   restartPolicy: {{ include "elastic-training.restartPolicy" (dict "root" $root "g" $g) }}
   {{- else }}

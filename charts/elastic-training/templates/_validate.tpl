@@ -23,7 +23,7 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "%s: minReplicas (%d) is greater than maxReplicas (%d)" $g.path $lo $hi) -}}
 {{- end -}}
 {{- if or (lt $r $lo) (gt $r $hi) -}}
-{{- fail (printf "%s: replicas %d is outside minReplicas..maxReplicas (%d..%d); a running job keeps the range it was installed with (uninstall and install again to widen it)" $g.path $r $lo $hi) -}}
+{{- fail (printf "%s: replicas %d is outside minReplicas..maxReplicas (%d..%d): raise %s.maxReplicas or lower %s.minReplicas (on a running job that changes every pod template, so the upgrade is refused with what to do)" $g.path $r $lo $hi $g.path $g.path) -}}
 {{- end -}}
 {{- end -}}
 {{- if eq $g.kind "Job" -}}
@@ -38,20 +38,6 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- if and (gt $members 0) (lt (int $plan.minNodes) 1) -}}
 {{- fail "minReplicas: the worker groups' minReplicas add up to 0; at least one member must be required (workers.minReplicas >= 1)" -}}
 {{- end -}}
-{{- if $.Release.IsUpgrade -}}
-{{- /* min/max nodes are in every pod template; a Job's template cannot change, a StatefulSet's would restart its pods. */ -}}
-{{- range $g := $plan.groups -}}
-{{- if $g.member -}}
-{{- $live := lookup (ternary "batch/v1" "apps/v1" (eq $g.kind "Job")) $g.kind $.Release.Namespace (printf "%s-%s" $job $g.name) -}}
-{{- $ann := dig "spec" "template" "metadata" "annotations" dict ($live | default dict) -}}
-{{- $liveMin := index $ann "elastic-training.io/min-nodes" | default "" -}}
-{{- $liveMax := index $ann "elastic-training.io/max-nodes" | default "" -}}
-{{- if and $liveMin (or (ne $liveMin (toString (int $plan.minNodes))) (ne $liveMax (toString (int $plan.maxNodes)))) -}}
-{{- fail (printf "minReplicas/maxReplicas: this job was installed with min-nodes %s and max-nodes %s (now %d and %d); they are in every pod template, which Kubernetes does not let a running Job change: keep them, or uninstall and install again" $liveMin $liveMax (int $plan.minNodes) (int $plan.maxNodes)) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
 {{- if and (eq $v.framework "mxnet") $.Release.IsUpgrade -}}
 {{- /* MXNet is not elastic: DMLC_NUM_WORKER / DMLC_NUM_SERVER are in every pod template, and a Job's template is immutable. */ -}}
 {{- range $g := $plan.groups -}}
@@ -61,7 +47,7 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- if $live -}}
 {{- $have := int (ternary (dig "spec" "completions" 0 $live) (dig "spec" "replicas" 0 $live) (eq $g.kind "Job")) -}}
 {{- if ne $have (int $g.replicas) -}}
-{{- fail (printf "%s.replicas: MXNet jobs are not elastic (DMLC_NUM_WORKER and DMLC_NUM_SERVER are fixed when the job starts); %s %s-%s runs %d, to run %d: helm uninstall and install again" $g.path $kind $job $g.name $have (int $g.replicas)) -}}
+{{- fail (printf "%s.replicas: MXNet jobs are not elastic (DMLC_NUM_WORKER and DMLC_NUM_SERVER are fixed when the job starts); %s %s-%s runs %d, to run %d: %s" $g.path $kind $job $g.name $have (int $g.replicas) (include "elastic-training.newRunAdvice" $)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -101,5 +87,35 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- end -}}
 {{- if and $v.persistence.enabled (not $v.persistence.existingClaim) (not $v.persistence.size) -}}
 {{- fail "persistence.size is empty: give a size (e.g. 10Gi) or persistence.existingClaim" -}}
+{{- end -}}
+{{- $c := include "elastic-training.contract" . | fromJson -}}
+{{- if and $v.queue.kueue $v.queue.volcano -}}
+{{- fail (printf "queue.kueue (%s) and queue.volcano (%s) are both set: a job is queued by one of them; set the other to \"\"" $v.queue.kueue $v.queue.volcano) -}}
+{{- end -}}
+{{- if and $v.tests.enabled (gt (int $v.tests.minMembers) (int $plan.maxNodes)) -}}
+{{- fail (printf "tests.minMembers (%d) is more than the job can ever have (%d, the worker groups' maxReplicas): helm test could never pass" (int $v.tests.minMembers) (int $plan.maxNodes)) -}}
+{{- end -}}
+{{- if and $v.persistence.enabled (not $v.persistence.existingClaim) (has "ReadWriteOncePod" $v.persistence.accessModes) (gt (len $plan.groups) 1 | or (gt (int $plan.maxNodes) 1)) -}}
+{{- fail "persistence.accessModes: ReadWriteOncePod lets one pod mount the volume, and this job has several: use ReadWriteMany (or ReadWriteOnce when every pod runs on one node)" -}}
+{{- end -}}
+{{- if eq $v.framework "mxnet" -}}
+{{- if $v.workerGroups -}}
+{{- fail (printf "workerGroups (%s): MXNet jobs have one worker group, workers (DMLC_WORKER_ID is a worker's index, so a second group would repeat the ids)" (keys $v.workerGroups | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- with index $c.reservedPorts (toString (int $v.mxnet.psPort)) -}}
+{{- fail (printf "mxnet.psPort: %d is %s, in the same pod: choose another port" (int $v.mxnet.psPort) .) -}}
+{{- end -}}
+{{- end -}}
+{{- include "elastic-training.checkName" (dict "path" "rendezvous.tls.secretName" "v" $v.rendezvous.tls.secretName) -}}
+{{- include "elastic-training.checkName" (dict "path" "rendezvous.priorityClassName" "v" $v.rendezvous.priorityClassName) -}}
+{{- /* A pod with no command, args or script runs the image's entrypoint: in the default image a shell that exits 0,
+so the Job would end Complete having trained nothing. MPI workers run sshd (mpi.workerCommand). */ -}}
+{{- if not (include "elastic-training.hasScript" .) -}}
+{{- range $g := $plan.groups -}}
+{{- $gv := $g.values | default dict -}}
+{{- if not (or $gv.command $gv.args $v.command $v.args (and (eq $v.framework "mpi") (eq $g.role "worker"))) -}}
+{{- fail (printf "%s: nothing to run: set command (e.g. --set-json 'command=[\"torchrun\",\"/app/train.py\"]'), or script (the chart runs it with %s), or args for an image whose entrypoint trains; the image's own entrypoint (%s) would start, and the job would end Complete having trained nothing" $g.path (eq $v.framework "pytorch" | ternary "torchrun" "python3") (printf "%s:%s" $v.image.repository (toString $v.image.tag))) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

@@ -53,6 +53,7 @@ func installWebhook(t testing.TB, c *framework.Cluster) {
 		c.HelmInstall(t, webhookNamespace, webhookRelease, c.RepoPath("charts/elastic-training-webhook"), map[string]any{
 			"image":   imageValues(framework.WebhookImage),
 			"sidecar": map[string]any{"image": imageValues(framework.SidecarImage)},
+			"webhook": map[string]any{"excludeNamespaces": []any{noWebhookNamespace}},
 		}, framework.Wait(3*time.Minute), framework.KeepAfterTest())
 		// Ready pods do not mean the API server can call them yet (kube-proxy lags): a server-side dry-run
 		// of a training pod goes through admission exactly like a real create.

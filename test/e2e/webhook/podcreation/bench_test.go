@@ -299,6 +299,8 @@ func renderWorkerJob(b *testing.B, c *framework.Cluster, ns string, pods int) *b
 		values["workers"] = workers
 	}
 	workers["replicas"], workers["minReplicas"], workers["maxReplicas"] = pods, 1, pods
+	// The chart refuses a job with nothing to run; these pods stay gated and never run it.
+	values["command"] = []any{"torchrun", "train.py"}
 
 	// As `helm template --kube-version <the cluster's>`: the chart checks the Kubernetes version.
 	sv, err := c.Client.Discovery().ServerVersion()

@@ -1,0 +1,88 @@
+{{/*
+Checks of one group's pod against the webhook's rules (_contract.tpl, generated from the webhook's own constants):
+what the webhook would deny after `helm install` succeeded (the reason only in `kubectl describe job`), or what
+would silently not do what the values say, fails here with the value to fix. Input: the podTemplate's dict.
+*/}}
+{{- define "elastic-training.checkGroup" -}}
+{{- $c := include "elastic-training.contract" . | fromJson -}}
+{{- $rv := .root.Values -}}
+{{- $g := .g -}}
+{{- $gv := $g.values | default dict -}}
+{{- $p := $g.path -}}
+{{- if eq $rv.containerName $c.sidecarContainer -}}
+{{- fail (printf "containerName: %q is the name of the rendezvous sidecar the webhook injects: choose another" $rv.containerName) -}}
+{{- end -}}
+{{- range $where := list (dict "path" "volumes" "list" $rv.volumes) (dict "path" (printf "%s.volumes" $p) "list" $gv.volumes) -}}
+{{- range $where.list -}}
+{{- if has .name $c.reservedVolumes -}}
+{{- fail (printf "%s: volume name %q is reserved for the volume the webhook adds (reserved: %s): rename it" $where.path .name (join ", " $c.reservedVolumes)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $where := list (dict "path" "volumeMounts" "list" $rv.volumeMounts) (dict "path" (printf "%s.volumeMounts" $p) "list" $gv.volumeMounts) -}}
+{{- range $where.list -}}
+{{- if has (.mountPath | trimSuffix "/") $c.reservedMountPaths -}}
+{{- fail (printf "%s: mountPath %s is where the webhook mounts the rendezvous files (reserved: %s): mount %q elsewhere" $where.path .mountPath (join ", " $c.reservedMountPaths) .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $max := int $c.maxSlots -}}
+{{- $gpus := int ($gv.gpus | default 0) -}}
+{{- if gt $gpus $max -}}
+{{- fail (printf "%s.gpus: %d is more than a pod may have (%d)" $p $gpus $max) -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" $gv.slots)) (gt (int $gv.slots) $max) -}}
+{{- fail (printf "%s.slots: %d is more than a pod may have (%d)" $p (int $gv.slots) $max) -}}
+{{- end -}}
+{{- if and (gt $gpus 0) (kindIs "invalid" $gv.slots) (not (include "elastic-training.isAccelerator" (dict "name" $rv.gpuResource "rules" $c.accelerators))) -}}
+{{- fail (printf "gpuResource: %q is not an accelerator resource the webhook counts (%s, %s*), so %s.gpus would give 1 slot and, misspelt, pods that stay Pending: fix the name, or set %s.slots if it is one of the webhook's extraAccelerators" $rv.gpuResource (join ", " $c.accelerators.exact) (join "*, " $c.accelerators.prefixes) $p $p) -}}
+{{- end -}}
+{{- $limits := ($gv.resources | default $rv.resources | default dict).limits | default dict -}}
+{{- if and (gt $gpus 0) (hasKey $limits $rv.gpuResource) (ne (toString (index $limits $rv.gpuResource)) (toString $gpus)) -}}
+{{- fail (printf "%s.gpus is %d but resources.limits says %s: %v; set the count in one place (gpus)" $p $gpus $rv.gpuResource (index $limits $rv.gpuResource)) -}}
+{{- end -}}
+{{- $command := $gv.command | default $rv.command -}}
+{{- if and $rv.script $command (not (and (eq $rv.framework "mpi") (eq $g.role "worker"))) -}}
+{{- if not (contains $rv.scriptName (join " " (concat $command ($gv.args | default $rv.args | default list)))) -}}
+{{- fail (printf "script is set but %s.command %v does not run it (the chart runs the script only when command is empty): drop command, or run %s/%s in it" $p $command (include "elastic-training.scriptDir" .root) $rv.scriptName) -}}
+{{- end -}}
+{{- end -}}
+{{- range $kind := list "podAnnotations" "podLabels" -}}
+{{- range $where := list (dict "path" $kind "map" (index $rv $kind)) (dict "path" (printf "%s.%s" $p $kind) "map" (index $gv $kind)) -}}
+{{- range $k, $_ := $where.map -}}
+{{- if eq $k $c.mutatedAnnotation -}}
+{{- fail (printf "%s: %s is the webhook's record that it mutated a pod; set by hand it would skip the rendezvous wiring: remove it" $where.path $k) -}}
+{{- else if hasPrefix (printf "%s/" $c.domain) $k -}}
+{{- fail (printf "%s: %s is the chart's to set from its values (a key of %s/ here would clash with it, or is a typo): remove it" $where.path $k $c.domain) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $where := list (dict "path" "priorityClassName" "v" $rv.priorityClassName) (dict "path" (printf "%s.priorityClassName" $p) "v" $gv.priorityClassName) (dict "path" "serviceAccountName" "v" $rv.serviceAccountName) (dict "path" (printf "%s.serviceAccountName" $p) "v" $gv.serviceAccountName) -}}
+{{- include "elastic-training.checkName" $where -}}
+{{- end -}}
+{{- range (concat ($rv.imagePullSecrets | default list) ($gv.imagePullSecrets | default list)) -}}
+{{- include "elastic-training.checkName" (dict "path" "imagePullSecrets" "v" .name) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* . = dict "path" "v": a Kubernetes object name (a DNS subdomain), or empty. */}}
+{{- define "elastic-training.checkName" -}}
+{{- if and .v (or (gt (len .v) 253) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" .v))) -}}
+{{- fail (printf "%s: %q is not a valid object name (a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253): the API server would reject every pod" .path .v) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* . = dict "name" "rules": "true" when the resource name is an accelerator by the webhook's rules (internal/gpu). */}}
+{{- define "elastic-training.isAccelerator" -}}
+{{- $n := .name -}}
+{{- $share := false -}}
+{{- range .rules.shares -}}
+{{- if or (eq $n .) (and (hasSuffix "." .) (hasPrefix . $n)) -}}{{- $share = true -}}{{- end -}}
+{{- end -}}
+{{- $prefixed := false -}}
+{{- range .rules.prefixes -}}
+{{- if and (hasPrefix . $n) (gt (len $n) (len .)) -}}{{- $prefixed = true -}}{{- end -}}
+{{- end -}}
+{{- if or (has $n .rules.exact) (and $prefixed (not $share)) -}}true{{- end -}}
+{{- end -}}

@@ -1,0 +1,144 @@
+{{- /* The dedicated rendezvous pod's template (its digest guards upgrades: elastic-training.podTemplateGuard). */ -}}
+{{- define "elastic-training.rdzvPodTemplate" -}}
+{{- $plan := .plan -}}
+{{- with .root -}}
+{{- $job := include "elastic-training.fullname" . -}}
+{{- $r := .Values.rendezvous -}}
+{{- $tls := $r.tls.secretName -}}
+{{- $scheme := ternary "https" "http" (not (empty $tls)) -}}
+{{- $svc := printf "%s-rdzv.%s.svc.%s" $job .Release.Namespace .Values.clusterDomain -}}
+metadata:
+  labels:
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    app.kubernetes.io/name: {{ include "elastic-training.name" . }}
+    app.kubernetes.io/instance: {{ .Release.Name }}
+    app.kubernetes.io/component: rdzv
+    elastic-training.io/job: {{ $job }}
+    elastic-training.io/role: rdzv
+    elastic-training.io/group: rdzv
+    elastic-training.io/rdzv-server: "true"
+  annotations:
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    kubectl.kubernetes.io/default-container: rdzv-sidecar
+    {{- include "elastic-training.jobAnnotations" (dict "root" . "plan" $plan) | nindent 4 }}
+    elastic-training.io/rdzv-host: "true"
+spec:
+  subdomain: {{ $job }}
+  enableServiceLinks: false
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 10
+  {{- with ($r.priorityClassName | default .Values.priorityClassName) }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.schedulerName }}
+  schedulerName: {{ . }}
+  {{- end }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $r.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $r.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $r.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: rdzv-sidecar
+      image: {{ printf "%s:%s" $r.image.repository $r.image.tag }}
+      imagePullPolicy: {{ $r.image.pullPolicy }}
+      {{- with $r.command }}
+      command:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      args:
+        - serve
+        - --data-dir=/var/lib/elastic-training
+        - --listen-client-urls={{ $scheme }}://0.0.0.0:2379
+        - --advertise-client-urls={{ $scheme }}://{{ $svc }}:2379
+        - --health-addr=:2381
+        - --files-dir=/etc/elastic-training
+        - --hostfile-flavour={{ eq .Values.framework "mpi" | ternary .Values.mpi.flavour "openmpi" }}
+        - --register=false
+        - --member-host={{ $job }}-rdzv-0.{{ $job }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
+        - --member-group=rdzv
+        - --member-index=0
+        {{- if $tls }}
+        - --cert-file=/etc/elastic-training-tls/tls.crt
+        - --key-file=/etc/elastic-training-tls/tls.key
+        - --trusted-ca-file=/etc/elastic-training-tls/ca.crt
+        # As in a webhook-served rendezvous: every client presents the Secret's certificate.
+        - --client-cert-auth
+        {{- end }}
+      # Args above but the member flags, and all below but resources: the sidecar the webhook injects into a
+      # serving pod (internal/mutate, func sidecar); test/helm/sidecar_contract_test.go fails on any difference.
+      ports:
+        - name: rdzv
+          containerPort: 2379
+          protocol: TCP
+        - name: c10d
+          containerPort: 29400
+          protocol: TCP
+        - name: rdzv-health
+          containerPort: 2381
+          protocol: TCP
+      startupProbe:
+        httpGet:
+          path: /readyz
+          port: 2381
+        periodSeconds: 1
+        failureThreshold: 600
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: 2381
+        periodSeconds: 5
+        failureThreshold: 3
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        allowPrivilegeEscalation: false
+        privileged: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: [ALL]
+        seccompProfile:
+          type: RuntimeDefault
+      terminationMessagePolicy: FallbackToLogsOnError
+      {{- with $r.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: elastic-training-data
+          mountPath: /var/lib/elastic-training
+        - name: elastic-training
+          mountPath: /etc/elastic-training
+        {{- if $tls }}
+        - name: elastic-training-tls
+          mountPath: /etc/elastic-training-tls
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: elastic-training-data
+      emptyDir: {}
+    - name: elastic-training
+      emptyDir: {}
+    {{- if $tls }}
+    - name: elastic-training-tls
+      secret:
+        secretName: {{ $tls }}
+    {{- end }}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,148 @@
+package workloads
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
+)
+
+// noWebhookNamespace is in the webhook's excludeNamespaces (installWebhook): the API server never calls the webhook
+// for pods there, as if it were not installed.
+const noWebhookNamespace = "e2e-no-webhook"
+
+// TestWithoutWebhookPodsStayGated: a job whose pods the webhook never sees must not train alone as one-node jobs.
+// The chart's scheduling gate, which only the webhook removes, keeps every pod SchedulingGated: nothing starts,
+// and `kubectl get pods` says why. The same job in a namespace the webhook serves runs (every other test).
+func TestWithoutWebhookPodsStayGated(t *testing.T) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ctx := t.Context()
+	ns := noWebhookNamespace
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{framework.LabelE2E: "true"}}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	c.WaitFor(t, time.Minute, "default ServiceAccount in "+ns, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	const job = "gated"
+	v := jobValues(t, c, pytorchValues, trainScript)
+	useTrainer(v, framework.TrainerImages[0])
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	sel := groupSelector(job, constants.GroupWorker)
+
+	var pods []corev1.Pod
+	c.WaitFor(t, 2*time.Minute, "2 worker pods, SchedulingGated", func(ctx context.Context) (bool, error) {
+		pods, err = livePods(ctx, c, ns, sel)
+		if err != nil || len(pods) < 2 {
+			return false, err
+		}
+		for _, p := range pods {
+			if !gated(p) {
+				return false, fmt.Errorf("pod %s: phase %s, conditions %v", p.Name, p.Status.Phase, p.Status.Conditions)
+			}
+		}
+		return true, nil
+	})
+	time.Sleep(10 * time.Second) // long enough for a scheduler that would place them
+	pods, err = livePods(ctx, c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if !gated(p) || p.Spec.NodeName != "" || p.Annotations[constants.AnnotationMutated] != "" {
+			t.Errorf("pod %s: gated %v, node %q, mutated %q; want gated, unscheduled, unmutated", p.Name, gated(p), p.Spec.NodeName, p.Annotations[constants.AnnotationMutated])
+		}
+	}
+	out, err := c.Kubectl(ctx, "-n", ns, "get", "pods", "-l", sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "SchedulingGated") {
+		t.Errorf("kubectl get pods does not say SchedulingGated:\n%s", out)
+	}
+	t.Logf("without the webhook:\n%s", out)
+}
+
+// gated: the pod still has the chart's gate and the scheduler says so.
+func gated(p corev1.Pod) bool {
+	if !slices.ContainsFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == constants.SchedulingGate }) {
+		return false
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodScheduled && cond.Reason == corev1.PodReasonSchedulingGated {
+			return true
+		}
+	}
+	return false
+}
+
+// TestWebhookEventsOnTheJob: what the webhook decides about a Job's pods shows in `kubectl describe job`: a
+// denial (here a misspelt annotation of ours) as a PodDenied Warning Event on the Job, not only as the Job
+// controller's FailedCreate, and a warning (which the Job controller drops) as an AdmissionWarning Event.
+func TestWebhookEventsOnTheJob(t *testing.T) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ns := c.Namespace(t)
+	job := func(name string, edit func(*corev1.PodTemplateSpec)) {
+		one := int32(1)
+		indexed := batchv1.IndexedCompletion
+		tpl := corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{
+				Labels:      map[string]string{constants.LabelJob: name, constants.LabelRole: constants.RoleWorker, constants.LabelGroup: constants.GroupWorker},
+				Annotations: map[string]string{constants.AnnotationFramework: constants.FrameworkCustom},
+			},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Subdomain: name,
+				SchedulingGates: []corev1.PodSchedulingGate{{Name: constants.SchedulingGate}},
+				Containers:      []corev1.Container{{Name: trainer, Image: framework.BusyboxImage, ImagePullPolicy: corev1.PullNever, Command: []string{"true"}}}},
+		}
+		edit(&tpl)
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: batchv1.JobSpec{Parallelism: &one, Completions: &one, CompletionMode: &indexed, Template: tpl}}
+		if _, err := c.Client.BatchV1().Jobs(ns).Create(t.Context(), j, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job("typo", func(p *corev1.PodTemplateSpec) { p.Annotations[constants.Domain+"/max-node"] = "3" })
+	job("warned", func(p *corev1.PodTemplateSpec) { p.Spec.Subdomain = "elsewhere" })
+	for _, want := range []struct{ job, reason, msg string }{
+		{"typo", "PodDenied", "annotation elastic-training.io/max-node=\"3\" is invalid"},
+		{"warned", "AdmissionWarning", `spec.subdomain "elsewhere" is kept`},
+	} {
+		c.WaitFor(t, 2*time.Minute, fmt.Sprintf("a %s Event on Job %s", want.reason, want.job), func(ctx context.Context) (bool, error) {
+			out, err := c.Kubectl(ctx, "-n", ns, "describe", "job", want.job)
+			if err != nil {
+				return false, err
+			}
+			if !strings.Contains(out, want.reason) || !strings.Contains(out, want.msg) {
+				return false, fmt.Errorf("kubectl describe job %s:\n%s", want.job, out)
+			}
+			t.Logf("kubectl describe job %s shows:\n%s", want.job, eventsSection(out))
+			return true, nil
+		})
+	}
+}
+
+// eventsSection is the Events part of kubectl describe's output.
+func eventsSection(out string) string {
+	if i := strings.Index(out, "Events:"); i >= 0 {
+		return out[i:]
+	}
+	return out
+}

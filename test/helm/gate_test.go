@@ -1,0 +1,92 @@
+package helm_test
+
+import (
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/gpu"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
+)
+
+// TestPodsGatedUntilMutated: in every scenario, every pod template the webhook mutates carries the scheduling gate
+// only the webhook removes (constants.SchedulingGate, the chart spells it out), and the dedicated rendezvous pod,
+// which the webhook never sees, carries none (it would never be scheduled).
+func TestPodsGatedUntilMutated(t *testing.T) {
+	ch := loadChart(t)
+	for _, sc := range scenarios(t) {
+		r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", sc.name, err)
+		}
+		n := 0
+		for _, o := range r.Objects {
+			if o.Kind != "Job" && o.Kind != "StatefulSet" {
+				continue
+			}
+			raw, _, _ := unstructured.NestedMap(o.Obj, "spec", "template", "spec")
+			var spec corev1.PodSpec
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
+				t.Fatalf("%s %s: %v", sc.name, o.Key(), err)
+			}
+			gated := slices.Contains(spec.SchedulingGates, corev1.PodSchedulingGate{Name: constants.SchedulingGate})
+			if want := roleOf(o) != constants.RoleRdzv; gated != want {
+				t.Errorf("%s %s (role %s): gated %v, want %v", sc.name, o.Key(), roleOf(o), gated, want)
+			}
+			n++
+		}
+		if n == 0 {
+			t.Errorf("%s: no workloads", sc.name)
+		}
+	}
+}
+
+// TestChartCountsAcceleratorsAsTheWebhook: the chart's gpuResource check (its rules generated from internal/gpu)
+// accepts exactly the names the webhook counts.
+func TestChartCountsAcceleratorsAsTheWebhook(t *testing.T) {
+	ch := loadChart(t)
+	names := []string{"cpu", "memory", "nvidia.com/gpus", "example.com/npu", "gpu.intel.com/memory.max", "gpu.intel.com/i915"}
+	names = append(names, gpu.Rules.Exact...)
+	names = append(names, gpu.Rules.Shares...)
+	for _, p := range gpu.Rules.Prefixes {
+		names = append(names, p, p+"x")
+	}
+	for _, name := range names {
+		vals := merge(pinned(t), map[string]any{"command": []any{"torchrun", "t.py"}, "gpuResource": name,
+			"workers": map[string]any{"gpus": 1}})
+		_, err := render(ch, vals, chartrender.Options{})
+		if want := gpu.IsAccelerator(corev1.ResourceName(name), nil); (err == nil) != want {
+			t.Errorf("gpuResource %q: webhook counts it %v, chart render error %v", name, want, err)
+		}
+	}
+}
+
+// TestDeterministicRendering: for GitOps (Argo CD, Flux render the chart on every sync), two renders are
+// byte-identical once what the chart would otherwise generate is given: the job chart with runId and
+// mpi.ssh.privateKey, the webhook chart with cert-manager issuing its certificate.
+func TestDeterministicRendering(t *testing.T) {
+	ch := loadChart(t)
+	for _, sc := range scenarios(t) {
+		vals := merge(readValues(t, sc.values), pinned(t))
+		a, err := render(ch, vals, chartrender.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := render(ch, vals, chartrender.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if manifest(a.Objects)+a.Notes != manifest(b.Objects)+b.Notes {
+			t.Errorf("%s: two renders differ", sc.name)
+		}
+	}
+	cm := map[string]any{"tls": map[string]any{"certManager": map[string]any{"enabled": true}}}
+	a, b := renderWebhook(t, cm), renderWebhook(t, cm)
+	if manifest(a.Objects)+a.Notes != manifest(b.Objects)+b.Notes {
+		t.Error("webhook chart with cert-manager: two renders differ")
+	}
+}
