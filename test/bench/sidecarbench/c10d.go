@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -37,7 +38,35 @@ var (
 	c10dConns  = flag.String("c10d-conns", "64,256,1024", "client connections of the c10d store load points, comma-separated")
 	c10dTime   = flag.Duration("c10d-time", 5*time.Second, "duration of each c10d store load point")
 	idleConns  = flag.Int("idle-conns", 1000, "idle connections for the c10d store's RSS")
+	pin        = flag.Bool("c10d-pin", true, "c10d store load: the server on the last CPU, this load client on the others (taskset), so that neither takes the other's CPU: torch's server is one thread, ours as many as it gets")
 )
+
+// unpin gives this process every one of n CPUs again (what pinLoad took away).
+func unpin(n int) {
+	if *pin && n >= 2 {
+		all := fmt.Sprintf("0-%d", n-1)
+		if out, err := exec.Command("taskset", "-a", "-pc", all, strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+			check(fmt.Errorf("taskset -a -pc %s: %v: %s", all, err, out))
+		}
+	}
+}
+
+// pinLoad puts the process pid (every thread of it) on the last of n CPUs
+// and this process on the others; it returns a description for the report.
+// n is counted before any pinning (nproc counts the CPUs a process may use).
+func pinLoad(pid, n int) string {
+	if !*pin || n < 2 {
+		return "not pinned"
+	}
+	last := strconv.Itoa(n - 1)
+	others := fmt.Sprintf("0-%d", n-2)
+	for _, a := range [][2]string{{last, strconv.Itoa(pid)}, {others, strconv.Itoa(os.Getpid())}} {
+		if out, err := exec.Command("taskset", "-a", "-pc", a[0], a[1]).CombinedOutput(); err != nil {
+			check(fmt.Errorf("taskset -a -pc %s %s: %v: %s", a[0], a[1], err, out))
+		}
+	}
+	return fmt.Sprintf("server on CPU %s, load client on CPUs %s", last, others)
+}
 
 // The two c10d stores.
 var storeKinds = []string{"sidecar", "torch"}
@@ -381,6 +410,8 @@ func benchC10dLoad(tmp string) {
 		stores[kind] = startStore(filepath.Join(tmp, "load-"+kind), kind)
 		defer stores[kind].stop()
 	}
+	cpus := numCPU()
+	defer unpin(cpus)
 	for i, f := range strings.Split(*c10dConns, ",") {
 		n, err := strconv.Atoi(f)
 		check(err)
@@ -391,6 +422,10 @@ func benchC10dLoad(tmp string) {
 		res := map[string]loadResult{}
 		for _, kind := range kinds {
 			time.Sleep(time.Second) // the previous point's connections closed
+			where := pinLoad(stores[kind].pid, cpus)
+			if i == 0 {
+				fmt.Printf("   %s: %s\n", kind, where)
+			}
 			res[kind] = storeLoad(stores[kind].addr, n, *c10dTime)
 		}
 		s, t := res["sidecar"], res["torch"]

@@ -148,7 +148,6 @@ func TestServerSideDryRun(t *testing.T) {
 // uninstalls and checks that nothing of the release is left in the namespace.
 func TestInstallUpgradeUninstall(t *testing.T) {
 	c := getCluster(t)
-	ch := loadChart(t)
 	dc, mapper, disc := clients(t, c)
 	cases := []struct {
 		values string
@@ -165,6 +164,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Run(strings.TrimSuffix(tc.values, "-values.yaml"), func(t *testing.T) {
 			ns := c.namespace(t)
 			cfg := c.helmConfig(t, ns)
+			// A chart of its own: Helm's install and upgrade write the release's values into the chart's.
+			ch := loadChart(t)
 			vals := readValues(t, filepath.Join(chartDir, "ci", tc.values))
 			vals["tests"] = map[string]any{"enabled": false}
 

@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,13 +44,14 @@ func TestRefusedUpgradeChangesNothing(t *testing.T) {
 		{"workers": map[string]any{"gpus": 2}},
 		{"workers": map[string]any{"maxReplicas": 8}},
 	} {
+		desc := fmt.Sprint(set) // before Helm merges the release's values into it
 		up := action.NewUpgrade(c.helmConfig(t, ns))
 		up.Namespace, up.ReuseValues, up.Timeout = ns, true, 2*time.Minute
-		_, err = up.Run("job", ch, set)
+		_, err = up.Run("job", loadChart(t), set)
 		if err == nil || !strings.Contains(err.Error(), "upgrade refused, nothing was changed: Job job-worker's pod template would change") {
-			t.Fatalf("helm upgrade --reuse-values --set %v: want the refusal, got %v", set, err)
+			t.Fatalf("helm upgrade --reuse-values --set %s: want the refusal, got %v", desc, err)
 		}
-		t.Logf("--set %v refused: %v", set, err)
+		t.Logf("--set %s refused: %v", desc, err)
 	}
 	if diff := cmp.Diff(before, versions(t, dc, ns, rel.Manifest)); diff != "" {
 		t.Errorf("objects changed by refused upgrades (-before +after):\n%s", diff)
@@ -85,7 +87,7 @@ func TestRefusedUpgradeChangesNothing(t *testing.T) {
 	vals["runId"] = runID
 	in = action.NewInstall(c.helmConfig(t, ns))
 	in.ReleaseName, in.Namespace, in.Timeout = "job", ns, 2*time.Minute
-	if _, err := in.Run(ch, vals); err != nil {
+	if _, err := in.Run(loadChart(t), vals); err != nil {
 		t.Fatalf("helm install again (the refusal's advice): %v", err)
 	}
 	pvc3, err := dc.Resource(pvcs).Namespace(ns).Get(context.Background(), "job-data", metav1.GetOptions{})

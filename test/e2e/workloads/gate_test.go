@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -49,7 +50,7 @@ func TestWithoutWebhookPodsStayGated(t *testing.T) {
 
 	var pods []corev1.Pod
 	c.WaitFor(t, 2*time.Minute, "2 worker pods, SchedulingGated", func(ctx context.Context) (bool, error) {
-		pods, err = livePods(ctx, c, ns, sel)
+		pods, err = allPods(ctx, c, ns, sel)
 		if err != nil || len(pods) < 2 {
 			return false, err
 		}
@@ -61,9 +62,12 @@ func TestWithoutWebhookPodsStayGated(t *testing.T) {
 		return true, nil
 	})
 	time.Sleep(10 * time.Second) // long enough for a scheduler that would place them
-	pods, err = livePods(ctx, c, ns, sel)
+	pods, err = allPods(ctx, c, ns, sel)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(pods) != 2 {
+		t.Fatalf("%d worker pods, want 2", len(pods))
 	}
 	for _, p := range pods {
 		if !gated(p) || p.Spec.NodeName != "" || p.Annotations[constants.AnnotationMutated] != "" {
@@ -78,6 +82,15 @@ func TestWithoutWebhookPodsStayGated(t *testing.T) {
 		t.Errorf("kubectl get pods does not say SchedulingGated:\n%s", out)
 	}
 	t.Logf("without the webhook:\n%s", out)
+}
+
+// allPods lists the pods of selector in ns, whatever their phase (livePods counts running ones).
+func allPods(ctx context.Context, c *framework.Cluster, ns, selector string) ([]corev1.Pod, error) {
+	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
 }
 
 // gated: the pod still has the chart's gate and the scheduler says so.
@@ -145,4 +158,44 @@ func eventsSection(out string) string {
 		return out[i:]
 	}
 	return out
+}
+
+// TestRestrictedPodSecurity: a namespace that enforces the restricted Pod Security level runs an elastic PyTorch job
+// to Complete. Everything we render or inject (the sidecar, the scheduling-gated worker pods' other settings) passes
+// as it is; the trainer is the user's and needs what the values below give it: a non-root user, no privilege
+// escalation, no capabilities, the RuntimeDefault seccomp profile (the chart's podSecurityContext and
+// securityContext values).
+func TestRestrictedPodSecurity(t *testing.T) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	ns := c.Namespace(t)
+	nsObj, err := c.Client.CoreV1().Namespaces().Get(t.Context(), ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	nsObj.Labels["pod-security.kubernetes.io/enforce-version"] = "latest"
+	if _, err := c.Client.CoreV1().Namespaces().Update(t.Context(), nsObj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The level is enforced: a pod that runs as root is refused.
+	root := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "as-root"}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "c", Image: framework.BusyboxImage}}}}
+	if _, err := c.Client.CoreV1().Pods(ns).Create(t.Context(), root, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil ||
+		!strings.Contains(err.Error(), "violates PodSecurity") {
+		t.Fatalf("a root pod in %s: want a PodSecurity refusal, got %v", ns, err)
+	}
+	const job = "restricted"
+	v := jobValues(t, c, pytorchValues, trainScript)
+	useTrainer(v, framework.TrainerImages[0])
+	set(v, "args", []any{"--steps=20", "--step-seconds=0.2"})
+	set(v, "podSecurityContext", map[string]any{"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+		"seccompProfile": map[string]any{"type": "RuntimeDefault"}})
+	set(v, "securityContext", map[string]any{"allowPrivilegeEscalation": false, "capabilities": map[string]any{"drop": []any{"ALL"}}})
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 5*time.Minute)
+	out, err := c.Kubectl(t.Context(), "get", "ns", ns, "-o", "jsonpath={.metadata.labels}")
+	if err != nil || !strings.Contains(out, `"pod-security.kubernetes.io/enforce":"restricted"`) {
+		t.Fatalf("namespace %s labels %s (%v): not enforcing restricted", ns, out, err)
+	}
 }
