@@ -4,6 +4,7 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -36,6 +37,29 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
+// resourcesFlag is a container's resource requirements given as JSON, so
+// that a cluster whose ResourceQuota counts limits.cpu can set one.
+type resourcesFlag struct{ r *corev1.ResourceRequirements }
+
+func (f resourcesFlag) String() string {
+	if f.r == nil {
+		return ""
+	}
+	b, _ := json.Marshal(f.r)
+	return string(b)
+}
+
+func (f resourcesFlag) Set(s string) error {
+	var r corev1.ResourceRequirements
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return fmt.Errorf("want a JSON object of requests and limits, e.g. {\"limits\":{\"cpu\":\"1\"}}: %w", err)
+	}
+	*f.r = r
+	return nil
+}
+
 func main() {
 	cfg := mutate.DefaultConfig()
 	d := &cfg.Defaults
@@ -62,6 +86,8 @@ func main() {
 	flag.IntVar(&d.MaxRestarts, "default-max-restarts", d.MaxRestarts, "torchrun --max-restarts")
 	flag.IntVar(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds")
 	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: "+strings.Join(constants.MPIFlavours, ", "))
+	flag.Var(resourcesFlag{&d.SidecarResources.Serve}, "sidecar-serve-resources", `resources of the sidecar that serves the rendezvous, as JSON (e.g. {"requests":{"cpu":"50m","memory":"64Mi"},"limits":{"cpu":"1","memory":"512Mi"}})`)
+	flag.Var(resourcesFlag{&d.SidecarResources.Join}, "sidecar-join-resources", "resources of every other pod's sidecar, as JSON")
 	var events bool
 	flag.BoolVar(&events, "events", false, "record denials and warnings as Events on the pods' Jobs and StatefulSets (needs the API: in-cluster config or --kubeconfig, and RBAC to create events)")
 	zopts := zap.Options{}

@@ -337,6 +337,15 @@ func TestWebhookChartValues(t *testing.T) {
 			assert.Equal(t, []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "mirror"}}, pod.ImagePullSecrets)
 			assert.NotContains(t, strings.Join(pod.Containers[0].Args, " "), "regcred", "not passed on to training pods")
 		}},
+		{"sidecar resources as the webhook's JSON flags", []string{`json:sidecar.resources={"serve":{"requests":{"cpu":"50m"},"limits":{"cpu":"1","memory":"512Mi"}},"join":{"limits":{"cpu":"200m"}}}`}, func(t *testing.T, r *chartrender.Rendered) {
+			_, c := webhookPod(t, r)
+			assert.Contains(t, c.Args, `--sidecar-serve-resources={"limits":{"cpu":"1","memory":"512Mi"},"requests":{"cpu":"50m"}}`)
+			assert.Contains(t, c.Args, `--sidecar-join-resources={"limits":{"cpu":"200m"}}`)
+		}},
+		{"sidecar resources empty: the webhook's defaults, no flag", nil, func(t *testing.T, r *chartrender.Rendered) {
+			_, c := webhookPod(t, r)
+			assert.NotContains(t, strings.Join(c.Args, " "), "-resources=")
+		}},
 		{"extraArgs appended after the chart's args", []string{"extraArgs={--zap-encoder=console,--enable-http2}"}, func(t *testing.T, r *chartrender.Rendered) {
 			_, c := webhookPod(t, r)
 			n := len(c.Args)
