@@ -2,7 +2,7 @@ package main
 
 // torch's c10d store: the sidecar's TCPStore server (rdzv-sidecar serve
 // --c10d-addr) against torch's own, the classic server (Debian's torch has
-// no libuv; testdata/torch_store.py in the trainer root filesystem), both
+// no libuv; test/integration/tcpstore/testdata/torch_server.py, the conformance test's, in the trainer root filesystem), both
 // measured in the same run:
 //
 //   - c10d-torchrun: real torchrun agents on --rdzv-backend=c10d with
@@ -34,7 +34,7 @@ import (
 )
 
 var (
-	torchStore = flag.String("torch-store", "test/bench/sidecarbench/testdata/torch_store.py", "torch's own TCPStore server (the c10d baseline)")
+	torchStore = flag.String("torch-store", "test/integration/tcpstore/testdata/torch_server.py", "torch's own TCPStore server (the c10d baseline; the conformance test's)")
 	c10dConns  = flag.String("c10d-conns", "64,256,1024", "client connections of the c10d store load points, comma-separated")
 	c10dTime   = flag.Duration("c10d-time", 5*time.Second, "duration of each c10d store load point")
 	idleConns  = flag.Int("idle-conns", 1000, "idle connections for the c10d store's RSS")
