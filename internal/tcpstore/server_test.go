@@ -28,24 +28,7 @@ type testServer struct {
 	*Server
 	addr string
 	reg  *prometheus.Registry
-	log  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	log  *testenv.SyncBuffer
 }
 
 func startServer(t *testing.T, lim Limits) *testServer {
@@ -56,7 +39,7 @@ func startServer(t *testing.T, lim Limits) *testServer {
 // startServerWith starts a server with cfg, its log and metrics the test's.
 func startServerWith(t *testing.T, cfg Config) *testServer {
 	t.Helper()
-	ts := &testServer{reg: prometheus.NewRegistry(), log: &syncBuffer{}}
+	ts := &testServer{reg: prometheus.NewRegistry(), log: &testenv.SyncBuffer{}}
 	cfg.Log = slog.New(slog.NewTextHandler(ts.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.Metrics = ts.reg
 	s, err := New(cfg)

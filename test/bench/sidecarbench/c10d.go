@@ -41,13 +41,17 @@ var (
 	pin        = flag.Bool("c10d-pin", true, "c10d store load: the server on the last CPU, this load client on the others (taskset), so that neither takes the other's CPU: torch's server is one thread, ours as many as it gets")
 )
 
+// taskset puts every thread of process pid on cpus (taskset's list syntax).
+func taskset(cpus string, pid int) {
+	if out, err := exec.Command("taskset", "-a", "-pc", cpus, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+		check(fmt.Errorf("taskset -a -pc %s %d: %v: %s", cpus, pid, err, out))
+	}
+}
+
 // unpin gives this process every one of n CPUs again (what pinLoad took away).
 func unpin(n int) {
 	if *pin && n >= 2 {
-		all := fmt.Sprintf("0-%d", n-1)
-		if out, err := exec.Command("taskset", "-a", "-pc", all, strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
-			check(fmt.Errorf("taskset -a -pc %s: %v: %s", all, err, out))
-		}
+		taskset(fmt.Sprintf("0-%d", n-1), os.Getpid())
 	}
 }
 
@@ -60,11 +64,8 @@ func pinLoad(pid, n int) string {
 	}
 	last := strconv.Itoa(n - 1)
 	others := fmt.Sprintf("0-%d", n-2)
-	for _, a := range [][2]string{{last, strconv.Itoa(pid)}, {others, strconv.Itoa(os.Getpid())}} {
-		if out, err := exec.Command("taskset", "-a", "-pc", a[0], a[1]).CombinedOutput(); err != nil {
-			check(fmt.Errorf("taskset -a -pc %s %s: %v: %s", a[0], a[1], err, out))
-		}
-	}
+	taskset(last, pid)
+	taskset(others, os.Getpid())
 	return fmt.Sprintf("server on CPU %s, load client on CPUs %s", last, others)
 }
 

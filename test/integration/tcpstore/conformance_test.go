@@ -119,12 +119,12 @@ func startTorchServer(t *testing.T, root string) string {
 type ourServer struct {
 	addr string
 	reg  *prometheus.Registry
-	log  *syncBuffer
+	log  *testenv.SyncBuffer
 }
 
 func startOurServer(t *testing.T) *ourServer {
 	t.Helper()
-	s := &ourServer{reg: prometheus.NewRegistry(), log: &syncBuffer{}}
+	s := &ourServer{reg: prometheus.NewRegistry(), log: &testenv.SyncBuffer{}}
 	srv, err := tcpstore.New(tcpstore.Config{
 		Log:     slog.New(slog.NewTextHandler(s.log, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Metrics: s.reg,
@@ -204,21 +204,4 @@ func testdata(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
