@@ -32,6 +32,7 @@ Usage:
   rdzv-sidecar join  [flags]   register this pod with a lease, keep hostfile and discover_hosts.sh current
   rdzv-sidecar wait  [flags]   wait until --members=N members are registered
   rdzv-sidecar hosts [flags]   print the registered hosts as a hostfile
+  rdzv-sidecar progress [flags] wait until a torch round of --nodes=N holds (helm test of a PyTorch job)
 Run "rdzv-sidecar <command> --help" for a command's flags.
 `
 
@@ -48,7 +49,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
-		"serve": serveCmd, "join": joinCmd, "wait": waitCmd, "hosts": hostsCmd,
+		"serve": serveCmd, "join": joinCmd, "wait": waitCmd, "hosts": hostsCmd, "progress": progressCmd,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
@@ -220,6 +221,25 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signalContext()
 	defer stop()
 	return sidecar.Wait(ctx, cfg, stdout, stderr)
+}
+
+func progressCmd(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("progress", "Wait until the serving sidecar's /rendezvous shows a complete torch round of at least --nodes agents, every one alive, that has held for --stable (exit status 1 with the reason otherwise).", stderr)
+	cfg := sidecar.ProgressConfig{Interval: 2 * time.Second}
+	fs.StringVar(&cfg.URL, "url", "", "the serving sidecar's http://<job>-rdzv:2381/rendezvous")
+	fs.IntVar(&cfg.Nodes, "nodes", 1, "the fewest agents (torchrun nodes) the round must have")
+	fs.DurationVar(&cfg.Stable, "stable", 30*time.Second, "how long the round must have held")
+	fs.DurationVar(&cfg.MaxHeartbeatAge, "max-heartbeat-age", 30*time.Second, "an agent silent for longer is gone")
+	fs.DurationVar(&cfg.Timeout, "timeout", 4*time.Minute, "give up after this long (exit status 1)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cfg.URL == "" {
+		return errors.New("--url is required")
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return sidecar.Progress(ctx, cfg, stdout)
 }
 
 func hostsCmd(args []string, stdout, stderr io.Writer) error {

@@ -24,6 +24,7 @@ type Contract struct {
 	ReservedVolumes    []string          `json:"reservedVolumes"`
 	ReservedMountPaths []string          `json:"reservedMountPaths"`
 	ReservedPorts      map[string]string `json:"reservedPorts"` // port -> what uses it
+	HealthPort         int               `json:"healthPort"`    // the sidecar's /rendezvous (helm test)
 	MaxSlots           int               `json:"maxSlots"`
 	SchedulingGate     string            `json:"schedulingGate"`
 	Domain             string            `json:"domain"`
@@ -43,6 +44,7 @@ func Current() Contract {
 			strconv.Itoa(constants.RdzvClientPort):    "the rendezvous client port",
 			strconv.Itoa(constants.C10dPort):          "the c10d store's port",
 		},
+		HealthPort:        constants.SidecarHealthPort,
 		MaxSlots:          constants.MaxSlots,
 		SchedulingGate:    constants.SchedulingGate,
 		Domain:            constants.Domain,

@@ -13,11 +13,14 @@ import (
 )
 
 // healthMux serves /healthz (the process runs), /readyz (ready() says
-// whether this sidecar does its job yet) and Prometheus /metrics: ours from
-// reg and etcd's, which etcd's packages register in prometheus' default
-// registry.
-func healthMux(ready func() (bool, string), reg prometheus.Gatherer) *http.ServeMux {
+// whether this sidecar does its job yet), Prometheus /metrics (ours from reg
+// and etcd's, which etcd's packages register in prometheus' default
+// registry) and the extra routes.
+func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.HandlerFunc) *http.ServeMux {
 	mux := http.NewServeMux()
+	for path, h := range extra {
+		mux.HandleFunc(path, h)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, why := ready()
@@ -33,7 +36,7 @@ func healthMux(ready func() (bool, string), reg prometheus.Gatherer) *http.Serve
 // startHealth serves healthMux on addr ("" = none) in the background; it
 // listens at once, so a port conflict is an error, not a log line. stop
 // closes the server.
-func startHealth(addr string, ready func() (bool, string), reg prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+func startHealth(addr string, ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.HandlerFunc, log *slog.Logger) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -41,7 +44,7 @@ func startHealth(addr string, ready func() (bool, string), reg prometheus.Gather
 	if err != nil {
 		return nil, fmt.Errorf("health server: %w", err)
 	}
-	hs := &http.Server{Handler: healthMux(ready, reg), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: healthMux(ready, reg, extra), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("health server failed", "err", err)

@@ -25,7 +25,7 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 	}
 	defer cli.Close()
 	st := &memberState{}
-	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) { return st.ready(cfg.Member.Register) }, cfg.Metrics, cfg.Log)
+	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) { return st.ready(cfg.Member.Register) }, cfg.Metrics, nil, cfg.Log)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,7 @@ func TestMetricsInTheCallersRegistry(t *testing.T) {
 		m.v2.ActiveWaits.Set(0)
 
 		rec := httptest.NewRecorder()
-		healthMux(func() (bool, string) { return true, "ok" }, reg).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		healthMux(func() (bool, string) { return true, "ok" }, reg, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 		require.Equal(t, 200, rec.Code)
 		body, _ := io.ReadAll(rec.Body)
 		for _, want := range []string{

@@ -1,10 +1,18 @@
 package sidecar
 
 import (
+	"bytes"
 	"encoding/base64"
+	"encoding/json"
+	"log/slog"
+	"net/http/httptest"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
 )
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
@@ -60,4 +68,58 @@ func TestRoundFromC10dKey(t *testing.T) {
 			t.Errorf("%q taken for a round", key)
 		}
 	}
+}
+
+// TestRoundView: a round completed on c10d is logged with torch's world size
+// and nodes, read from torch's own pickle of the state (written by torch 2.14,
+// internal/torchstate/testdata), and /rendezvous serves the same state.
+func TestRoundView(t *testing.T) {
+	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	l := newRoundLogger(slog.New(slog.NewTextHandler(&logs, nil)), newMetrics(prometheus.NewRegistry()))
+	now := time.Date(2026, 11, 24, 17, 0, 10, 0, time.UTC)
+	l.now = func() time.Time { return now }
+
+	get := func() (int, string) {
+		rec := httptest.NewRecorder()
+		l.serveView(rec, httptest.NewRequest("GET", "/rendezvous", nil))
+		return rec.Code, rec.Body.String()
+	}
+	code, body := get()
+	require.Equal(t, 404, code)
+	require.Contains(t, body, "no torch rendezvous round has completed")
+
+	l.state = func(backend, runID string) ([]byte, bool) {
+		if backend != "c10d" || runID != "job-1" {
+			return nil, false
+		}
+		return []byte(base64.StdEncoding.EncodeToString(raw)), true
+	}
+	l.observeC10d("/torch.rendezvous.job-1.3/MASTER_ADDR", []byte("job-worker-2.job.default.svc"))
+	require.Contains(t, logs.String(), `msg="torch rendezvous round 3 of run job-1 complete: 3 nodes" backend=c10d run_id=job-1 round=3 world_size=3 nodes=job-worker-2.job.default.svc,job-worker-0.job.default.svc,job-worker-1.job.default.svc master=job-worker-2.job.default.svc`)
+
+	code, body = get()
+	require.Equal(t, 200, code)
+	var v View
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	hb := func(s int) *time.Time { x := time.Date(2026, 11, 24, 17, 0, s, 250_000_000, time.UTC); return &x }
+	want := View{Backend: "c10d", RunID: "job-1", Round: 3, Complete: true, WorldSize: 3,
+		Participants: []ViewNode{
+			{Node: "job-worker-2.job.default.svc_42_0", Addr: "job-worker-2.job.default.svc", Rank: 0, LastHeartbeat: hb(2)},
+			{Node: "job-worker-0.job.default.svc_40_0", Addr: "job-worker-0.job.default.svc", Rank: 1, LastHeartbeat: hb(0)},
+			{Node: "job-worker-1.job.default.svc_41_0", Addr: "job-worker-1.job.default.svc", Rank: 2, LastHeartbeat: hb(1)},
+		},
+		Waiting:            []string{"job-worker-3.job.default.svc_43_0"},
+		LastCompletedRound: 3, LastCompletedAt: now, Now: now,
+	}
+	if d := cmp.Diff(want, v); d != "" {
+		t.Fatalf("/rendezvous (-want +got):\n%s", d)
+	}
+
+	// A state that cannot be read is a 500 with the reason.
+	l.state = func(string, string) ([]byte, bool) { return []byte("garbage"), true }
+	code, body = get()
+	require.Equal(t, 500, code)
+	require.Contains(t, body, "not base64")
 }

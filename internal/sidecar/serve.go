@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/v2api"
 )
@@ -73,6 +75,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		urls[i] = u.String()
 	}
 	rounds := newRoundLogger(log, mets)
+	var c10dStore atomic.Pointer[tcpstore.Server]
 	v2 := v2api.New(v2api.Config{
 		ClusterID: func() string {
 			if e := etcd.Load(); e != nil {
@@ -92,6 +95,21 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		OnWrite:   rounds.observe,
 		Logger:    log,
 	})
+
+	// torch's state of a dynamic rendezvous: etcd_rendezvous_backend's and
+	// c10d_rendezvous_backend's keys (base64 of the pickle).
+	rounds.state = func(backend, runID string) ([]byte, bool) {
+		switch backend {
+		case constants.BackendEtcdV2:
+			v, ok := v2.Value("/torch/elastic/rendezvous/" + runID)
+			return []byte(v), ok
+		case constants.BackendC10d:
+			if c := c10dStore.Load(); c != nil {
+				return c.Get("/torch.rendezvous." + runID)
+			}
+		}
+		return nil, false
+	}
 
 	// A graceful shutdown leaves the v2 keys in the data dir; take them back
 	// (once: the file is removed, so a crash never resurrects old state).
@@ -180,9 +198,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if cfg.C10dAddr != "" {
 		// After etcd is ready, so that a c10d client never meets a sidecar
 		// that answers but is not ready.
-		if err := serveC10d(rctx, &wg, cfg.C10dAddr, log.With("component", "c10d"), cfg.Metrics, rounds.observeC10d); err != nil {
+		c10d, err := serveC10d(rctx, &wg, cfg.C10dAddr, log.With("component", "c10d"), cfg.Metrics, rounds.observeC10d)
+		if err != nil {
 			return err
 		}
+		c10dStore.Store(c10d)
 	}
 
 	st := &memberState{}
@@ -201,7 +221,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			return st.ready(cfg.Member.Register)
 		}
 		return true, "ok"
-	}, cfg.Metrics, log)
+	}, cfg.Metrics, map[string]http.HandlerFunc{"/rendezvous": rounds.serveView}, log)
 	if err != nil {
 		return err
 	}
@@ -230,14 +250,14 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // serveC10d serves torch's c10d TCPStore on addr until ctx ends. Its keys
 // live in memory only: after a restart the agents find an empty store and
 // form a new round, as torch's own store hosted by an agent would make them.
-func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.Logger, reg prometheus.Registerer, onSet func(string, []byte)) error {
+func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.Logger, reg prometheus.Registerer, onSet func(string, []byte)) (*tcpstore.Server, error) {
 	srv, err := tcpstore.New(tcpstore.Config{Log: log, Metrics: reg, OnSet: onSet})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("c10d store: %w", err)
+		return nil, fmt.Errorf("c10d store: %w", err)
 	}
 	log.Info("c10d store listening", "addr", ln.Addr().String())
 	wg.Go(func() {
@@ -245,5 +265,5 @@ func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.L
 			log.Error("c10d store stopped", "err", err)
 		}
 	})
-	return nil
+	return srv, nil
 }

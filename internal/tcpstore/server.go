@@ -2,6 +2,7 @@ package tcpstore
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -50,6 +51,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	lim := cfg.Limits.withDefaults()
 	return &Server{log: log, lim: lim, m: m, st: newStore(m, lim), set: cfg.OnSet}, nil
+}
+
+// Get returns a copy of key's value as clients stored it (with torch's "/"
+// in front), for observers in the same process.
+func (s *Server) Get(key string) ([]byte, bool) {
+	s.st.mu.Lock()
+	defer s.st.mu.Unlock()
+	v, ok := s.st.kv[key]
+	return bytes.Clone(v), ok
 }
 
 // readBufSize is each connection's read buffer. A connection holds it, its

@@ -69,3 +69,13 @@ func (s *Server) EnsureDir(key string) error {
 	}
 	return err
 }
+
+// Value is the value of key (as clients name it), for observers in the same
+// process; false for a missing key or a directory.
+func (s *Server) Value(key string) (string, bool) {
+	ev, err := s.store.Get(path.Join(storeKeysPrefix, key), false, false)
+	if err != nil || ev.Node == nil || ev.Node.Value == nil {
+		return "", false
+	}
+	return *ev.Node.Value, true
+}

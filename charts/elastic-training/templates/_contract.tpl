@@ -19,6 +19,7 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "2381": "the rendezvous sidecar's health port",
     "29400": "the c10d store's port"
   },
+  "healthPort": 2381,
   "maxSlots": 1024,
   "schedulingGate": "elastic-training.io/webhook",
   "domain": "elastic-training.io",

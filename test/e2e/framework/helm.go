@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -139,18 +140,29 @@ func (c *Cluster) HelmUninstall(t testing.TB, ns, releaseName string, timeout ti
 // HelmTest runs the release's test hooks (as `helm test`) and fails the test if one fails.
 func (c *Cluster) HelmTest(t testing.TB, ns, releaseName string, timeout time.Duration) *release.Release {
 	t.Helper()
+	rel, err := c.HelmTestResult(t, ns, releaseName, timeout)
+	if err != nil {
+		t.Fatalf("helm test %s in %s: %v", releaseName, ns, err)
+	}
+	return rel
+}
+
+// HelmTestResult runs the release's test hooks (as `helm test`) and returns helm's error, or one naming the
+// failed hook.
+func (c *Cluster) HelmTestResult(t testing.TB, ns, releaseName string, timeout time.Duration) (*release.Release, error) {
+	t.Helper()
 	rt := action.NewReleaseTesting(c.HelmConfig(t, ns))
 	rt.Namespace, rt.Timeout = ns, timeout
 	rel, err := rt.Run(releaseName)
 	if err != nil {
-		t.Fatalf("helm test %s in %s: %v", releaseName, ns, err)
+		return rel, err
 	}
 	for _, h := range rel.Hooks {
 		if h.LastRun.Phase == release.HookPhaseFailed {
-			t.Fatalf("helm test %s: hook %s failed", releaseName, h.Name)
+			return rel, fmt.Errorf("hook %s failed", h.Name)
 		}
 	}
-	return rel
+	return rel, nil
 }
 
 // HelmValues returns the release's user-supplied values (as `helm get values`).

@@ -1,6 +1,7 @@
 package sidecar_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
@@ -44,12 +46,24 @@ func TestTorchrunTwoAgents(t *testing.T) {
 			a := tr.startAgent(t, "agent-0", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
 			b := tr.startAgent(t, "agent-1", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
 			requireTwoWorkerResults(t, a, b)
+			// The round, with torch's world size: read from torch's own state (a pickle, on etcd-v2 and c10d).
 			testenv.Eventually(t, 5*time.Second, "a round log line", func() error {
-				if !strings.Contains(s.Output(), "torch rendezvous round") || !strings.Contains(s.Output(), "run_id=two-"+backend) {
-					return fmt.Errorf("no round line in serve's log")
+				if !strings.Contains(s.Output(), "run_id=two-"+backend+" round=") || !strings.Contains(s.Output(), "world_size=2") {
+					return fmt.Errorf("no round line with world_size=2 in serve's log")
 				}
 				return nil
 			})
+			var v sidecar.View
+			require.NoError(t, json.Unmarshal([]byte(httpGet(t, "http://"+s.Health+"/rendezvous")), &v))
+			require.Equal(t, "two-"+backend, v.RunID)
+			require.Equal(t, 2, v.WorldSize, "/rendezvous: %+v", v)
+			if backend != "etcd" {
+				require.Len(t, v.Participants, 2)
+				for _, p := range v.Participants {
+					require.NotNil(t, p.LastHeartbeat, "%s: no keep-alive in torch's state", p.Node)
+					require.WithinDuration(t, time.Now(), *p.LastHeartbeat, time.Minute, "torch's keep-alive times are UTC")
+				}
+			}
 			metrics := httpGet(t, "http://"+s.Health+"/metrics")
 			require.Contains(t, metrics, `rdzv_sidecar_rendezvous_rounds_total{backend="`+backend+`"} 1`)
 			if backend == "c10d" {

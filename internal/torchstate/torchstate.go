@@ -1,0 +1,315 @@
+// Package torchstate reads the state torch's dynamic rendezvous (the etcd-v2
+// and c10d backends) keeps in its store: a pickled _RendezvousState, base64
+// encoded. It is what a job-level view of the rendezvous needs (round, who is
+// in it, who is alive) without running Python.
+//
+// Pickles are code, so only the classes torch writes there are accepted
+// (torch's two classes, datetime and the builtins pickle needs); anything else
+// is refused, as the preStop script does.
+package torchstate
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nlpodyssey/gopickle/pickle"
+	"github.com/nlpodyssey/gopickle/types"
+)
+
+// MaxStateLen bounds what Decode reads. A state holds a few hundred bytes per
+// node; 16 MiB is tens of thousands of nodes, and keeps a bad value from
+// costing more memory than that.
+const MaxStateLen = 16 << 20
+
+// Node is torch's _NodeDesc: one agent (torchrun process).
+type Node struct {
+	Addr    string
+	PID     int
+	LocalID int
+}
+
+// String is torch's own name for the node (_NodeDesc.__repr__).
+func (n Node) String() string { return fmt.Sprintf("%s_%d_%d", n.Addr, n.PID, n.LocalID) }
+
+// Participant is a node of the current round with its rank in the round.
+type Participant struct {
+	Node
+	Rank int
+}
+
+// State is the part of _RendezvousState a view of the job needs.
+type State struct {
+	Round    int
+	Complete bool
+	Closed   bool
+	// Participants of the current round, by rank.
+	Participants []Participant
+	// Waiting are the nodes that asked to join the next round.
+	Waiting []Node
+	// Heartbeats is each node's last keep-alive, in UTC.
+	Heartbeats map[Node]time.Time
+}
+
+// DecodeBase64 decodes the value as the backends store it.
+func DecodeBase64(b []byte) (State, error) {
+	if base64.StdEncoding.DecodedLen(len(b)) > MaxStateLen {
+		return State{}, fmt.Errorf("rendezvous state of %d bytes: over the limit of %d", len(b), MaxStateLen)
+	}
+	raw := make([]byte, base64.StdEncoding.DecodedLen(len(b)))
+	n, err := base64.StdEncoding.Decode(raw, b)
+	if err != nil {
+		return State{}, fmt.Errorf("rendezvous state is not base64: %w", err)
+	}
+	return Decode(raw[:n])
+}
+
+// Decode reads a pickled _RendezvousState.
+func Decode(raw []byte) (st State, err error) {
+	if len(raw) > MaxStateLen {
+		return State{}, fmt.Errorf("rendezvous state of %d bytes: over the limit of %d", len(raw), MaxStateLen)
+	}
+	// gopickle trusts the stack's shape (a malformed pickle can make it index
+	// out of range); a bad value must be an error, never a crash.
+	defer func() {
+		if r := recover(); r != nil {
+			st, err = State{}, fmt.Errorf("malformed pickle: %v", r)
+		}
+	}()
+	if err := checkLengths(raw); err != nil {
+		return State{}, fmt.Errorf("unpickle rendezvous state: %w", err)
+	}
+	u := pickle.NewUnpickler(bytes.NewReader(raw))
+	u.FindClass = findClass
+	v, err := u.Load()
+	if err != nil {
+		return State{}, fmt.Errorf("unpickle rendezvous state: %w", err)
+	}
+	obj, ok := v.(*object)
+	if !ok || obj.class.name != stateClass {
+		return State{}, fmt.Errorf("not a %s: %T", stateClass, v)
+	}
+	return fromObject(obj)
+}
+
+const (
+	torchModule = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+	stateClass  = "_RendezvousState"
+	nodeClass   = "_NodeDesc"
+)
+
+func findClass(module, name string) (any, error) {
+	switch {
+	case module == torchModule && (name == stateClass || name == nodeClass):
+		return &class{name: name}, nil
+	case module == "datetime" && name == "datetime":
+		return datetimeClass{}, nil
+	case module == "datetime" && name == "timezone":
+		return timezoneClass{}, nil
+	case module == "datetime" && name == "timedelta":
+		return timedeltaClass{}, nil
+	case module == "builtins" && name == "set":
+		return setClass{}, nil
+	}
+	return nil, fmt.Errorf("refusing %s.%s: not a class torch's rendezvous state uses", module, name)
+}
+
+// class stands for one of torch's two classes; pickle makes instances with
+// NEWOBJ and fills them with BUILD (their __dict__).
+type class struct{ name string }
+
+func (c *class) PyNew(args ...any) (any, error) {
+	return &object{class: c, attrs: map[string]any{}}, nil
+}
+
+type object struct {
+	class *class
+	attrs map[string]any
+}
+
+func (o *object) PyDictSet(key, value any) error {
+	k, ok := key.(string)
+	if !ok {
+		return fmt.Errorf("%s: attribute name %T", o.class.name, key)
+	}
+	o.attrs[k] = value
+	return nil
+}
+
+// datetimeClass rebuilds datetime.datetime from its pickled bytes (REDUCE).
+type datetimeClass struct{}
+
+func (datetimeClass) Call(args ...any) (any, error) {
+	if len(args) < 1 {
+		return nil, errors.New("datetime: no arguments")
+	}
+	var b []byte
+	switch v := args[0].(type) {
+	case []byte:
+		b = v
+	case string: // protocol 2 pickles bytes as latin-1 text
+		for _, r := range v {
+			b = append(b, byte(r))
+		}
+	}
+	if len(b) != 10 {
+		return nil, fmt.Errorf("datetime: %d bytes of state, want 10", len(b))
+	}
+	us := int(b[7])<<16 | int(b[8])<<8 | int(b[9])
+	t := time.Date(int(b[0])<<8|int(b[1]), time.Month(b[2]&0x7f), int(b[3]), int(b[4]), int(b[5]), int(b[6]),
+		us*1000, time.UTC)
+	if len(args) > 1 { // tzinfo: torch 2.x writes datetime.now(timezone.utc), 1.13 naive UTC
+		tz, ok := args[1].(offset)
+		if !ok {
+			return nil, fmt.Errorf("datetime: tzinfo %T", args[1])
+		}
+		t = t.Add(-time.Duration(tz))
+	}
+	return t, nil
+}
+
+// offset is a datetime.timezone (its UTC offset) or a datetime.timedelta.
+type offset time.Duration
+
+type timezoneClass struct{}
+
+func (timezoneClass) Call(args ...any) (any, error) {
+	if len(args) < 1 {
+		return nil, errors.New("timezone: no offset")
+	}
+	d, ok := args[0].(offset)
+	if !ok {
+		return nil, fmt.Errorf("timezone: offset %T", args[0])
+	}
+	return d, nil
+}
+
+type timedeltaClass struct{}
+
+func (timedeltaClass) Call(args ...any) (any, error) {
+	var parts [3]int // days, seconds, microseconds
+	for i, a := range args {
+		n, ok := asInt(a)
+		if !ok || i >= len(parts) {
+			return nil, fmt.Errorf("timedelta: argument %d: %T", i, a)
+		}
+		parts[i] = n
+	}
+	return offset(time.Duration(parts[0])*24*time.Hour + time.Duration(parts[1])*time.Second +
+		time.Duration(parts[2])*time.Microsecond), nil
+}
+
+// setClass: older protocols pickle a set as set([...]).
+type setClass struct{}
+
+func (setClass) Call(args ...any) (any, error) {
+	s := types.NewSet()
+	if len(args) == 1 {
+		l, ok := args[0].(*types.List)
+		if !ok {
+			return nil, fmt.Errorf("set(%T)", args[0])
+		}
+		for _, v := range *l {
+			s.Add(v)
+		}
+	}
+	return s, nil
+}
+
+func fromObject(o *object) (State, error) {
+	var st State
+	var err error
+	if st.Round, err = intAttr(o, "round"); err != nil {
+		return State{}, err
+	}
+	st.Complete, _ = o.attrs["complete"].(bool)
+	st.Closed, _ = o.attrs["closed"].(bool)
+	if d, ok := o.attrs["participants"].(*types.Dict); ok {
+		for _, e := range *d {
+			n, err := node(e.Key)
+			if err != nil {
+				return State{}, err
+			}
+			rank, ok := asInt(e.Value)
+			if !ok {
+				return State{}, fmt.Errorf("participants: rank %T", e.Value)
+			}
+			st.Participants = append(st.Participants, Participant{Node: n, Rank: rank})
+		}
+	}
+	slices.SortFunc(st.Participants, func(a, b Participant) int { return a.Rank - b.Rank })
+	if s, ok := o.attrs["wait_list"].(*types.Set); ok {
+		for v := range *s {
+			n, err := node(v)
+			if err != nil {
+				return State{}, err
+			}
+			st.Waiting = append(st.Waiting, n)
+		}
+	}
+	slices.SortFunc(st.Waiting, func(a, b Node) int {
+		if a.String() < b.String() {
+			return -1
+		}
+		if a.String() > b.String() {
+			return 1
+		}
+		return 0
+	})
+	st.Heartbeats = map[Node]time.Time{}
+	if d, ok := o.attrs["last_heartbeats"].(*types.Dict); ok {
+		for _, e := range *d {
+			n, err := node(e.Key)
+			if err != nil {
+				return State{}, err
+			}
+			if t, ok := e.Value.(time.Time); ok {
+				st.Heartbeats[n] = t
+			}
+		}
+	}
+	return st, nil
+}
+
+func node(v any) (Node, error) {
+	o, ok := v.(*object)
+	if !ok || o.class.name != nodeClass {
+		return Node{}, fmt.Errorf("want a %s, got %T", nodeClass, v)
+	}
+	addr, ok := o.attrs["addr"].(string)
+	if !ok {
+		return Node{}, fmt.Errorf("%s without addr", nodeClass)
+	}
+	pid, err := intAttr(o, "pid")
+	if err != nil {
+		return Node{}, err
+	}
+	local, err := intAttr(o, "local_id")
+	if err != nil {
+		return Node{}, err
+	}
+	return Node{Addr: addr, PID: pid, LocalID: local}, nil
+}
+
+func intAttr(o *object, name string) (int, error) {
+	n, ok := asInt(o.attrs[name])
+	if !ok {
+		return 0, fmt.Errorf("%s.%s: want an int, got %T", o.class.name, name, o.attrs[name])
+	}
+	return n, nil
+}
+
+func asInt(v any) (int, bool) {
+	switch n := v.(type) {
+	case int:
+		return n, true
+	case int64:
+		return int(n), true
+	case bool: // never in torch's state, but pickle's ints start as small ints
+		return 0, false
+	}
+	return 0, false
+}
