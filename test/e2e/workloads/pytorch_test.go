@@ -2,6 +2,7 @@ package workloads
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -64,6 +66,17 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	start = time.Now()
 	c.HelmTest(t, ns, job, 2*time.Minute)
 	t.Logf("helm test passed: %.1fs", time.Since(start).Seconds())
+	// The job's view of the rendezvous, as `kubectl get --raw .../services/<job>-rdzv:health/proxy/rendezvous`
+	// shows it through the API server.
+	raw, err := c.Client.CoreV1().Services(ns).ProxyGet("http", job+"-rdzv", "health", "/rendezvous", nil).DoRaw(t.Context())
+	if err != nil {
+		t.Fatalf("GET /rendezvous through the API server's service proxy: %v", err)
+	}
+	var view sidecar.View
+	if err := json.Unmarshal(raw, &view); err != nil || view.WorldSize != 2 || !view.Complete {
+		t.Fatalf("the rendezvous view says %s (%v), want a complete round of 2", raw, err)
+	}
+	t.Logf("kubectl get --raw .../%s-rdzv:health/proxy/rendezvous: %s", job, raw)
 
 	for _, n := range []int{3, 4, 2} {
 		c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
