@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 CACHE ?= $(HOME)/.cache/elastic-training
 
-.PHONY: all build chart-docs test test-unit test-e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all build chart-docs lint-workflows test test-unit test-e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
 
 all: build
 
@@ -14,6 +14,10 @@ build:
 ## helm-docs pinned in hack/tools/go.mod. `make test` fails (test/helm, TestChartDocs) when they are out of date.
 chart-docs:
 	GO=$(GO) hack/chart-docs.sh
+
+## lint-workflows: actionlint + shellcheck on .github/workflows (the release workflow cannot run here).
+lint-workflows:
+	GO=$(GO) hack/lint-workflows.sh
 
 ## test: every test: unit, integration (real torchrun, etcd, mpirun) and e2e (real cluster).
 test: test-unit test-e2e

@@ -2,6 +2,7 @@
 # cluster packs the same static binary with test/e2e/cluster/images.sh instead, because this machine has
 # no Docker and no registry).
 #   docker build -f build/rdzv-sidecar.Dockerfile -t REGISTRY/rdzv-sidecar:VERSION .
+# .github/workflows/release.yaml builds it for linux/amd64 and linux/arm64 as ghcr.io/elastic-training/rdzv-sidecar.
 ARG GO_VERSION=1.26
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
 ARG TARGETOS TARGETARCH

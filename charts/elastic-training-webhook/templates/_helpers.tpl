@@ -62,3 +62,11 @@ block every node drain, and minAvailable 0 protects nothing. */}}
 {{- define "elastic-training-webhook.pdbEnabled" -}}
 {{- if and .Values.podDisruptionBudget.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
 {{- end }}
+
+{{/*
+An image of ours (dict "image" <values> "root" $): the tag defaults to the chart's appVersion, which the release
+workflow sets to the version it builds the images with.
+*/}}
+{{- define "elastic-training-webhook.image" -}}
+{{- printf "%s:%s" .image.repository (toString .image.tag | default .root.Chart.AppVersion) -}}
+{{- end }}

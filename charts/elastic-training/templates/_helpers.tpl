@@ -259,3 +259,12 @@ to change it, start a new run that resumes from your checkpoints: {{ $data }}; t
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The rdzv-sidecar image of the dedicated rendezvous pod and the test pod: the tag defaults to the chart's
+appVersion, as for every image of ours (the release workflow builds them with the chart's version).
+*/}}
+{{- define "elastic-training.rendezvousImage" -}}
+{{- $i := .Values.rendezvous.image -}}
+{{- printf "%s:%s" $i.repository (toString $i.tag | default .Chart.AppVersion) -}}
+{{- end }}

@@ -55,7 +55,7 @@ spec:
   {{- end }}
   containers:
     - name: rdzv-sidecar
-      image: {{ printf "%s:%s" $r.image.repository $r.image.tag }}
+      image: {{ include "elastic-training.rendezvousImage" . }}
       imagePullPolicy: {{ $r.image.pullPolicy }}
       {{- with $r.command }}
       command:
