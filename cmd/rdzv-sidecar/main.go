@@ -196,6 +196,7 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.UnsafeNoFsync, "unsafe-no-fsync", false, "skip fsync (tests; the store is rebuilt by the agents anyway)")
 	fs.StringVar(&cfg.EtcdLogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
+	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
 	fs.StringVar(&cfg.C10dAddr, "c10d-addr", fmt.Sprintf(":%d", constants.C10dPort), `address of the torch c10d TCPStore (torchrun --rdzv-backend=c10d with is_host=false); "" turns it off`)
 	d := addDaemonFlags(fs, &cfg.Options)
 	return d.run(fs, args, stderr, func(ctx context.Context) error { return sidecar.Serve(ctx, cfg) })

@@ -37,7 +37,7 @@ type Contract struct {
 func Current() Contract {
 	return Contract{
 		SidecarContainer:   constants.SidecarContainerName,
-		ReservedVolumes:    []string{constants.FilesVolumeName, constants.TLSVolumeName},
+		ReservedVolumes:    []string{constants.FilesVolumeName, constants.TLSVolumeName, constants.TokenVolumeName},
 		ReservedMountPaths: []string{constants.FilesDir, constants.TLSDir},
 		ReservedPorts: map[string]string{
 			strconv.Itoa(constants.SidecarHealthPort): "the rendezvous sidecar's health port",

@@ -100,6 +100,9 @@ const (
 	AnnotationNumWorkers = Domain + "/num-workers"
 	// AnnotationPSPort is the MXNet scheduler port (DMLC_PS_ROOT_PORT).
 	AnnotationPSPort = Domain + "/ps-port"
+	// AnnotationRdzvEvents names the Job on which the serving sidecar records each torch rendezvous round as an
+	// Event (PyTorch; the chart sets it with the RBAC that allows it). Empty: no Events, no token.
+	AnnotationRdzvEvents = Domain + "/rdzv-events"
 	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
 	AnnotationMutated = Domain + "/mutated"
 )
@@ -111,7 +114,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvBackend, AnnotationRdzvHost, AnnotationRdzvService, AnnotationRdzvJoinTimeout,
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
-	AnnotationNumWorkers, AnnotationPSPort}
+	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
@@ -170,6 +173,15 @@ const (
 	TLSCertName   = "tls.crt"
 	TLSKeyName    = "tls.key"
 	TLSCAName     = "ca.crt"
+)
+
+// The serving sidecar's API token, for its Events (AnnotationRdzvEvents): a projected service account token
+// mounted in the sidecar only, where client-go's in-cluster config looks for it. The trainer gets no token.
+const (
+	TokenVolumeName = "elastic-training-token"
+	TokenDir        = "/var/run/secrets/kubernetes.io/serviceaccount"
+	// TokenExpirationSeconds: the kubelet refreshes the token; client-go rereads the file.
+	TokenExpirationSeconds = 3607
 )
 
 // MembersPrefix is the etcd v3 key prefix under which join registers members.

@@ -137,6 +137,12 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 			return err
 		}
 	}
+	events := serving && s.framework == constants.FrameworkPyTorch && s.eventsJob != ""
+	if events {
+		if err := setTokenVolume(e); err != nil {
+			return err
+		}
+	}
 	if err := checkPorts(pod, serving); err != nil {
 		return err
 	}
@@ -427,6 +433,36 @@ func setSecretVolume(e *editor, name, secret string) error {
 	return nil
 }
 
+// TokenVolume is the serving sidecar's API token (constants.TokenVolumeName):
+// what the kubelet mounts for automountServiceAccountToken, for one container.
+func TokenVolume() corev1.Volume {
+	return corev1.Volume{Name: constants.TokenVolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To[int64](constants.TokenExpirationSeconds)}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+				Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+				{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"}}}}},
+		},
+		DefaultMode: ptr.To[int32](0o644),
+	}}}
+}
+
+// setTokenVolume adds TokenVolume; a pod volume of that name that is not a
+// projected volume is a conflict.
+func setTokenVolume(e *editor) error {
+	for _, v := range e.pod.Spec.Volumes {
+		if v.Name == constants.TokenVolumeName {
+			if v.Projected == nil {
+				return fmt.Errorf("volume name %q is reserved for the rendezvous sidecar's API token: rename the pod's volume", v.Name)
+			}
+			return nil
+		}
+	}
+	appendTo(e, "/spec/volumes", &e.pod.Spec.Volumes, TokenVolume())
+	return nil
+}
+
 // checkPorts denies pods whose containers already use the sidecar's ports
 // (all containers of a pod share one network namespace).
 func checkPorts(pod *corev1.Pod, serving bool) error {
@@ -503,6 +539,10 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 		ports = append(ports,
 			corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP},
 			corev1.ContainerPort{Name: "c10d", ContainerPort: constants.C10dPort, Protocol: corev1.ProtocolTCP})
+		if s.framework == constants.FrameworkPyTorch && s.eventsJob != "" {
+			args = append(args, "--events-job="+s.eventsJob)
+			mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
+		}
 		if s.tlsSecret != "" {
 			// etcd's flag names; every client must present a certificate from the CA.
 			args = append(args,

@@ -43,6 +43,7 @@ type settings struct {
 	rdzvHost                    bool
 	rdzvService                 string
 	tlsSecret                   string // "" = plain HTTP rendezvous
+	eventsJob                   string // "" = the serving sidecar records no Events
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -191,6 +192,14 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 			bad.add("annotation", constants.AnnotationRdzvTLSSecret, v, "the name of a Secret in the pod's namespace (a DNS subdomain: lowercase letters, digits, '-', '.')")
 		} else {
 			s.tlsSecret = v
+		}
+	}
+
+	if v := ann[constants.AnnotationRdzvEvents]; v != "" {
+		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
+			bad.add("annotation", constants.AnnotationRdzvEvents, v, "the name of a Job in the pod's namespace (a DNS subdomain)")
+		} else {
+			s.eventsJob = v
 		}
 	}
 

@@ -91,6 +91,8 @@ type roundLogger struct {
 	// rendezvous (etcd-v2, c10d); nil until the stores exist.
 	state func(backend, runID string) ([]byte, bool)
 	now   func() time.Time
+	// events, when set, records each round as an Event on the job's Job.
+	events *roundEvents
 }
 
 type seenRound struct {
@@ -151,6 +153,20 @@ func (l *roundLogger) round(r Round) {
 		attrs = append(attrs, "master", r.Master)
 	}
 	l.log.Info(msg, attrs...)
+	if l.events != nil {
+		ev := fmt.Sprintf("Round %s of run %s", r.Round, r.RunID)
+		if r.Participants >= 0 {
+			ev += fmt.Sprintf(": world size %d", r.Participants)
+		}
+		if nodes != nil {
+			short := make([]string, len(nodes))
+			for i, n := range nodes {
+				short[i], _, _ = strings.Cut(n, ".")
+			}
+			ev += " (" + strings.Join(short, ", ") + ")"
+		}
+		l.events.record(ev)
+	}
 }
 
 var errNoState = errors.New("no rendezvous state")

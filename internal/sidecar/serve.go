@@ -52,6 +52,9 @@ type ServeConfig struct {
 	ReadyTimeout  time.Duration
 	// C10dAddr is where torch's c10d TCPStore is served ("" = not at all).
 	C10dAddr string
+	// EventsJob names the Job on which each torch rendezvous round is recorded
+	// as an Event ("" = none), with the in-cluster token in constants.TokenDir.
+	EventsJob string
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -76,6 +79,15 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	rounds := newRoundLogger(log, mets)
 	var c10dStore atomic.Pointer[tcpstore.Server]
+	if cfg.EventsJob != "" {
+		// The rendezvous matters more than its Events: without them it still serves.
+		if ev, err := newRoundEvents(cfg.EventsJob, log.With("component", "events")); err != nil {
+			log.Warn("recording no rendezvous Events", "err", err)
+		} else {
+			rounds.events = ev
+			defer ev.stop()
+		}
+	}
 	v2 := v2api.New(v2api.Config{
 		ClusterID: func() string {
 			if e := etcd.Load(); e != nil {

@@ -20,13 +20,7 @@ func TestContract(t *testing.T) {
 		constants.FrameworkMXNet: true, constants.FrameworkCustom: true}
 	backends := map[string]bool{constants.BackendEtcdV2: true, constants.BackendEtcd: true, constants.BackendC10d: true}
 	known := map[string]bool{}
-	for _, k := range []string{constants.AnnotationFramework, constants.AnnotationMinNodes, constants.AnnotationMaxNodes,
-		constants.AnnotationRunID, constants.AnnotationRdzvBackend, constants.AnnotationRdzvHost,
-		constants.AnnotationRdzvService, constants.AnnotationRdzvJoinTimeout, constants.AnnotationRdzvLastCallTimeout,
-		constants.AnnotationRdzvCloseTimeout, constants.AnnotationMaxRestarts, constants.AnnotationMonitorInterval,
-		constants.AnnotationRdzvTLSSecret, constants.AnnotationSlots, constants.AnnotationContainer,
-		constants.AnnotationMPIFlavour, constants.AnnotationNumServers, constants.AnnotationNumWorkers,
-		constants.AnnotationPSPort} {
+	for _, k := range constants.PodAnnotations {
 		known[k] = true
 	}
 	for _, sc := range scenarios(t) {

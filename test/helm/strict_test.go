@@ -18,6 +18,7 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 	allowed := map[string]bool{
 		"ConfigMap": true, "Secret": true, "Service": true, "Job": true, "StatefulSet": true, "Pod": true,
 		"NetworkPolicy": true, "PodDisruptionBudget": true, "PersistentVolumeClaim": true,
+		"Role": true, "RoleBinding": true, // rendezvous.events: the serving sidecar's Events, in the namespace
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {

@@ -8,7 +8,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
   "sidecarContainer": "rdzv-sidecar",
   "reservedVolumes": [
     "elastic-training",
-    "elastic-training-tls"
+    "elastic-training-tls",
+    "elastic-training-token"
   ],
   "reservedMountPaths": [
     "/etc/elastic-training",
@@ -42,7 +43,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/mpi-flavour",
     "elastic-training.io/num-servers",
     "elastic-training.io/num-workers",
-    "elastic-training.io/ps-port"
+    "elastic-training.io/ps-port",
+    "elastic-training.io/rdzv-events"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "accelerators": {

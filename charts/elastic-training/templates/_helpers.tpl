@@ -133,11 +133,17 @@ hosts the rendezvous, and the job-wide counts. Returned as YAML; use with fromYa
 {{- $groups = append $groups (dict "name" "server" "path" "mxnet.servers" "role" "server" "kind" "StatefulSet" "member" false "replicas" $s "minReplicas" $s "maxReplicas" $s "preemptible" false "values" $v.mxnet.servers) -}}
 {{- end -}}
 {{- $groups = concat $groups $resolved -}}
+{{- /* The Job whose Events tell the rendezvous (PyTorch): the first group that is not preemptible, else the first. */ -}}
+{{- $eventsGroup := "" -}}
+{{- range $resolved -}}
+{{- if and (not $eventsGroup) (not .preemptible) -}}{{- $eventsGroup = .name -}}{{- end -}}
+{{- end -}}
+{{- if and (not $eventsGroup) $resolved -}}{{- $eventsGroup = (first $resolved).name -}}{{- end -}}
 {{- $out := list -}}
 {{- range $groups -}}
 {{- $out = append $out (set . "rdzvHost" (eq .name $host)) -}}
 {{- end -}}
-{{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible) -}}
+{{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible "eventsGroup" $eventsGroup) -}}
 {{- end -}}
 
 {{/* Job-wide annotations of every pod template: the job's settings (docs/contract.md). */}}
@@ -156,6 +162,9 @@ elastic-training.io/max-restarts: {{ $v.rendezvous.maxRestarts | quote }}
 elastic-training.io/monitor-interval: {{ $v.rendezvous.monitorInterval | quote }}
 {{- with $v.rendezvous.tls.secretName }}
 elastic-training.io/rdzv-tls-secret: {{ . | quote }}
+{{- end }}
+{{- with include "elastic-training.eventsJob" (dict "root" .root "plan" $plan) }}
+elastic-training.io/rdzv-events: {{ . | quote }}
 {{- end }}
 {{- if eq $v.framework "mpi" }}
 elastic-training.io/mpi-flavour: {{ $v.mpi.flavour | quote }}
@@ -267,4 +276,15 @@ appVersion, as for every image of ours (the release workflow builds them with th
 {{- define "elastic-training.rendezvousImage" -}}
 {{- $i := .Values.rendezvous.image -}}
 {{- printf "%s:%s" $i.repository (toString $i.tag | default .Chart.AppVersion) -}}
+{{- end }}
+
+{{/*
+The Job on which the serving sidecar records each torch rendezvous round as an Event (rendezvous.events,
+PyTorch); empty: none. (dict "root" $ "plan" $plan)
+*/}}
+{{- define "elastic-training.eventsJob" -}}
+{{- $v := .root.Values -}}
+{{- if and (eq $v.framework "pytorch") $v.rendezvous.events .plan.eventsGroup -}}
+{{- printf "%s-%s" (include "elastic-training.fullname" .root) .plan.eventsGroup -}}
+{{- end -}}
 {{- end }}

@@ -7,6 +7,7 @@
 {{- $tls := $r.tls.secretName -}}
 {{- $scheme := ternary "https" "http" (not (empty $tls)) -}}
 {{- $svc := printf "%s-rdzv.%s.svc.%s" $job .Release.Namespace .Values.clusterDomain -}}
+{{- $events := include "elastic-training.eventsJob" (dict "root" . "plan" $plan) -}}
 metadata:
   labels:
     {{- with .Values.podLabels }}
@@ -73,6 +74,9 @@ spec:
         - --member-host={{ $job }}-rdzv-0.{{ $job }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
         - --member-group=rdzv
         - --member-index=0
+        {{- with $events }}
+        - --events-job={{ . }}
+        {{- end }}
         {{- if $tls }}
         - --cert-file=/etc/elastic-training-tls/tls.crt
         - --key-file=/etc/elastic-training-tls/tls.key
@@ -130,11 +134,37 @@ spec:
           mountPath: /etc/elastic-training-tls
           readOnly: true
         {{- end }}
+        {{- if $events }}
+        # The sidecar's API token for its Events (rbac.yaml); the pod's own token stays unmounted.
+        - name: elastic-training-token
+          mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+          readOnly: true
+        {{- end }}
   volumes:
     - name: elastic-training-data
       emptyDir: {}
     - name: elastic-training
       emptyDir: {}
+    {{- if $events }}
+    - name: elastic-training-token
+      projected:
+        defaultMode: 0644
+        sources:
+          - serviceAccountToken:
+              path: token
+              expirationSeconds: 3607
+          - configMap:
+              name: kube-root-ca.crt
+              items:
+                - key: ca.crt
+                  path: ca.crt
+          - downwardAPI:
+              items:
+                - path: namespace
+                  fieldRef:
+                    apiVersion: v1
+                    fieldPath: metadata.namespace
+    {{- end }}
     {{- if $tls }}
     - name: elastic-training-tls
       secret:

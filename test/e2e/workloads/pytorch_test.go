@@ -77,6 +77,19 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		t.Fatalf("the rendezvous view says %s (%v), want a complete round of 2", raw, err)
 	}
 	t.Logf("kubectl get --raw .../%s-rdzv:health/proxy/rendezvous: %s", job, raw)
+	// And as Events on the Job: the serving sidecar records each round there (rendezvous.events).
+	workerJob := naming.Workload(job, "worker")
+	c.WaitFor(t, time.Minute, "a RendezvousRound Event of world size 2 on Job "+workerJob, func(ctx context.Context) (bool, error) {
+		out, err := c.Kubectl(ctx, "-n", ns, "describe", "job", workerJob)
+		if err != nil {
+			return false, err
+		}
+		if !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": world size 2 (") {
+			return false, fmt.Errorf("kubectl describe job %s:\n%s", workerJob, eventsSection(out))
+		}
+		t.Logf("kubectl describe job %s shows:\n%s", workerJob, eventsSection(out))
+		return true, nil
+	})
 
 	for _, n := range []int{3, 4, 2} {
 		c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())

@@ -1,0 +1,152 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+)
+
+// ReasonRound is the reason of the Event recorded for each torch rendezvous round.
+const ReasonRound = "RendezvousRound"
+
+// roundEvents records each torch rendezvous round as an Event on the job's
+// Job, so that `kubectl describe job` shows the rendezvous next to the Job's
+// own events. The serving sidecar's token (constants.TokenDir, mounted by the
+// webhook or the chart) may create Events and get that one Job (its UID).
+type roundEvents struct {
+	log    *slog.Logger
+	job    string
+	ns     string
+	api    rest.Interface
+	rec    record.EventRecorder
+	queue  chan string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// newRoundEvents connects with the pod's in-cluster config. Rounds are
+// recorded in order, off the store's path, by one goroutine until stop.
+func newRoundEvents(job string, log *slog.Logger) (*roundEvents, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("events on Job %s: %w", job, err)
+	}
+	ns, err := os.ReadFile(filepath.Join(constants.TokenDir, "namespace"))
+	if err != nil {
+		return nil, fmt.Errorf("events on Job %s: the pod's namespace: %w", job, err)
+	}
+	// A REST client of core/v1 only: client-go's typed clients register every
+	// API group, which doubles this binary (35 to 70 MB) for two requests.
+	sch := runtime.NewScheme()
+	if err := corev1.AddToScheme(sch); err != nil {
+		return nil, err
+	}
+	rc.GroupVersion = &corev1.SchemeGroupVersion
+	rc.APIPath = "/api"
+	rc.NegotiatedSerializer = serializer.NewCodecFactory(sch).WithoutConversion()
+	api, err := rest.RESTClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("events on Job %s: %w", job, err)
+	}
+	namespace := strings.TrimSpace(string(ns))
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(eventSink{api})
+	host, _ := os.Hostname()
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &roundEvents{log: log, job: job, ns: namespace, api: api,
+		rec:   b.NewRecorder(sch, corev1.EventSource{Component: "rdzv-sidecar", Host: host}),
+		queue: make(chan string, 64), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		defer b.Shutdown()
+		e.run(ctx)
+	}()
+	return e, nil
+}
+
+// record queues one round's message; a full queue drops it (the log has it).
+func (e *roundEvents) record(msg string) {
+	select {
+	case e.queue <- msg:
+	default:
+		e.log.Warn("dropped a rendezvous Event: the API server is slow", "job", e.job)
+	}
+}
+
+func (e *roundEvents) run(ctx context.Context) {
+	var ref *corev1.ObjectReference
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg := <-e.queue:
+			if ref == nil {
+				j, err := e.getJob(ctx)
+				if err != nil {
+					e.log.Warn("cannot record the rendezvous round as an Event on the Job (the job chart's rendezvous.events creates the Role that allows it)",
+						"job", e.job, "err", err)
+					continue
+				}
+				ref = &corev1.ObjectReference{Kind: "Job", APIVersion: "batch/v1", Namespace: j.Namespace, Name: j.Name, UID: j.UID}
+			}
+			e.rec.Event(ref, corev1.EventTypeNormal, ReasonRound, msg)
+		}
+	}
+}
+
+// stop ends the goroutine; Events already handed to the broadcaster are
+// still sent.
+func (e *roundEvents) stop() {
+	e.cancel()
+	<-e.done
+}
+
+// getJob reads the Job's name and UID (an Event without the UID does not show
+// in `kubectl describe job`).
+func (e *roundEvents) getJob(ctx context.Context) (*metav1.PartialObjectMetadata, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	raw, err := e.api.Get().AbsPath("/apis/batch/v1/namespaces", e.ns, "jobs", e.job).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var j metav1.PartialObjectMetadata
+	if err := json.Unmarshal(raw, &j); err != nil {
+		return nil, fmt.Errorf("job %s: %w", e.job, err)
+	}
+	return &j, nil
+}
+
+// eventSink is client-go's EventSinkImpl over the core/v1 REST client.
+type eventSink struct{ api rest.Interface }
+
+func (s eventSink) Create(ev *corev1.Event) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	return out, s.api.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(context.Background()).Into(out)
+}
+
+func (s eventSink) Update(ev *corev1.Event) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	return out, s.api.Put().Namespace(ev.Namespace).Resource("events").Name(ev.Name).Body(ev).Do(context.Background()).Into(out)
+}
+
+func (s eventSink) Patch(ev *corev1.Event, data []byte) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	return out, s.api.Patch(types.StrategicMergePatchType).Namespace(ev.Namespace).Resource("events").Name(ev.Name).
+		Body(data).Do(context.Background()).Into(out)
+}
