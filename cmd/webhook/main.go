@@ -4,11 +4,15 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -61,6 +65,9 @@ func (f resourcesFlag) Set(s string) error {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "check" {
+		os.Exit(checkCmd(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	cfg := mutate.DefaultConfig()
 	d := &cfg.Defaults
 	var o webhook.Options
@@ -118,6 +125,31 @@ func main() {
 		log.Error(err, "webhook stopped")
 		os.Exit(1)
 	}
+}
+
+// checkCmd is `webhook check`: the webhook chart's helm test (webhook.Check).
+func checkCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg webhook.CheckConfig
+	fs.StringVar(&cfg.URL, "url", "", "the admission server's https://<service>.<namespace>.svc:443/mutate-pods")
+	fs.StringVar(&cfg.CAFile, "ca-file", "", "the CA of its serving certificate (the TLS Secret's ca.crt)")
+	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if cfg.URL == "" || cfg.CAFile == "" {
+		fmt.Fprintln(stderr, "webhook check: --url and --ca-file are required")
+		return 2
+	}
+	if err := webhook.Check(context.Background(), cfg, stdout); err != nil {
+		fmt.Fprintln(stderr, "webhook check:", err)
+		return 1
+	}
+	return 0
 }
 
 // eventRecorder sets o.Events to a recorder that writes through the API

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -21,4 +23,15 @@ func TestResourcesFlag(t *testing.T) {
 		assert.Error(t, err, "%q", bad)
 	}
 	assert.True(t, r.Limits.Cpu().Equal(resource.MustParse("1")), "a refused value changes nothing")
+}
+
+func TestCheckCmdUsage(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if rc := checkCmd(nil, &out, &errOut); rc != 2 || !strings.Contains(errOut.String(), "--url and --ca-file are required") {
+		t.Fatalf("check without flags: rc %d, stderr %q", rc, errOut.String())
+	}
+	errOut.Reset()
+	if rc := checkCmd([]string{"--url=https://127.0.0.1:1/mutate-pods", "--ca-file=/nonexistent"}, &out, &errOut); rc != 1 || !strings.Contains(errOut.String(), "the CA") {
+		t.Fatalf("check with a missing CA: rc %d, stderr %q", rc, errOut.String())
+	}
 }

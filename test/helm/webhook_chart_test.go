@@ -529,7 +529,12 @@ func TestWebhookChartFullnameOverride(t *testing.T) {
 			}
 			for _, o := range r.Objects {
 				got = append(got, o.Key())
-				assert.Equal(t, "elastic-training-webhook", o.Obj["metadata"].(map[string]any)["labels"].(map[string]any)["app.kubernetes.io/name"], o.Key())
+				labels := o.Obj["metadata"].(map[string]any)["labels"].(map[string]any)
+				if o.Kind == "Pod" { // the helm test pod: without the Service's selector labels, so never an endpoint
+					assert.NotContains(t, labels, "app.kubernetes.io/name", o.Key())
+					continue
+				}
+				assert.Equal(t, "elastic-training-webhook", labels["app.kubernetes.io/name"], o.Key())
 			}
 			assert.Equal(t, want, got)
 			assert.GreaterOrEqual(t, len(got), 7)
@@ -706,4 +711,32 @@ func TestWebhookChartSchemaDescribes(t *testing.T) {
 		}
 		assert.NotEmpty(t, node["description"], "values.schema.json: %s has no description", path)
 	}
+}
+
+// TestWebhookChartHelmTest: the test pod runs `webhook check` in the webhook's image against the Service, trusting
+// only the TLS Secret's ca.crt (the key is not mounted), with the webhook's restricted security contexts; with the
+// chart's own certificates and with cert-manager's.
+func TestWebhookChartHelmTest(t *testing.T) {
+	for _, certManager := range []bool{false, true} {
+		t.Run(fmt.Sprintf("certManager=%v", certManager), func(t *testing.T) {
+			r := renderWebhook(t, webhookSets(t, fmt.Sprintf("tls.certManager.enabled=%v", certManager)))
+			u := r.Find("Pod", "elastic-training-webhook-test")
+			require.NotNil(t, u, "no test pod")
+			var pod corev1.Pod
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pod))
+			assert.Equal(t, "test", pod.Annotations["helm.sh/hook"])
+			c := pod.Spec.Containers[0]
+			assert.Equal(t, []string{"check", "--url=https://elastic-training-webhook." + webhookNS + ".svc:443/mutate-pods",
+				"--ca-file=/etc/elastic-training-webhook/ca/ca.crt", "--timeout=2m"}, c.Args)
+			_, webhook := webhookPod(t, r)
+			assert.Equal(t, webhook.Image, c.Image)
+			assert.Equal(t, webhook.SecurityContext, c.SecurityContext)
+			require.Len(t, pod.Spec.Volumes, 1)
+			assert.Equal(t, "elastic-training-webhook-tls", pod.Spec.Volumes[0].Secret.SecretName)
+			assert.Equal(t, []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}, pod.Spec.Volumes[0].Secret.Items)
+			assert.False(t, *pod.Spec.AutomountServiceAccountToken)
+		})
+	}
+	r := renderWebhook(t, webhookSets(t, "tests.enabled=false"))
+	assert.Nil(t, r.Find("Pod", "elastic-training-webhook-test"))
 }

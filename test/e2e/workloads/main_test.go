@@ -72,6 +72,10 @@ func installWebhook(t testing.TB, c *framework.Cluster) {
 			}
 			return true, nil
 		})
+		// The webhook chart's own test: `webhook check` from a pod, over TLS to the Service, with the Secret's CA.
+		start := time.Now()
+		c.HelmTest(t, webhookNamespace, webhookRelease, 2*time.Minute)
+		t.Logf("helm test %s passed: %.1fs", webhookRelease, time.Since(start).Seconds())
 	})
 }
 
