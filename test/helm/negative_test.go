@@ -36,6 +36,8 @@ func TestRejected(t *testing.T) {
 		{"unknown MPI flavour", []string{"framework=mpi", "mpi.flavour=mvapich", "mpi.launcher.command={mpirun}"}, "at '/mpi/flavour': value must be one of 'openmpi', 'mpich', 'intelmpi'"},
 		{"unknown restart policy", []string{"restartPolicy=Always"}, "at '/restartPolicy': value must be one of 'auto', 'Never', 'OnFailure'"},
 		{"bad group name", []string{"workerGroups.Burst_1.replicas=1"}, "at '/workerGroups': additional properties 'Burst_1' not allowed"},
+		{"group name too long", []string{"command={torchrun,t.py}", "workerGroups.averyveryverylonggroupname.replicas=1"},
+			"workerGroups.averyveryverylonggroupname: a group name is at most 20 characters, this one has 26 (its Job or StatefulSet and pods are named <job>-averyveryverylonggroupname-<index>, which must stay a DNS label): use a shorter name"},
 		{"reserved group name", []string{"workerGroups.launcher.replicas=1"}, `workerGroups.launcher: the group name "launcher" is reserved`},
 		{"MPI without a launcher command", []string{"framework=mpi"}, "mpi.launcher.command is empty"},
 		{"c10d with TLS", []string{"rendezvous.backend=c10d", "rendezvous.tls.secretName=x"}, "rendezvous.tls works with backend etcd-v2 or etcd, not c10d"},

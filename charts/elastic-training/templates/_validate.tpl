@@ -11,6 +11,10 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- if has $name (list "worker" "launcher" "scheduler" "server" "rdzv") -}}
 {{- fail (printf "workerGroups.%s: the group name %q is reserved (use workers for the main group)" $name $name) -}}
 {{- end -}}
+{{- /* Not in the schema: its validator reports a propertyNames error at the wrong path, and a pattern error without why. */ -}}
+{{- if gt (len $name) 20 -}}
+{{- fail (printf "workerGroups.%s: a group name is at most 20 characters, this one has %d (its Job or StatefulSet and pods are named <job>-%s-<index>, which must stay a DNS label): use a shorter name" $name (len $name) $name) -}}
+{{- end -}}
 {{- end -}}
 {{- $plan := include "elastic-training.plan" . | fromYaml -}}
 {{- $members := 0 -}}
