@@ -61,9 +61,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		fmt.Fprintf(stderr, "rdzv-sidecar %s: %v\n", args[0], err)
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
 		return 1
 	}
 	return 0
+}
+
+// usageError is a command line the flags do not parse (exit status 2).
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// parse parses args, a parse error being a usageError (--help stays flag.ErrHelp).
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil && !errors.Is(err, flag.ErrHelp) {
+		return usageError{err}
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
@@ -147,7 +165,7 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 // run parses args, gives the options a logger (tagged with the mode) and a
 // metrics registry, and runs fn until SIGTERM or SIGINT.
 func (d *daemonFlags) run(fs *flag.FlagSet, args []string, stderr io.Writer, fn func(context.Context) error) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -216,7 +234,7 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 	addQueryFlags(fs, &cfg.QueryConfig, 5*time.Minute, "give up after this long (exit status 1)")
 	fs.IntVar(&cfg.Members, "members", 1, "how many members to wait for")
 	fs.BoolVar(&cfg.Quiet, "quiet", false, "print nothing on success")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	ctx, stop := signalContext()
@@ -232,7 +250,7 @@ func progressCmd(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.Stable, "stable", 30*time.Second, "how long the round must have held")
 	fs.DurationVar(&cfg.MaxHeartbeatAge, "max-heartbeat-age", 30*time.Second, "an agent silent for longer is gone")
 	fs.DurationVar(&cfg.Timeout, "timeout", 4*time.Minute, "give up after this long (exit status 1)")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if cfg.URL == "" {
@@ -247,7 +265,7 @@ func hostsCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("hosts", "Print the registered members as a hostfile.", stderr)
 	var cfg sidecar.QueryConfig
 	addQueryFlags(fs, &cfg, 10*time.Second, "timeout of the request")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	return sidecar.Hosts(context.Background(), cfg, stdout)
