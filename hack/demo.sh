@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . test/e2e/cluster/env.sh        # KUBECONFIG, PATH with the cluster's kubectl and helm
 export PATH=$BIN:$PATH
-JOB=${DEMO_JOB:-demo} NS=${DEMO_NAMESPACE:-default} STEPS=${DEMO_STEPS:-150}
+JOB=${DEMO_JOB:-demo} NS=${DEMO_NAMESPACE:-default} STEPS=${DEMO_STEPS:-240}
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 since() { echo $(( $(date +%s) - $1 )); }
@@ -71,6 +71,15 @@ for n in 3 4 2; do
   helm -n "$NS" upgrade "$JOB" charts/elastic-training --reuse-values --set workers.replicas=$n >/dev/null
   world $n
 done
+
+say "helm test $JOB: training progresses (a complete round of every agent, all alive, that holds 30 s)"
+t0=$(date +%s)
+out=$(helm -n "$NS" test "$JOB" 2>&1) || { echo "$out"; kubectl -n "$NS" logs "$JOB-test-rdzv" || true; exit 1; }
+echo "$out" | grep -E "^(TEST SUITE|Phase)"
+echo "   helm test: $(since $t0) s"
+say "The rendezvous as kubectl shows it: torch's state, and one Event per round on the Job"
+kubectl -n "$NS" get --raw "/api/v1/namespaces/$NS/services/$JOB-rdzv:health/proxy/rendezvous"; echo
+kubectl -n "$NS" describe job "$JOB-worker" | sed -n '/^Events:/,$p' | grep -E "^Events|Reason|RendezvousRound" | tail -6
 
 say "Pods"
 kubectl -n "$NS" get pods -l "elastic-training.io/job=$JOB" -o wide
