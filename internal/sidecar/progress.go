@@ -32,7 +32,7 @@ func (c ProgressConfig) Judge(v View) (bool, string) {
 	case v.Closed:
 		return false, round + ": the rendezvous is closed (the job is ending)"
 	case !v.Complete:
-		return false, fmt.Sprintf("%s is forming: %d nodes waiting; the last complete round was %d", round, len(v.Waiting), v.LastCompletedRound)
+		return false, fmt.Sprintf("%s is forming (%d waiting to join); the last complete round was %d", round, len(v.Waiting), v.LastCompletedRound)
 	case v.WorldSize < c.Nodes:
 		return false, fmt.Sprintf("%s has %d nodes, want at least %d", round, v.WorldSize, c.Nodes)
 	}

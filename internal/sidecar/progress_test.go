@@ -29,7 +29,7 @@ func TestProgressJudge(t *testing.T) {
 		"healthy":           {func(*View) {}, true, "round 4 of run job (c10d): 2 nodes, held for 1m0s, every agent alive"},
 		"legacy etcd":       {func(v *View) { v.Backend, v.Participants = "etcd", nil }, true, "2 nodes, held for 1m0s"},
 		"too few nodes":     {func(v *View) { v.WorldSize = 1 }, false, "has 1 nodes, want at least 2"},
-		"forming":           {func(v *View) { v.Round, v.Complete, v.Waiting = 5, false, []string{"w-2"} }, false, "round 5 of run job (c10d) is forming: 1 nodes waiting; the last complete round was 4"},
+		"forming":           {func(v *View) { v.Round, v.Complete, v.Waiting = 5, false, []string{"w-2"} }, false, "round 5 of run job (c10d) is forming (1 waiting to join); the last complete round was 4"},
 		"restarted workers": {func(v *View) { v.LastCompletedAt = now.Add(-5 * time.Second) }, false, "formed 5s ago with 2 nodes; waiting until it has held for 30s"},
 		"agent gone":        {func(v *View) { v.Participants[1].LastHeartbeat = ago(2 * time.Minute) }, false, "the agent on w-1 (rank 1) has not kept alive for 2m0s"},
 		"closed":            {func(v *View) { v.Closed = true }, false, "the rendezvous is closed"},
