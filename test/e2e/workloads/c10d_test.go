@@ -53,6 +53,11 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 	if rdzv := c.PodLogs(t, ns, rdzvPod, constants.SidecarContainerName); !strings.Contains(rdzv, "backend=c10d") {
 		t.Errorf("no c10d round in the rendezvous pod's log:\n%s", rdzv)
 	}
+	// The dedicated pod records the rounds on the workers' Job too (its token, the Role bound to `default`).
+	out, err := c.Kubectl(t.Context(), "-n", ns, "describe", "job", naming.Workload(job, constants.GroupWorker))
+	if err != nil || !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, "world size 3") {
+		t.Errorf("no RendezvousRound Event of world size 3 on the workers' Job (%v):\n%s", err, eventsSection(out))
+	}
 
 	// The store itself restarts (its keys are in memory): the agents lose the rendezvous, their pods are replaced
 	// (preemptible groups restart nothing in place) and train on from the shared checkpoints.
