@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nlpodyssey/gopickle/pickle"
@@ -250,15 +251,7 @@ func fromObject(o *object) (State, error) {
 			st.Waiting = append(st.Waiting, n)
 		}
 	}
-	slices.SortFunc(st.Waiting, func(a, b Node) int {
-		if a.String() < b.String() {
-			return -1
-		}
-		if a.String() > b.String() {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(st.Waiting, func(a, b Node) int { return strings.Compare(a.String(), b.String()) })
 	st.Heartbeats = map[Node]time.Time{}
 	if d, ok := o.attrs["last_heartbeats"].(*types.Dict); ok {
 		for _, e := range *d {
@@ -308,8 +301,6 @@ func asInt(v any) (int, bool) {
 		return n, true
 	case int64:
 		return int(n), true
-	case bool: // never in torch's state, but pickle's ints start as small ints
-		return 0, false
 	}
 	return 0, false
 }
