@@ -1,8 +1,10 @@
-// Command rdzv-sidecar is the per-job rendezvous sidecar: `serve` runs an
-// embedded etcd (v3 API + the v2 keys API torch's etcd backends use), `join`
-// registers a pod and keeps its hostfile current, `wait` and `hosts` help an
-// MPI launcher. See docs/contract.md for how the webhook calls it. This file
-// only parses flags; internal/sidecar does the work.
+// Command rdzv-sidecar is the per-job rendezvous sidecar: `serve` runs the
+// job's rendezvous (an embedded etcd serving the v3 API and the v2 keys API
+// torch's etcd backends use, torch's c10d TCPStore, and the view of torch's
+// rounds on the health port), `join` registers a pod and keeps its hostfile
+// current, `wait` and `hosts` help an MPI launcher, `progress` is a PyTorch
+// job's helm test. See docs/contract.md for how the webhook calls it. This
+// file only parses flags; internal/sidecar does the work.
 package main
 
 import (
@@ -28,7 +30,8 @@ import (
 const usage = `rdzv-sidecar: the rendezvous sidecar of an elastic-training job.
 
 Usage:
-  rdzv-sidecar serve [flags]   embedded etcd: v3 API + etcd v2 keys API (torch etcd/etcd-v2 backends)
+  rdzv-sidecar serve [flags]   the job's rendezvous: embedded etcd (v3 API + v2 keys API: torch's etcd/etcd-v2
+                               backends), torch's c10d TCPStore, the rounds' view on /rendezvous
   rdzv-sidecar join  [flags]   register this pod with a lease, keep hostfile and discover_hosts.sh current
   rdzv-sidecar wait  [flags]   wait until --members=N members are registered
   rdzv-sidecar hosts [flags]   print the registered hosts as a hostfile

@@ -12,6 +12,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/prestop"
 )
 
 // File modes of what we write into the shared volume.
@@ -19,29 +20,28 @@ const (
 	hostfileMode = 0o444 // read by launchers, never written by them
 	scriptMode   = 0o555 // executed by Horovod's --host-discovery-script
 	helperMode   = 0o555 // the launcher helper (this binary)
-	leaveMode    = 0o444 // the preStop script, run by python3
 )
 
-// installFiles prepares FilesDir (when set): the PyTorch preStop script and,
-// with InstallHelper, a copy of this binary.
-func (c MemberConfig) installFiles(log *slog.Logger) error {
-	if c.FilesDir == "" {
+// installFiles prepares dir (when set): the PyTorch preStop script and,
+// with helper, a copy of this binary.
+func installFiles(dir string, helper bool, log *slog.Logger) error {
+	if dir == "" {
 		return nil
 	}
-	if err := os.MkdirAll(c.FilesDir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--files-dir: %w", err)
 	}
-	if err := installLeaveScript(c.FilesDir, constants.LeaveScriptName); err != nil {
+	if err := prestop.Install(dir, constants.LeaveScriptName); err != nil {
 		return err
 	}
-	helper := ""
-	if c.InstallHelper {
-		if err := installSelf(c.FilesDir, constants.SidecarBinaryName); err != nil {
+	helperPath := ""
+	if helper {
+		if err := installSelf(dir, constants.SidecarBinaryName); err != nil {
 			return err
 		}
-		helper = c.FilesDir + "/" + constants.SidecarBinaryName
+		helperPath = dir + "/" + constants.SidecarBinaryName
 	}
-	log.Info("installed preStop script", "prestop", c.FilesDir+"/"+constants.LeaveScriptName, "launcher_helper", helper)
+	log.Info("installed preStop script", "prestop", dir+"/"+constants.LeaveScriptName, "launcher_helper", helperPath)
 	return nil
 }
 

@@ -16,10 +16,10 @@ import (
 // whether this sidecar does its job yet), Prometheus /metrics (ours from reg
 // and etcd's, which etcd's packages register in prometheus' default
 // registry) and the extra routes.
-func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.HandlerFunc) *http.ServeMux {
+func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
 	for path, h := range extra {
-		mux.HandleFunc(path, h)
+		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -36,7 +36,7 @@ func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[s
 // startHealth serves healthMux on addr ("" = none) in the background; it
 // listens at once, so a port conflict is an error, not a log line. stop
 // closes the server.
-func startHealth(addr string, ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.HandlerFunc, log *slog.Logger) (stop func(), err error) {
+func startHealth(addr string, ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.Handler, log *slog.Logger) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}

@@ -7,12 +7,12 @@ import (
 )
 
 // metrics are ours, registered in the registry the caller passes
-// (Options.Metrics); etcd registers its own in prometheus' default registry.
+// (Options.Metrics), as are the c10d store's and the view's; etcd registers
+// its own in prometheus' default registry.
 type metrics struct {
 	members           prometheus.Gauge
 	membershipChanges prometheus.Counter
 	filesWritten      prometheus.Counter
-	rounds            *prometheus.CounterVec
 	v2                *v2api.Metrics
 }
 
@@ -24,10 +24,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		members:           prometheus.NewGauge(prometheus.GaugeOpts(opts("members", "Members currently registered under the job's prefix."))),
 		membershipChanges: prometheus.NewCounter(prometheus.CounterOpts(opts("membership_changes_total", "Membership changes observed."))),
 		filesWritten:      prometheus.NewCounter(prometheus.CounterOpts(opts("files_written_total", "Times the hostfile/discovery script were rewritten."))),
-		rounds: prometheus.NewCounterVec(prometheus.CounterOpts(opts("rendezvous_rounds_total", "torch rendezvous rounds completed, by backend.")),
-			[]string{"backend"}),
 	}
-	reg.MustRegister(m.members, m.membershipChanges, m.filesWritten, m.rounds)
+	reg.MustRegister(m.members, m.membershipChanges, m.filesWritten)
 	m.v2 = v2api.NewMetrics(reg)
 	return m
 }

@@ -1,12 +1,15 @@
 package sidecar
 
 import (
+	"encoding/base64"
 	"io"
 	"net/http/httptest"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/torchview"
 )
 
 // Each caller's registry gets the metrics (several sidecars in one process
@@ -17,7 +20,8 @@ func TestMetricsInTheCallersRegistry(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		m := newMetrics(reg)
 		m.members.Set(3)
-		m.rounds.WithLabelValues("etcd-v2").Inc()
+		torchview.New(torchview.Config{Metrics: reg}).V2Write("/torch/elastic/store/"+
+			base64.StdEncoding.EncodeToString([]byte("torch.rendezvous.r.0/MASTER_ADDR")), "")
 		m.v2.ActiveWaits.Set(0)
 
 		rec := httptest.NewRecorder()

@@ -31,7 +31,7 @@ func (o *Options) begin(requireHost bool, check func() error) (*metrics, error) 
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	if err := o.Member.installFiles(o.Log); err != nil {
+	if err := installFiles(o.Member.FilesDir, o.Member.InstallHelper, o.Log); err != nil {
 		return nil, err
 	}
 	if o.Metrics == nil {

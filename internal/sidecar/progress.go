@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/elastic-training/elastic-training/internal/torchview"
 )
 
 // ProgressConfig is `rdzv-sidecar progress`: does the torch job train?
@@ -26,7 +28,7 @@ type ProgressConfig struct {
 }
 
 // Judge says whether v shows a job that trains, and if not, why.
-func (c ProgressConfig) Judge(v View) (bool, string) {
+func (c ProgressConfig) Judge(v torchview.View) (bool, string) {
 	round := fmt.Sprintf("round %d of run %s (%s)", v.Round, v.RunID, v.Backend)
 	switch {
 	case v.Closed:
@@ -105,7 +107,7 @@ func (c ProgressConfig) poll(ctx context.Context) (bool, string) {
 		}
 		return false, fmt.Sprintf("%s: %s", c.URL, resp.Status)
 	}
-	var v View
+	var v torchview.View
 	if err := json.Unmarshal(body, &v); err != nil {
 		return false, fmt.Sprintf("%s: %v", c.URL, err)
 	}

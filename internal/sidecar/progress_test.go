@@ -10,29 +10,31 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/torchview"
 )
 
 func TestProgressJudge(t *testing.T) {
 	now := time.Date(2026, 11, 24, 18, 0, 0, 0, time.UTC)
 	ago := func(d time.Duration) *time.Time { x := now.Add(-d); return &x }
-	healthy := func() View {
-		return View{Backend: "c10d", RunID: "job", Round: 4, Complete: true, WorldSize: 2,
-			Participants:       []ViewNode{{Addr: "w-0", Rank: 0, LastHeartbeat: ago(3 * time.Second)}, {Addr: "w-1", Rank: 1, LastHeartbeat: ago(4 * time.Second)}},
+	healthy := func() torchview.View {
+		return torchview.View{Backend: "c10d", RunID: "job", Round: 4, Complete: true, WorldSize: 2,
+			Participants:       []torchview.ViewNode{{Addr: "w-0", Rank: 0, LastHeartbeat: ago(3 * time.Second)}, {Addr: "w-1", Rank: 1, LastHeartbeat: ago(4 * time.Second)}},
 			LastCompletedRound: 4, LastCompletedAt: now.Add(-time.Minute), Now: now}
 	}
 	cfg := ProgressConfig{Nodes: 2, Stable: 30 * time.Second, MaxHeartbeatAge: 30 * time.Second}
 	for name, c := range map[string]struct {
-		edit func(*View)
+		edit func(*torchview.View)
 		ok   bool
 		want string
 	}{
-		"healthy":           {func(*View) {}, true, "round 4 of run job (c10d): 2 nodes, held for 1m0s, every agent alive"},
-		"legacy etcd":       {func(v *View) { v.Backend, v.Participants = "etcd", nil }, true, "2 nodes, held for 1m0s"},
-		"too few nodes":     {func(v *View) { v.WorldSize = 1 }, false, "has 1 nodes, want at least 2"},
-		"forming":           {func(v *View) { v.Round, v.Complete, v.Waiting = 5, false, []string{"w-2"} }, false, "round 5 of run job (c10d) is forming (1 waiting to join); the last complete round was 4"},
-		"restarted workers": {func(v *View) { v.LastCompletedAt = now.Add(-5 * time.Second) }, false, "formed 5s ago with 2 nodes; waiting until it has held for 30s"},
-		"agent gone":        {func(v *View) { v.Participants[1].LastHeartbeat = ago(2 * time.Minute) }, false, "the agent on w-1 (rank 1) has not kept alive for 2m0s"},
-		"closed":            {func(v *View) { v.Closed = true }, false, "the rendezvous is closed"},
+		"healthy":           {func(*torchview.View) {}, true, "round 4 of run job (c10d): 2 nodes, held for 1m0s, every agent alive"},
+		"legacy etcd":       {func(v *torchview.View) { v.Backend, v.Participants = "etcd", nil }, true, "2 nodes, held for 1m0s"},
+		"too few nodes":     {func(v *torchview.View) { v.WorldSize = 1 }, false, "has 1 nodes, want at least 2"},
+		"forming":           {func(v *torchview.View) { v.Round, v.Complete, v.Waiting = 5, false, []string{"w-2"} }, false, "round 5 of run job (c10d) is forming (1 waiting to join); the last complete round was 4"},
+		"restarted workers": {func(v *torchview.View) { v.LastCompletedAt = now.Add(-5 * time.Second) }, false, "formed 5s ago with 2 nodes; waiting until it has held for 30s"},
+		"agent gone":        {func(v *torchview.View) { v.Participants[1].LastHeartbeat = ago(2 * time.Minute) }, false, "the agent on w-1 (rank 1) has not kept alive for 2m0s"},
+		"closed":            {func(v *torchview.View) { v.Closed = true }, false, "the rendezvous is closed"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v := healthy()
@@ -57,7 +59,7 @@ func TestProgress(t *testing.T) {
 			return
 		}
 		held := time.Duration(calls-2) * time.Minute
-		json.NewEncoder(w).Encode(View{Backend: "c10d", RunID: "r", Round: 1, Complete: true, WorldSize: 1,
+		json.NewEncoder(w).Encode(torchview.View{Backend: "c10d", RunID: "r", Round: 1, Complete: true, WorldSize: 1,
 			LastCompletedRound: 1, LastCompletedAt: now.Add(-held), Now: now})
 	}))
 	defer srv.Close()

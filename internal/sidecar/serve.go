@@ -1,7 +1,8 @@
-// Package sidecar is the rendezvous sidecar's modes: serve (embedded etcd
-// with the v3 API and the v2 keys API on one client port), join (register
-// this pod, keep the files current), their health endpoints, and the
-// launcher's wait and hosts.
+// Package sidecar is the rendezvous sidecar's modes: serve (the job's
+// rendezvous: embedded etcd with the v3 API and the v2 keys API on one client
+// port, torch's c10d TCPStore on another, the view of torch's rounds on the
+// health port), join (register this pod, keep the files current), their
+// health endpoints, the launcher's wait and hosts, and progress (helm test).
 package sidecar
 
 import (
@@ -14,18 +15,16 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
-	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/torchview"
+	"github.com/elastic-training/elastic-training/internal/torchview/jobevents"
 	"github.com/elastic-training/elastic-training/internal/v2api"
 )
 
@@ -64,7 +63,14 @@ func (c ServeConfig) checkTLS() error {
 	return nil
 }
 
-// Serve runs the embedded etcd until ctx ends (SIGTERM) or etcd fails.
+func (c ServeConfig) etcd() rdzvetcd.Config {
+	return rdzvetcd.Config{Name: c.Name, DataDir: c.DataDir, ListenClientURLs: c.ListenClientURLs,
+		AdvertiseClientURLs: c.AdvertiseClientURLs, ListenPeerURLs: c.ListenPeerURLs,
+		CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.TrustedCAFile, ClientCertAuth: c.ClientCertAuth,
+		UnsafeNoFsync: c.UnsafeNoFsync, LogLevel: c.EtcdLogLevel, ReadyTimeout: c.ReadyTimeout, Log: c.Log}
+}
+
+// Serve runs the job's rendezvous until ctx ends (SIGTERM) or etcd fails.
 // With Member.Register or Member.FilesDir this process is a member too.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	mets, err := cfg.begin(false, cfg.checkTLS)
@@ -72,168 +78,51 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	log := cfg.Log
-	var etcd atomic.Pointer[embed.Etcd]
-	urls := make([]string, len(cfg.AdvertiseClientURLs))
-	for i, u := range cfg.AdvertiseClientURLs {
-		urls[i] = u.String()
+	events, stopEvents := roundEvents(cfg.EventsJob, log)
+	defer stopEvents()
+	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events})
+	etcd := rdzvetcd.New(cfg.etcd())
+	v2 := v2api.New(v2api.Config{ClusterID: etcd.ClusterID, ClientURLs: etcd.ClientURLs, Raft: etcd.Raft,
+		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: view.V2Write, Logger: log})
+	if err := restoreV2(v2, cfg.DataDir, log); err != nil {
+		return err
 	}
-	rounds := newRoundLogger(log, mets)
-	var c10dStore atomic.Pointer[tcpstore.Server]
-	if cfg.EventsJob != "" {
-		// The rendezvous matters more than its Events: without them it still serves.
-		if ev, err := newRoundEvents(cfg.EventsJob, log.With("component", "events")); err != nil {
-			log.Warn("recording no rendezvous Events", "err", err)
-		} else {
-			rounds.events = ev
-			defer ev.stop()
+
+	defer etcd.Close()
+	if err := etcd.Start(ctx, v2.Handlers()); err != nil {
+		if ctx.Err() != nil {
+			return nil
 		}
+		return err
 	}
-	v2 := v2api.New(v2api.Config{
-		ClusterID: func() string {
-			if e := etcd.Load(); e != nil {
-				return e.Server.Cluster().ID().String()
-			}
-			return ""
-		},
-		ClientURLs: func() []string { return urls },
-		Raft: func() (uint64, uint64) {
-			if e := etcd.Load(); e != nil {
-				return e.Server.CommittedIndex(), e.Server.Term()
-			}
-			return 0, 0
-		},
-		MaxDirTTL: cfg.MaxDirTTL,
-		Metrics:   mets.v2,
-		OnWrite:   rounds.observe,
-		Logger:    log,
-	})
-
-	// torch's state of a dynamic rendezvous: etcd_rendezvous_backend's and
-	// c10d_rendezvous_backend's keys (base64 of the pickle).
-	rounds.state = func(backend, runID string) ([]byte, bool) {
-		switch backend {
-		case constants.BackendEtcdV2:
-			v, ok := v2.Value("/torch/elastic/rendezvous/" + runID)
-			return []byte(v), ok
-		case constants.BackendC10d:
-			if c := c10dStore.Load(); c != nil {
-				return c.Get("/torch.rendezvous." + runID)
-			}
-		}
-		return nil, false
-	}
-
-	// A graceful shutdown leaves the v2 keys in the data dir; take them back
-	// (once: the file is removed, so a crash never resurrects old state).
-	snapPath := filepath.Join(cfg.DataDir, v2SnapshotFile)
-	if data, err := os.ReadFile(snapPath); err == nil {
-		if err := v2.Restore(data); err != nil {
-			log.Warn("ignoring the v2 snapshot of the last shutdown", "err", err)
-		} else {
-			log.Info("restored v2 keys saved at the last graceful shutdown", "index", v2.Store().Index())
-		}
-		os.Remove(snapPath)
-	}
-
-	// torch 2.4/2.5's etcd-v2 backend fails on a store without this
-	// directory ("Key not found : /torch/elastic/store"; fixed upstream later).
-	if err := v2.EnsureDir("/torch/elastic/store"); err != nil {
-		return fmt.Errorf("prepare v2 store: %w", err)
-	}
-
-	ec := embed.NewConfig()
-	ec.Name = cfg.Name
-	ec.Dir = cfg.DataDir
-	ec.ListenClientUrls = slices.Clone(cfg.ListenClientURLs)
-	if cfg.CertFile != "" {
-		for i := range ec.ListenClientUrls {
-			ec.ListenClientUrls[i].Scheme = "https"
-		}
-	}
-	ec.AdvertiseClientUrls = cfg.AdvertiseClientURLs
-	ec.ListenPeerUrls = cfg.ListenPeerURLs
-	ec.AdvertisePeerUrls = cfg.ListenPeerURLs
-	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
-	ec.UserHandlers = v2.Handlers()
-	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
-	var closing atomic.Bool
-	if cfg.EtcdLogLevel == "" {
-		cfg.EtcdLogLevel = "warn"
-	}
-	zl, err := etcdLogger(cfg.EtcdLogLevel, log.With("component", "etcd").Handler(), &closing)
-	if err != nil {
-		return fmt.Errorf("--etcd-log-level: %w", err)
-	}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
-	ec.ClientTLSInfo.CertFile = cfg.CertFile
-	ec.ClientTLSInfo.KeyFile = cfg.KeyFile
-	ec.ClientTLSInfo.TrustedCAFile = cfg.TrustedCAFile
-	ec.ClientTLSInfo.ClientCertAuth = cfg.ClientCertAuth
-	// A rendezvous store holds little: keep the backend and the history small.
-	ec.AutoCompactionMode = embed.CompactorModeRevision
-	ec.AutoCompactionRetention = "1000"
-	ec.SnapshotCount = 10000
-
-	start := time.Now()
-	e, err := embed.StartEtcd(ec)
-	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
-	}
-	etcd.Store(e)
-	closeEtcd := sync.OnceFunc(e.Close) // embed's Close is not idempotent
-	defer closeEtcd()
-	timeout := cfg.ReadyTimeout
-	if timeout <= 0 {
-		timeout = time.Minute
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(timeout):
-		e.Server.Stop()
-		return fmt.Errorf("start etcd: not ready after %s", timeout)
-	case err := <-e.Err():
-		return fmt.Errorf("start etcd: %w", err)
-	case <-ctx.Done():
-		return nil
-	}
-	log.Info("rendezvous server ready", "client_urls", fmt.Sprint(urls), "data_dir", cfg.DataDir,
-		"cluster_id", e.Server.Cluster().ID().String(), "startup", time.Since(start).Round(time.Millisecond).String(),
-		"apis", "etcd v3 + etcd v2 keys (/v2/keys)")
 
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Add(1)
-	go func() { defer wg.Done(); v2.RunExpiry(rctx, 100*time.Millisecond) }()
-
+	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
 		// After etcd is ready, so that a c10d client never meets a sidecar
 		// that answers but is not ready.
-		c10d, err := serveC10d(rctx, &wg, cfg.C10dAddr, log.With("component", "c10d"), cfg.Metrics, rounds.observeC10d)
-		if err != nil {
+		if err := serveC10d(rctx, &wg, cfg.C10dAddr, log.With("component", "c10d"), cfg.Metrics, view.C10dWrite); err != nil {
 			return err
 		}
-		c10dStore.Store(c10d)
 	}
-
 	st := &memberState{}
 	if cfg.Member.active() {
-		cli := v3client.New(e.Server)
-		wg.Add(1)
-		go func() { defer wg.Done(); defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st, mets) }()
+		cli := etcd.Client()
+		wg.Go(func() { defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st, mets) })
 	}
-	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) {
-		select {
-		case <-e.Server.ReadyNotify():
-		default:
+	ready := func() (bool, string) {
+		if !etcd.Ready() {
 			return false, "etcd not ready"
 		}
 		if cfg.Member.active() {
 			return st.ready(cfg.Member.Register)
 		}
 		return true, "ok"
-	}, cfg.Metrics, map[string]http.HandlerFunc{"/rendezvous": rounds.serveView}, log)
+	}
+	stopHealth, err := startHealth(cfg.HealthAddr, ready, cfg.Metrics, map[string]http.Handler{"/rendezvous": view}, log)
 	if err != nil {
 		return err
 	}
@@ -242,34 +131,74 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: deregistering, ending v2 waits, stopping etcd")
-	case err := <-e.Err():
+	case err := <-etcd.Err():
 		return fmt.Errorf("etcd: %w", err)
 	}
 	cancel()
 	wg.Wait()
 	v2.Close()
-	if data, err := v2.Snapshot(); err != nil {
-		log.Warn("could not save the v2 keys", "err", err)
-	} else if _, err := atomicfile.Write(cfg.DataDir, v2SnapshotFile, data, 0o600); err != nil {
-		log.Warn("could not save the v2 keys", "err", err)
-	}
-	closing.Store(true)
-	closeEtcd()
+	saveV2(v2, cfg.DataDir, log)
+	etcd.Close()
 	log.Info("rendezvous server stopped")
 	return nil
 }
 
-// serveC10d serves torch's c10d TCPStore on addr until ctx ends. Its keys
-// live in memory only: after a restart the agents find an empty store and
-// form a new round, as torch's own store hosted by an agent would make them.
-func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.Logger, reg prometheus.Registerer, onSet func(string, []byte)) (*tcpstore.Server, error) {
-	srv, err := tcpstore.New(tcpstore.Config{Log: log, Metrics: reg, OnSet: onSet})
+// roundEvents is where the view records rounds: Events on job, when the pod
+// may create them. The rendezvous matters more than its Events: without
+// them it still serves.
+func roundEvents(job string, log *slog.Logger) (torchview.Recorder, func()) {
+	if job == "" {
+		return nil, func() {}
+	}
+	ev, err := jobevents.New(job, log.With("component", "events"))
 	if err != nil {
-		return nil, err
+		log.Warn("recording no rendezvous Events", "err", err)
+		return nil, func() {}
+	}
+	return ev, ev.Stop
+}
+
+// restoreV2 takes back the v2 keys a graceful shutdown left in the data dir
+// (once: the file is removed, so a crash never resurrects old state) and
+// makes the directory torch 2.4/2.5's etcd-v2 backend fails without ("Key
+// not found : /torch/elastic/store"; fixed upstream later).
+func restoreV2(v2 *v2api.Server, dataDir string, log *slog.Logger) error {
+	snapPath := filepath.Join(dataDir, v2SnapshotFile)
+	if data, err := os.ReadFile(snapPath); err == nil {
+		if err := v2.Restore(data); err != nil {
+			log.Warn("ignoring the v2 snapshot of the last shutdown", "err", err)
+		} else {
+			log.Info("restored v2 keys saved at the last graceful shutdown", "index", v2.Store().Index())
+		}
+		os.Remove(snapPath)
+	}
+	if err := v2.EnsureDir("/torch/elastic/store"); err != nil {
+		return fmt.Errorf("prepare v2 store: %w", err)
+	}
+	return nil
+}
+
+// saveV2 leaves the v2 keys in the data dir for the next start.
+func saveV2(v2 *v2api.Server, dataDir string, log *slog.Logger) {
+	if data, err := v2.Snapshot(); err != nil {
+		log.Warn("could not save the v2 keys", "err", err)
+	} else if _, err := atomicfile.Write(dataDir, v2SnapshotFile, data, 0o600); err != nil {
+		log.Warn("could not save the v2 keys", "err", err)
+	}
+}
+
+// serveC10d serves torch's c10d TCPStore on addr until ctx ends, handing
+// every value clients set to onWrite. Its keys live in memory only: after a
+// restart the agents find an empty store and form a new round, as torch's
+// own store hosted by an agent would make them.
+func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.Logger, reg prometheus.Registerer, onWrite func(string, []byte)) error {
+	srv, err := tcpstore.New(tcpstore.Config{Log: log, Metrics: reg, OnSet: onWrite, OnCompareSet: onWrite})
+	if err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("c10d store: %w", err)
+		return fmt.Errorf("c10d store: %w", err)
 	}
 	log.Info("c10d store listening", "addr", ln.Addr().String())
 	wg.Go(func() {
@@ -277,5 +206,5 @@ func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.L
 			log.Error("c10d store stopped", "err", err)
 		}
 	})
-	return srv, nil
+	return nil
 }

@@ -27,6 +27,10 @@ type Config struct {
 	// (MULTI_SET included), after the store has it, on that client's
 	// goroutine: torch's rendezvous publishes each round's MASTER_ADDR so.
 	OnSet func(key string, value []byte)
+	// OnCompareSet, if not nil, is called likewise with the key and the new
+	// value of every COMPARE_SET that stores it: torch's dynamic rendezvous
+	// keeps its state so.
+	OnCompareSet func(key string, value []byte)
 }
 
 // Server is one store, served on any number of listeners.
@@ -36,6 +40,7 @@ type Server struct {
 	m   *metrics
 	st  *store
 	set func(key string, value []byte)
+	cas func(key string, value []byte)
 }
 
 // New returns a Server with an empty store. It fails only when its metrics
@@ -50,7 +55,7 @@ func New(cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	lim := cfg.Limits.withDefaults()
-	return &Server{log: log, lim: lim, m: m, st: newStore(m, lim), set: cfg.OnSet}, nil
+	return &Server{log: log, lim: lim, m: m, st: newStore(m, lim), set: cfg.OnSet, cas: cfg.OnCompareSet}, nil
 }
 
 // Get returns a copy of key's value as clients stored it (with torch's "/"
@@ -201,7 +206,7 @@ func (s *Server) serveConn(c *conn) {
 			return
 		}
 		s.m.ops[q.Op].Inc()
-		kicks, queued, err := s.st.do(c, q)
+		kicks, queued, stored, err := s.st.do(c, q)
 		for _, k := range kicks {
 			go k.flushAsync()
 		}
@@ -211,15 +216,15 @@ func (s *Server) serveConn(c *conn) {
 			s.refuse(c, fmt.Errorf("%s %.100q: %w", q.Op, q.Key, err))
 			return
 		}
-		if s.set != nil {
-			switch q.Op {
-			case OpSet:
-				s.set(q.Key, q.Value)
-			case OpMultiSet:
-				for i, k := range q.Keys {
-					s.set(k, q.Values[i])
-				}
+		switch {
+		case s.set != nil && q.Op == OpSet:
+			s.set(q.Key, q.Value)
+		case s.set != nil && q.Op == OpMultiSet:
+			for i, k := range q.Keys {
+				s.set(k, q.Values[i])
 			}
+		case s.cas != nil && q.Op == OpCompareSet && stored:
+			s.cas(q.Key, q.Value)
 		}
 	}
 }

@@ -26,6 +26,8 @@ type store struct {
 	// kicks are connections that a wake gave a STOP_WAITING to write and
 	// that have no flush running: the caller starts one after unlocking.
 	kicks []*conn
+	// casStored says the COMPARE_SET being applied stored its value.
+	casStored bool
 }
 
 // waiter is one client's pending WAIT or BARRIER: it is listed under each of
@@ -48,13 +50,14 @@ func newStore(m *metrics, lim Limits) *store {
 // do serves q for c: it changes the store, queues c's reply and wakes
 // waiters. It returns the connections to kick (see kicks), whether c has
 // reply bytes queued, and an error that means c is to be closed, as torch's
-// server closes it.
-func (s *store) do(c *conn, q *Request) (kicks []*conn, pending bool, err error) {
+// server closes it; stored says a COMPARE_SET stored its value.
+func (s *store) do(c *conn, q *Request) (kicks []*conn, pending, stored bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err = s.apply(c, q)
 	kicks, s.kicks = s.kicks, nil
-	return kicks, len(c.tail) > 0 || len(c.parts) > 0, err
+	stored, s.casStored = s.casStored, false
+	return kicks, len(c.tail) > 0 || len(c.parts) > 0, stored, err
 }
 
 func (s *store) apply(c *conn, q *Request) error {
@@ -72,6 +75,7 @@ func (s *store) apply(c *conn, q *Request) error {
 		switch {
 		case !ok && len(q.Expected) == 0:
 			s.set(q.Key, q.Value)
+			s.casStored = true
 			c.putBytes(q.Value)
 		case !ok:
 			// Torch answers the expected value for a missing key (its
@@ -79,6 +83,7 @@ func (s *store) apply(c *conn, q *Request) error {
 			c.putBytes(q.Expected)
 		case string(cur) == string(q.Expected):
 			s.set(q.Key, q.Value)
+			s.casStored = true
 			c.putBytes(q.Value)
 		default:
 			c.putBytes(cur)

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/naming"
-	"github.com/elastic-training/elastic-training/internal/sidecar"
+	"github.com/elastic-training/elastic-training/internal/torchview"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -72,7 +72,7 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	if err != nil {
 		t.Fatalf("GET /rendezvous through the API server's service proxy: %v", err)
 	}
-	var view sidecar.View
+	var view torchview.View
 	if err := json.Unmarshal(raw, &view); err != nil || view.WorldSize != 2 || !view.Complete {
 		t.Fatalf("the rendezvous view says %s (%v), want a complete round of 2", raw, err)
 	}

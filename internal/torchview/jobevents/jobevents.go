@@ -1,4 +1,9 @@
-package sidecar
+// Package jobevents records messages as Events on one Job of the pod's
+// namespace, so that `kubectl describe job` shows them next to the Job's own
+// events: the serving sidecar's rendezvous rounds (torchview.Recorder). The
+// pod's token (constants.TokenDir, mounted by the webhook or the chart) may
+// create Events and get that one Job (its UID).
+package jobevents
 
 import (
 	"context"
@@ -24,11 +29,9 @@ import (
 // ReasonRound is the reason of the Event recorded for each torch rendezvous round.
 const ReasonRound = "RendezvousRound"
 
-// roundEvents records each torch rendezvous round as an Event on the job's
-// Job, so that `kubectl describe job` shows the rendezvous next to the Job's
-// own events. The serving sidecar's token (constants.TokenDir, mounted by the
-// webhook or the chart) may create Events and get that one Job (its UID).
-type roundEvents struct {
+// Recorder records each message as a Normal Event with reason ReasonRound on
+// the Job.
+type Recorder struct {
 	log    *slog.Logger
 	job    string
 	ns     string
@@ -39,9 +42,9 @@ type roundEvents struct {
 	done   chan struct{}
 }
 
-// newRoundEvents connects with the pod's in-cluster config. Rounds are
-// recorded in order, off the store's path, by one goroutine until stop.
-func newRoundEvents(job string, log *slog.Logger) (*roundEvents, error) {
+// New connects with the pod's in-cluster config. Messages are recorded in
+// order, off the caller's path, by one goroutine until Stop.
+func New(job string, log *slog.Logger) (*Recorder, error) {
 	rc, err := rest.InClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("events on Job %s: %w", job, err)
@@ -68,7 +71,7 @@ func newRoundEvents(job string, log *slog.Logger) (*roundEvents, error) {
 	b.StartRecordingToSink(eventSink{api})
 	host, _ := os.Hostname()
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &roundEvents{log: log, job: job, ns: namespace, api: api,
+	e := &Recorder{log: log, job: job, ns: namespace, api: api,
 		rec:   b.NewRecorder(sch, corev1.EventSource{Component: "rdzv-sidecar", Host: host}),
 		queue: make(chan string, 64), cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -79,8 +82,8 @@ func newRoundEvents(job string, log *slog.Logger) (*roundEvents, error) {
 	return e, nil
 }
 
-// record queues one round's message; a full queue drops it (the log has it).
-func (e *roundEvents) record(msg string) {
+// Record queues one message; a full queue drops it (the log has it).
+func (e *Recorder) Record(msg string) {
 	select {
 	case e.queue <- msg:
 	default:
@@ -88,7 +91,7 @@ func (e *roundEvents) record(msg string) {
 	}
 }
 
-func (e *roundEvents) run(ctx context.Context) {
+func (e *Recorder) run(ctx context.Context) {
 	var ref *corev1.ObjectReference
 	for {
 		select {
@@ -109,16 +112,16 @@ func (e *roundEvents) run(ctx context.Context) {
 	}
 }
 
-// stop ends the goroutine; Events already handed to the broadcaster are
+// Stop ends the goroutine; Events already handed to the broadcaster are
 // still sent.
-func (e *roundEvents) stop() {
+func (e *Recorder) Stop() {
 	e.cancel()
 	<-e.done
 }
 
 // getJob reads the Job's name and UID (an Event without the UID does not show
 // in `kubectl describe job`).
-func (e *roundEvents) getJob(ctx context.Context) (*metav1.PartialObjectMetadata, error) {
+func (e *Recorder) getJob(ctx context.Context) (*metav1.PartialObjectMetadata, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	raw, err := e.api.Get().AbsPath("/apis/batch/v1/namespaces", e.ns, "jobs", e.job).DoRaw(ctx)

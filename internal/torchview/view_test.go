@@ -1,12 +1,14 @@
-package sidecar
+package torchview
 
 import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,26 +79,24 @@ func TestRoundView(t *testing.T) {
 	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
 	require.NoError(t, err)
 	var logs bytes.Buffer
-	l := newRoundLogger(slog.New(slog.NewTextHandler(&logs, nil)), newMetrics(prometheus.NewRegistry()))
 	now := time.Date(2026, 11, 24, 17, 0, 10, 0, time.UTC)
-	l.now = func() time.Time { return now }
+	l := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: prometheus.NewRegistry(),
+		Now: func() time.Time { return now }})
 
 	get := func() (int, string) {
 		rec := httptest.NewRecorder()
-		l.serveView(rec, httptest.NewRequest("GET", "/rendezvous", nil))
+		l.ServeHTTP(rec, httptest.NewRequest("GET", "/rendezvous", nil))
 		return rec.Code, rec.Body.String()
 	}
 	code, body := get()
 	require.Equal(t, 404, code)
 	require.Contains(t, body, "no torch rendezvous round has completed")
 
-	l.state = func(backend, runID string) ([]byte, bool) {
-		if backend != "c10d" || runID != "job-1" {
-			return nil, false
-		}
-		return []byte(base64.StdEncoding.EncodeToString(raw)), true
-	}
-	l.observeC10d("/torch.rendezvous.job-1.3/MASTER_ADDR", []byte("job-worker-2.job.default.svc"))
+	// torch's agents keep the state with COMPARE_SET, then rank 0 publishes
+	// the round's MASTER_ADDR; another run's state is not this one's.
+	l.C10dWrite("/torch.rendezvous.job-1", []byte(base64.StdEncoding.EncodeToString(raw)))
+	l.C10dWrite("/torch.rendezvous.job-2", []byte("garbage"))
+	l.C10dWrite("/torch.rendezvous.job-1.3/MASTER_ADDR", []byte("job-worker-2.job.default.svc"))
 	require.Contains(t, logs.String(), `msg="torch rendezvous round 3 of run job-1 complete: 3 nodes" backend=c10d run_id=job-1 round=3 world_size=3 nodes=job-worker-2.job.default.svc,job-worker-0.job.default.svc,job-worker-1.job.default.svc master=job-worker-2.job.default.svc`)
 
 	code, body = get()
@@ -118,8 +118,43 @@ func TestRoundView(t *testing.T) {
 	}
 
 	// A state that cannot be read is a 500 with the reason.
-	l.state = func(string, string) ([]byte, bool) { return []byte("garbage"), true }
+	l.C10dWrite("/torch.rendezvous.job-1", []byte("garbage"))
 	code, body = get()
 	require.Equal(t, 500, code)
 	require.Contains(t, body, "not base64")
+}
+
+// TestV2State: the etcd-v2 backend keeps its state under a v2 key; the
+// round read from it has torch's world size.
+func TestV2State(t *testing.T) {
+	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	l := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	l.V2Write("/torch/elastic/rendezvous/job-1", base64.StdEncoding.EncodeToString(raw))
+	l.V2Write("/torch/elastic/store/"+b64("torch.rendezvous.job-1.3/MASTER_ADDR"), b64("job-worker-2.job.default.svc"))
+	require.Contains(t, logs.String(), `backend=etcd-v2 run_id=job-1 round=3 world_size=3`)
+	v, ok, err := l.view()
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 3, v.WorldSize)
+}
+
+// TestRunsBounded: a store written under many run ids costs the view at most
+// maxRuns runs, and the run /rendezvous shows is never the one forgotten.
+func TestRunsBounded(t *testing.T) {
+	l := New(Config{})
+	l.C10dWrite("/torch.rendezvous.shown.0/MASTER_ADDR", []byte("w-0"))
+	for i := range 10 * maxRuns {
+		l.C10dWrite(fmt.Sprintf("/torch.rendezvous.run-%d", i), []byte("x"))
+	}
+	require.Len(t, l.runs, maxRuns)
+	require.Contains(t, l.runs, runKey{"c10d", "shown"})
+	// A round logged once is not logged again.
+	var logs bytes.Buffer
+	l = New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 3 {
+		l.C10dWrite("/torch.rendezvous.r.1/MASTER_ADDR", []byte("w-0"))
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "round 1 of run r complete"))
 }

@@ -1,0 +1,173 @@
+// Package rdzvetcd is the job's embedded etcd: one member whose client port
+// also serves the handlers it is given (the v2 keys API that torch's etcd
+// backends use), with etcd's own logs in the sidecar's slog stream.
+package rdzvetcd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+)
+
+// Config configures the member.
+type Config struct {
+	Name                string
+	DataDir             string
+	ListenClientURLs    []url.URL
+	AdvertiseClientURLs []url.URL
+	ListenPeerURLs      []url.URL
+	// Client TLS (all empty = plain HTTP; a certificate makes the client
+	// URLs https).
+	CertFile, KeyFile, TrustedCAFile string
+	ClientCertAuth                   bool
+	UnsafeNoFsync                    bool
+	LogLevel                         string // etcd's own (zap) logs; "" = warn
+	ReadyTimeout                     time.Duration
+	Log                              *slog.Logger
+}
+
+// Server is the member, from before it starts (its handlers may need its
+// cluster id and raft index) until Close.
+type Server struct {
+	cfg     Config
+	etcd    atomic.Pointer[embed.Etcd]
+	closing atomic.Bool
+	close   func()
+}
+
+// New returns a member that Start starts.
+func New(cfg Config) *Server {
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "warn"
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = time.Minute
+	}
+	return &Server{cfg: cfg, close: func() {}}
+}
+
+// embedConfig is etcd's configuration of the member.
+func (s *Server) embedConfig(handlers map[string]http.Handler) (*embed.Config, error) {
+	cfg := s.cfg
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	ec.Dir = cfg.DataDir
+	ec.ListenClientUrls = slices.Clone(cfg.ListenClientURLs)
+	if cfg.CertFile != "" {
+		for i := range ec.ListenClientUrls {
+			ec.ListenClientUrls[i].Scheme = "https"
+		}
+	}
+	ec.AdvertiseClientUrls = cfg.AdvertiseClientURLs
+	ec.ListenPeerUrls = cfg.ListenPeerURLs
+	ec.AdvertisePeerUrls = cfg.ListenPeerURLs
+	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
+	ec.UserHandlers = handlers
+	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
+	zl, err := etcdLogger(cfg.LogLevel, cfg.Log.With("component", "etcd").Handler(), &s.closing)
+	if err != nil {
+		return nil, fmt.Errorf("--etcd-log-level: %w", err)
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zl)
+	ec.ClientTLSInfo.CertFile = cfg.CertFile
+	ec.ClientTLSInfo.KeyFile = cfg.KeyFile
+	ec.ClientTLSInfo.TrustedCAFile = cfg.TrustedCAFile
+	ec.ClientTLSInfo.ClientCertAuth = cfg.ClientCertAuth
+	// A rendezvous store holds little: keep the backend and the history small.
+	ec.AutoCompactionMode = embed.CompactorModeRevision
+	ec.AutoCompactionRetention = "1000"
+	ec.SnapshotCount = 10000
+	return ec, nil
+}
+
+// Start starts etcd with handlers on its client port and waits until it is
+// ready. It returns ctx's error when ctx ends first.
+func (s *Server) Start(ctx context.Context, handlers map[string]http.Handler) error {
+	ec, err := s.embedConfig(handlers)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	s.etcd.Store(e)
+	s.close = sync.OnceFunc(e.Close) // embed's Close is not idempotent
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(s.cfg.ReadyTimeout):
+		e.Server.Stop()
+		return fmt.Errorf("start etcd: not ready after %s", s.cfg.ReadyTimeout)
+	case err := <-e.Err():
+		return fmt.Errorf("start etcd: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	s.cfg.Log.Info("rendezvous server ready", "client_urls", fmt.Sprint(s.ClientURLs()), "data_dir", s.cfg.DataDir,
+		"cluster_id", s.ClusterID(), "startup", time.Since(start).Round(time.Millisecond).String(),
+		"apis", "etcd v3 + etcd v2 keys (/v2/keys)")
+	return nil
+}
+
+// ClientURLs are the advertised client URLs.
+func (s *Server) ClientURLs() []string {
+	urls := make([]string, len(s.cfg.AdvertiseClientURLs))
+	for i, u := range s.cfg.AdvertiseClientURLs {
+		urls[i] = u.String()
+	}
+	return urls
+}
+
+// ClusterID is etcd's cluster id; "" before Start.
+func (s *Server) ClusterID() string {
+	if e := s.etcd.Load(); e != nil {
+		return e.Server.Cluster().ID().String()
+	}
+	return ""
+}
+
+// Raft is etcd's committed index and term; zero before Start.
+func (s *Server) Raft() (index, term uint64) {
+	if e := s.etcd.Load(); e != nil {
+		return e.Server.CommittedIndex(), e.Server.Term()
+	}
+	return 0, 0
+}
+
+// Ready says whether etcd serves.
+func (s *Server) Ready() bool {
+	e := s.etcd.Load()
+	if e == nil {
+		return false
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		return true
+	default:
+		return false
+	}
+}
+
+// Err reports etcd failing after Start.
+func (s *Server) Err() <-chan error { return s.etcd.Load().Err() }
+
+// Client is an in-process v3 client.
+func (s *Server) Client() *clientv3.Client { return v3client.New(s.etcd.Load().Server) }
+
+// Close stops etcd, quietly: embed reports every listener it closes as an
+// error, which would read as a failure in `kubectl logs`.
+func (s *Server) Close() {
+	s.closing.Store(true)
+	s.close()
+}

@@ -1,0 +1,293 @@
+// Package torchview is the serving sidecar's view of torch's rendezvous. The
+// stores that torch's backends use (the etcd v2 keys API, the c10d TCPStore)
+// hand it every write; it logs each round that completes and records it as an
+// Event, keeps torch's pickled state of the runs it saw, and serves the
+// decoded state of the last run on GET /rendezvous. It reads no store itself,
+// so it depends on none of them.
+package torchview
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/torchstate"
+)
+
+// Recorder records a round's message where kubectl shows it (jobevents:
+// an Event on the job's Job). It must not block.
+type Recorder interface {
+	Record(msg string)
+}
+
+// Config configures a Tracker. Every field is optional.
+type Config struct {
+	Log *slog.Logger // nil: discard
+	// Metrics is where rdzv_sidecar_rendezvous_rounds_total is registered.
+	Metrics prometheus.Registerer
+	Events  Recorder         // nil: no Events
+	Now     func() time.Time // nil: time.Now
+}
+
+// maxRuns bounds the runs a Tracker remembers: a job has one run at a time,
+// a few more when it is reinstalled with the same sidecar.
+const maxRuns = 16
+
+// Tracker follows torch's rendezvous through the writes it is handed.
+type Tracker struct {
+	log    *slog.Logger
+	rounds *prometheus.CounterVec
+	events Recorder
+	now    func() time.Time
+
+	mu   sync.Mutex
+	runs map[runKey]*run
+	seq  uint64 // orders runs by their last write, for eviction
+	last *seenRound
+}
+
+type runKey struct{ backend, id string }
+
+// run is what the Tracker keeps of one run: torch's state as stored (base64
+// of the pickle) and its decoding, made once per change and only when asked.
+type run struct {
+	state     []byte
+	decoded   *torchstate.State
+	decodeErr error
+	logged    string // the last round logged
+	seq       uint64
+}
+
+type seenRound struct {
+	Round
+	at time.Time
+}
+
+// New returns a Tracker that has seen nothing.
+func New(cfg Config) *Tracker {
+	t := &Tracker{log: cfg.Log, events: cfg.Events, now: cfg.Now, runs: map[runKey]*run{},
+		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_total",
+			Help: "torch rendezvous rounds completed, by backend."}, []string{"backend"})}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	if t.now == nil {
+		t.now = time.Now
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(t.rounds)
+	}
+	return t
+}
+
+// V2Write is the v2 keys API's v2api.Config.OnWrite: the etcd and etcd-v2
+// backends' writes, keys as clients name them.
+func (t *Tracker) V2Write(key, value string) {
+	if run, ok := stateRun(constants.BackendEtcdV2, key); ok {
+		t.setState(runKey{constants.BackendEtcdV2, run}, []byte(value))
+		return
+	}
+	if r, ok := roundFromEvent(key, value); ok {
+		t.round(r)
+	}
+}
+
+// C10dWrite is the c10d store's tcpstore.Config.OnSet and OnCompareSet.
+// torch's TCPStore client puts "/" in front of every key.
+func (t *Tracker) C10dWrite(key string, value []byte) {
+	key = strings.TrimPrefix(key, "/")
+	if run, ok := stateRun(constants.BackendC10d, key); ok {
+		t.setState(runKey{constants.BackendC10d, run}, value)
+		return
+	}
+	if r, ok := roundFromStoreKey(constants.BackendC10d, key, string(value)); ok {
+		t.round(r)
+	}
+}
+
+func (t *Tracker) setState(k runKey, state []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.runLocked(k)
+	r.state, r.decoded, r.decodeErr = state, nil, nil
+}
+
+// runLocked returns k's run, making room for a new one by forgetting the run
+// written to least recently (never the one /rendezvous shows).
+func (t *Tracker) runLocked(k runKey) *run {
+	t.seq++
+	if r, ok := t.runs[k]; ok {
+		r.seq = t.seq
+		return r
+	}
+	if len(t.runs) >= maxRuns {
+		var oldest runKey
+		var min uint64
+		for rk, r := range t.runs {
+			if (t.last == nil || rk != (runKey{t.last.Backend, t.last.RunID})) && (min == 0 || r.seq < min) {
+				oldest, min = rk, r.seq
+			}
+		}
+		delete(t.runs, oldest)
+	}
+	r := &run{seq: t.seq}
+	t.runs[k] = r
+	return r
+}
+
+// stateLocked decodes k's state, once per change; ok is false when the run
+// has none (the legacy etcd backend keeps none).
+func (t *Tracker) stateLocked(k runKey) (st torchstate.State, ok bool, err error) {
+	r := t.runs[k]
+	if r == nil || r.state == nil {
+		return torchstate.State{}, false, nil
+	}
+	if r.decoded == nil && r.decodeErr == nil {
+		s, err := torchstate.DecodeBase64(r.state)
+		r.decoded, r.decodeErr = &s, err
+	}
+	return *r.decoded, true, r.decodeErr
+}
+
+func (t *Tracker) round(r Round) {
+	k := runKey{r.Backend, r.RunID}
+	t.mu.Lock()
+	run := t.runLocked(k)
+	if run.logged == r.Round {
+		t.mu.Unlock()
+		return
+	}
+	run.logged = r.Round
+	var nodes []string
+	st, ok, err := t.stateLocked(k)
+	if ok && err == nil && strconv.Itoa(st.Round) == r.Round {
+		r.Participants = len(st.Participants)
+		for _, p := range st.Participants {
+			nodes = append(nodes, p.Addr)
+		}
+	}
+	t.last = &seenRound{Round: r, at: t.now()}
+	t.mu.Unlock()
+	if err != nil {
+		t.log.Warn("cannot read torch's rendezvous state", "backend", r.Backend, "run_id", r.RunID, "err", err)
+	}
+	t.rounds.WithLabelValues(r.Backend).Inc()
+	attrs := []any{"backend", r.Backend, "run_id", r.RunID, "round", r.Round}
+	msg := fmt.Sprintf("torch rendezvous round %s of run %s complete", r.Round, r.RunID)
+	if r.Participants >= 0 {
+		attrs = append(attrs, "world_size", r.Participants)
+		msg += fmt.Sprintf(": %d nodes", r.Participants)
+	}
+	if nodes != nil {
+		attrs = append(attrs, "nodes", strings.Join(nodes, ","))
+	}
+	if r.Master != "" {
+		attrs = append(attrs, "master", r.Master)
+	}
+	t.log.Info(msg, attrs...)
+	if t.events != nil {
+		t.events.Record(eventMessage(r, nodes))
+	}
+}
+
+// eventMessage is a round as the Event on the Job says it.
+func eventMessage(r Round, nodes []string) string {
+	ev := fmt.Sprintf("Round %s of run %s", r.Round, r.RunID)
+	if r.Participants >= 0 {
+		ev += fmt.Sprintf(": world size %d", r.Participants)
+	}
+	if nodes != nil {
+		short := make([]string, len(nodes))
+		for i, n := range nodes {
+			short[i], _, _ = strings.Cut(n, ".")
+		}
+		ev += " (" + strings.Join(short, ", ") + ")"
+	}
+	return ev
+}
+
+// View is the job-level view of the rendezvous that the serving sidecar
+// gives on GET /rendezvous (JSON): torch's current state of the last run it
+// saw complete a round.
+type View struct {
+	Backend string `json:"backend"`
+	RunID   string `json:"runId"`
+	// Round is torch's current round; Complete says whether it formed.
+	Round    int  `json:"round"`
+	Complete bool `json:"complete"`
+	Closed   bool `json:"closed,omitempty"`
+	// Participants of Round by rank, with their agents' last keep-alive
+	// (dynamic backends; the legacy etcd backend gives only WorldSize).
+	Participants []ViewNode `json:"participants,omitempty"`
+	WorldSize    int        `json:"worldSize"`
+	// Waiting are the nodes that asked to join the next round.
+	Waiting []string `json:"waiting,omitempty"`
+	// LastCompletedRound is the last round this sidecar saw complete, and when.
+	LastCompletedRound int       `json:"lastCompletedRound"`
+	LastCompletedAt    time.Time `json:"lastCompletedAt"`
+	Now                time.Time `json:"now"`
+}
+
+// ViewNode is one agent (torchrun) in a round.
+type ViewNode struct {
+	Node          string     `json:"node"`
+	Addr          string     `json:"addr"`
+	Rank          int        `json:"rank"`
+	LastHeartbeat *time.Time `json:"lastHeartbeat,omitempty"`
+}
+
+// view is the current View; false before any round completed.
+func (t *Tracker) view() (View, bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	last := t.last
+	if last == nil {
+		return View{}, false, nil
+	}
+	n, _ := strconv.Atoi(last.Round.Round)
+	v := View{Backend: last.Backend, RunID: last.RunID, Round: n, Complete: true, WorldSize: last.Participants,
+		LastCompletedRound: n, LastCompletedAt: last.at.UTC(), Now: t.now().UTC()}
+	st, ok, err := t.stateLocked(runKey{last.Backend, last.RunID})
+	if !ok {
+		return v, true, nil
+	}
+	if err != nil {
+		return View{}, true, err
+	}
+	v.Round, v.Complete, v.Closed, v.WorldSize = st.Round, st.Complete, st.Closed, len(st.Participants)
+	for _, p := range st.Participants {
+		vn := ViewNode{Node: p.String(), Addr: p.Addr, Rank: p.Rank}
+		if hb, ok := st.Heartbeats[p.Node]; ok {
+			vn.LastHeartbeat = &hb
+		}
+		v.Participants = append(v.Participants, vn)
+	}
+	for _, w := range st.Waiting {
+		v.Waiting = append(v.Waiting, w.String())
+	}
+	return v, true, nil
+}
+
+// ServeHTTP is GET /rendezvous on the health port.
+func (t *Tracker) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	v, ok, err := t.view()
+	w.Header().Set("Content-Type", "application/json")
+	switch {
+	case err != nil:
+		w.WriteHeader(http.StatusInternalServerError)
+		json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+	case !ok:
+		w.WriteHeader(http.StatusNotFound)
+		json.NewEncoder(w).Encode(map[string]string{"error": "no torch rendezvous round has completed on this sidecar yet"})
+	default:
+		json.NewEncoder(w).Encode(v)
+	}
+}
