@@ -15,11 +15,11 @@ import (
 	"github.com/elastic-training/elastic-training/internal/gpu"
 )
 
-// Path is the generated file, relative to the repository root.
-const Path = "charts/elastic-training/templates/_contract.tpl"
+// generatedFile is the generated file, relative to the repository root.
+const generatedFile = "charts/elastic-training/templates/_contract.tpl"
 
-// Contract is what the chart's checks need of the webhook's rules.
-type Contract struct {
+// contract is what the chart's checks need of the webhook's rules.
+type contract struct {
 	SidecarContainer   string            `json:"sidecarContainer"`
 	ReservedVolumes    []string          `json:"reservedVolumes"`
 	ReservedMountPaths []string          `json:"reservedMountPaths"`
@@ -33,30 +33,37 @@ type Contract struct {
 	Accelerators       any               `json:"accelerators"`
 }
 
-// Current is the contract as this module defines it.
-func Current() Contract {
-	return Contract{
+// current is the contract as this module defines it.
+func current() contract {
+	return contract{
 		SidecarContainer:   constants.SidecarContainerName,
 		ReservedVolumes:    []string{constants.FilesVolumeName, constants.TLSVolumeName, constants.TokenVolumeName},
 		ReservedMountPaths: []string{constants.FilesDir, constants.TLSDir},
-		ReservedPorts: map[string]string{
-			strconv.Itoa(constants.SidecarHealthPort): "the rendezvous sidecar's health port",
-			strconv.Itoa(constants.RdzvClientPort):    "the rendezvous client port",
-			strconv.Itoa(constants.C10dPort):          "the c10d store's port",
-		},
-		HealthPort:        constants.SidecarHealthPort,
-		MaxSlots:          constants.MaxSlots,
-		SchedulingGate:    constants.SchedulingGate,
-		Domain:            constants.Domain,
-		PodAnnotations:    constants.PodAnnotations,
-		MutatedAnnotation: constants.AnnotationMutated,
-		Accelerators:      gpu.Rules,
+		ReservedPorts:      reservedPorts(),
+		HealthPort:         constants.SidecarHealthPort,
+		MaxSlots:           constants.MaxSlots,
+		SchedulingGate:     constants.SchedulingGate,
+		Domain:             constants.Domain,
+		PodAnnotations:     constants.PodAnnotations,
+		MutatedAnnotation:  constants.AnnotationMutated,
+		Accelerators:       gpu.Rules,
 	}
 }
 
-// Template renders c as the chart's named template
+// reservedPorts is constants.ReservedPorts as the chart reads them: every
+// one, ServeOnly or not, since a value the chart checks (mxnet.psPort) holds
+// for the serving pod too.
+func reservedPorts() map[string]string {
+	m := make(map[string]string, len(constants.ReservedPorts))
+	for _, r := range constants.ReservedPorts {
+		m[strconv.Itoa(int(r.Port))] = r.What
+	}
+	return m
+}
+
+// template renders c as the chart's named template
 // "elastic-training.contract", whose output is JSON (fromJson).
-func Template(c Contract) ([]byte, error) {
+func template(c contract) ([]byte, error) {
 	b, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("chart contract: %w", err)

@@ -1,4 +1,4 @@
-package chartcontract_test
+package chartcontract
 
 import (
 	"flag"
@@ -7,19 +7,17 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/elastic-training/elastic-training/internal/chartcontract"
 )
 
-var update = flag.Bool("update", false, "rewrite "+chartcontract.Path)
+var update = flag.Bool("update", false, "rewrite "+generatedFile)
 
 // TestChartContractUpToDate fails when the chart's copy of the webhook's rules is not what this module defines.
 func TestChartContractUpToDate(t *testing.T) {
-	want, err := chartcontract.Template(chartcontract.Current())
+	want, err := template(current())
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("..", "..", chartcontract.Path)
+	path := filepath.Join("..", "..", generatedFile)
 	if *update {
 		if err := os.WriteFile(path, want, 0o644); err != nil {
 			t.Fatal(err)
@@ -30,6 +28,6 @@ func TestChartContractUpToDate(t *testing.T) {
 		t.Fatalf("%v (generate it: go test ./internal/chartcontract -update)", err)
 	}
 	if diff := cmp.Diff(string(want), string(have)); diff != "" {
-		t.Errorf("%s is stale: go test ./internal/chartcontract -update (-want +have):\n%s", chartcontract.Path, diff)
+		t.Errorf("%s is stale: go test ./internal/chartcontract -update (-want +have):\n%s", generatedFile, diff)
 	}
 }

@@ -145,6 +145,25 @@ const (
 	DefaultPSPort     = 9091  // MXNet scheduler
 )
 
+// ReservedPort is a port the rendezvous sidecar listens on. All containers of
+// a pod share one network namespace, so no other container of a training pod
+// may declare it: the webhook denies such a pod, and the job chart refuses
+// values that would render one.
+type ReservedPort struct {
+	Port int32
+	// What names the port's user in denial messages: "port 2381 is <What>".
+	What string
+	// ServeOnly: only the sidecar that serves the rendezvous listens on it.
+	ServeOnly bool
+}
+
+// ReservedPorts are the sidecar's ports, each listed once.
+var ReservedPorts = []ReservedPort{
+	{Port: SidecarHealthPort, What: "the rendezvous sidecar's health port"},
+	{Port: RdzvClientPort, What: "the rendezvous client port", ServeOnly: true},
+	{Port: C10dPort, What: "the c10d store's port", ServeOnly: true},
+}
+
 // Shared volume between the sidecar and the training containers.
 const (
 	SidecarContainerName = "rdzv-sidecar"

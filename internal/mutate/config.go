@@ -1,8 +1,3 @@
-// Package mutate is the pure core of the admission webhook: given a training
-// pod, its namespace and the webhook's configuration it returns the pod with
-// the rendezvous settings, slot counts, hostfile wiring and the rdzv-sidecar
-// added. It reads no globals, no environment and no clock, so the same input
-// always gives the same output (golden tests rely on it).
 package mutate
 
 import (

@@ -82,7 +82,7 @@ func TestDenied(t *testing.T) {
 		}, []string{`volume name "elastic-training" is reserved`}},
 		{"port taken by the trainer", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: constants.SidecarHealthPort}}
-		}, []string{`container "trainer" declares port 2381, which is the sidecar's health port`}},
+		}, []string{`container "trainer" declares port 2381, which is the rendezvous sidecar's health port`}},
 		{"tls secret not a DNS subdomain", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "Rdzv_Certs" },
 			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
 		{"tls secret with a slash", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "ns/certs" },

@@ -1,0 +1,80 @@
+package mutate
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+)
+
+// pytorchEnv is torchrun's configuration through its PET_* variables. The
+// rank-0 address other agents connect to is this pod's FQDN (PET_LOCAL_ADDR
+// on torch >= 2.2, getfqdn() before, which the hostname + subdomain make
+// resolvable through the job's headless Service).
+func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
+	port := rdzvClientPort
+	conf := map[string]string{}
+	switch s.backend {
+	case constants.BackendEtcd:
+		conf["timeout"] = strconv.Itoa(s.joinTimeout)
+		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
+	default: // etcd-v2 and c10d: torch's dynamic rendezvous
+		conf["join_timeout"] = strconv.Itoa(s.joinTimeout)
+		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
+		conf["close_timeout"] = strconv.Itoa(s.closeTimeout)
+		conf["keep_alive_interval"] = strconv.Itoa(s.keepAlive)
+		conf["keep_alive_max_attempt"] = strconv.Itoa(s.keepAliveAttempts)
+	}
+	if s.backend == constants.BackendC10d {
+		// The TCPStore is the serving sidecar's (rdzv-sidecar serve
+		// --c10d-addr), reached through the rendezvous Service: no agent hosts
+		// one, so the rendezvous outlives every worker.
+		port = c10dPort
+		conf["is_host"] = "false"
+	}
+	if s.tlsSecret != "" {
+		// Both etcd backends talk to the store through python-etcd, but each
+		// names the TLS settings differently (torch's etcd_rendezvous.py vs
+		// etcd_rendezvous_backend.py); c10d + TLS is denied in parseSettings.
+		// The Secret's one certificate is also the client certificate.
+		conf["protocol"] = "https"
+		switch s.backend {
+		case constants.BackendEtcd:
+			conf["cacert"], conf["cert"], conf["key"] = tlsCAFile, tlsCertFile, tlsKeyFile
+		case constants.BackendEtcdV2:
+			conf["ca_cert"], conf["ssl_cert"], conf["ssl_cert_key"] = tlsCAFile, tlsCertFile, tlsKeyFile
+		}
+	}
+	return []corev1.EnvVar{
+		{Name: "PET_RDZV_BACKEND", Value: s.backend},
+		{Name: "PET_RDZV_ENDPOINT", Value: rdzvHost + ":" + port},
+		{Name: "PET_RDZV_ID", Value: s.runID},
+		{Name: "PET_NNODES", Value: strconv.Itoa(s.minNodes) + ":" + strconv.Itoa(s.maxNodes)},
+		{Name: "PET_NPROC_PER_NODE", Value: strconv.Itoa(s.slots)},
+		{Name: "PET_MAX_RESTARTS", Value: strconv.Itoa(s.maxRestarts)},
+		{Name: "PET_MONITOR_INTERVAL", Value: strconv.Itoa(s.monitor)},
+		{Name: "PET_RDZV_CONF", Value: rdzvConf(conf)},
+		{Name: "PET_LOCAL_ADDR", Value: fqdn},
+		// torch >= 2.5 shares the rank-0 agent's TCPStore with the workers by
+		// default (pytorch#128096), and then a node that joins a running job
+		// waits forever: rank 0 keeps its store and never writes MASTER_ADDR
+		// under the new round's prefix, which the newcomer reads
+		// (RendezvousStoreInfo.build in torch/distributed/elastic/rendezvous/api.py;
+		// pytorch#135712). Without sharing, rank 0 of every round publishes a
+		// fresh store. Older torch does not read the variable.
+		{Name: constants.EnvDisableSharedStore, Value: "1"},
+	}
+}
+
+// rdzvConf renders torchrun's --rdzv-conf: key=value pairs, sorted so the output is stable.
+func rdzvConf(conf map[string]string) string {
+	pairs := make([]string, 0, len(conf))
+	for _, k := range slices.Sorted(maps.Keys(conf)) {
+		pairs = append(pairs, k+"="+conf[k])
+	}
+	return strings.Join(pairs, ",")
+}

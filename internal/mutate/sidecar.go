@@ -1,0 +1,154 @@
+package mutate
+
+import (
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+)
+
+// Sidecar modes (the first argument of rdzv-sidecar).
+const (
+	modeServe = "serve"
+	modeJoin  = "join"
+)
+
+// setSidecar puts sc in front of the pod's init containers, in place of an
+// older container of its name. Each change is its own operation, so the pod's
+// other init containers are never rewritten: fields this binary does not know
+// stay with the container that has them.
+func setSidecar(e *editor, sc corev1.Container) {
+	const initPath = "/spec/initContainers"
+	inits := &e.pod.Spec.InitContainers
+	// From the end, so that every index still means what it did.
+	for i := len(*inits) - 1; i >= 0; i-- {
+		if (*inits)[i].Name == constants.SidecarContainerName {
+			e.remove(initPath + "/" + strconv.Itoa(i))
+			*inits = slices.Delete(*inits, i, i+1)
+		}
+	}
+	if len(*inits) == 0 {
+		set(e, initPath, inits, []corev1.Container{sc})
+		return
+	}
+	e.add(initPath+"/0", sc)
+	*inits = slices.Insert(*inits, 0, sc)
+}
+
+// sidecar builds the rdzv-sidecar native sidecar with the command line of docs/contract.md.
+func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL string) corev1.Container {
+	var args []string
+	res := cfg.Defaults.SidecarResources.Join
+	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
+	var ports []corev1.ContainerPort
+	if mode == modeServe {
+		res = cfg.Defaults.SidecarResources.Serve
+		args = append(args, modeServe,
+			"--data-dir="+constants.DataDir,
+			"--listen-client-urls="+scheme(s)+"://0.0.0.0:"+rdzvClientPort,
+			"--advertise-client-urls="+rdzvURL,
+			"--health-addr="+sidecarHealthAddr,
+		)
+		mounts = append(mounts, corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir})
+		ports = append(ports,
+			corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{Name: "c10d", ContainerPort: constants.C10dPort, Protocol: corev1.ProtocolTCP})
+		if s.framework == constants.FrameworkPyTorch && s.eventsJob != "" {
+			args = append(args, "--events-job="+s.eventsJob)
+			mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
+		}
+		if s.tlsSecret != "" {
+			// etcd's flag names; every client must present a certificate from the CA.
+			args = append(args,
+				"--cert-file="+tlsCertFile,
+				"--key-file="+tlsKeyFile,
+				"--trusted-ca-file="+tlsCAFile,
+				"--client-cert-auth",
+			)
+		}
+	} else {
+		args = append(args, modeJoin, "--endpoints="+rdzvURL, "--health-addr="+sidecarHealthAddr)
+		if s.tlsSecret != "" {
+			// etcdctl's flag names: verify the server, authenticate with the same certificate.
+			args = append(args,
+				"--cacert="+tlsCAFile,
+				"--cert="+tlsCertFile,
+				"--key="+tlsKeyFile,
+			)
+		}
+	}
+	if s.tlsSecret != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: constants.TLSVolumeName, MountPath: constants.TLSDir, ReadOnly: true})
+	}
+	args = append(args,
+		"--files-dir="+constants.FilesDir,
+		"--hostfile-flavour="+s.flavour,
+		"--register="+strconv.FormatBool(register),
+		"--member-host="+fqdn,
+		"--member-slots="+strconv.Itoa(s.slots),
+		"--member-group="+s.group,
+		"--member-index="+strconv.Itoa(s.index),
+	)
+	if s.role == constants.RoleLauncher {
+		args = append(args, "--install-helper")
+	}
+	// The health port stays plain HTTP with or without TLS (the sidecar serves
+	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
+	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: constants.SidecarHealthPort, Protocol: corev1.ProtocolTCP})
+	probe := func(period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: "/readyz", Port: intstr.FromInt32(constants.SidecarHealthPort)}},
+			PeriodSeconds: period, FailureThreshold: failures,
+		}
+	}
+	return corev1.Container{
+		Name:            constants.SidecarContainerName,
+		Image:           cfg.SidecarImage,
+		ImagePullPolicy: cfg.SidecarImagePullPolicy,
+		Args:            args,
+		Ports:           ports,
+		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
+		// The trainer starts only once the sidecar answers /readyz (up to 10 minutes).
+		StartupProbe:             probe(1, 600),
+		ReadinessProbe:           probe(5, 3),
+		VolumeMounts:             mounts,
+		SecurityContext:          sidecarSecurityContext(),
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		Resources:                *res.DeepCopy(),
+	}
+}
+
+// sidecarSecurityContext is the sidecar's: it needs no privilege at all, and
+// satisfies the restricted Pod Security level.
+func sidecarSecurityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             ptr.To(true),
+		RunAsUser:                ptr.To[int64](65532),
+		RunAsGroup:               ptr.To[int64](65532),
+		AllowPrivilegeEscalation: ptr.To(false),
+		Privileged:               ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// tokenVolume is the serving sidecar's API token (constants.TokenVolumeName):
+// what the kubelet mounts for automountServiceAccountToken, for one container.
+func tokenVolume() corev1.Volume {
+	return corev1.Volume{Name: constants.TokenVolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To[int64](constants.TokenExpirationSeconds)}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+				Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+				{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"}}}}},
+		},
+		DefaultMode: ptr.To[int32](0o644),
+	}}}
+}
