@@ -33,6 +33,24 @@ func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[s
 	return mux
 }
 
+// handlerTimeout bounds every answer of the health port.
+const handlerTimeout = 10 * time.Second
+
+// readOnly serves h to GET and HEAD only, each within handlerTimeout: the
+// port is open to the kubelet, Prometheus and the API server's proxy, and
+// nothing on it changes anything.
+func readOnly(h http.Handler) http.Handler {
+	h = http.TimeoutHandler(h, handlerTimeout, "timed out\n")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "only GET and HEAD", http.StatusMethodNotAllowed)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // startHealth serves healthMux on addr ("" = none) in the background; it
 // listens at once, so a port conflict is an error, not a log line. stop
 // closes the server.
@@ -44,7 +62,9 @@ func startHealth(addr string, ready func() (bool, string), reg prometheus.Gather
 	if err != nil {
 		return nil, fmt.Errorf("health server: %w", err)
 	}
-	hs := &http.Server{Handler: healthMux(ready, reg, extra), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: readOnly(healthMux(ready, reg, extra)), ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: handlerTimeout + 5*time.Second, IdleTimeout: time.Minute,
+		MaxHeaderBytes: 16 << 10}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("health server failed", "err", err)

@@ -25,9 +25,20 @@ var opArgs = map[byte]argKind{
 	'\x95': {lenSize: 8, frame: true},
 }
 
+// Bounds on what torch's state never needs, each a cost to a reader:
+// gopickle converts a long integer in time quadratic in its length (a LONG4
+// of 256 KiB took 4.9 s), and parses every text argument whole. torch's
+// integers (rounds, PIDs, local ids, datetime fields) fit in 64 bits: LONG1
+// of at most 9 bytes; protocol 2's text arguments are module and class names.
+const (
+	maxLongBytes = 9
+	maxLineBytes = 256
+)
+
 // checkLengths walks the opcodes and refuses a length that claims more bytes
-// than the pickle has left. gopickle allocates what a length claims before it
-// reads, so without this 20 bytes could ask for terabytes.
+// than the pickle has left (gopickle allocates what a length claims before it
+// reads, so without this 20 bytes could ask for terabytes), an integer longer
+// than maxLongBytes and a text argument longer than maxLineBytes.
 func checkLengths(raw []byte) error {
 	for i := 0; i < len(raw); {
 		op := raw[i]
@@ -39,8 +50,12 @@ func checkLengths(raw []byte) error {
 		switch {
 		case a.lines > 0:
 			for range a.lines {
+				start := i
 				for i < len(raw) && raw[i] != '\n' {
 					i++
+				}
+				if i-start > maxLineBytes {
+					return fmt.Errorf("opcode %#x has an argument of %d bytes, more than torch's state holds (%d)", op, i-start, maxLineBytes)
 				}
 				i++
 			}
@@ -62,6 +77,9 @@ func checkLengths(raw []byte) error {
 			i += a.lenSize
 			if n > uint64(len(raw)-i) {
 				return fmt.Errorf("opcode %#x claims %d bytes, the pickle has %d left", op, n, len(raw)-i)
+			}
+			if (op == '\x8a' || op == '\x8b') && n > maxLongBytes {
+				return fmt.Errorf("an integer of %d bytes, longer than torch's state holds (%d)", n, maxLongBytes)
 			}
 			if !a.frame { // a frame's bytes are opcodes: walk into them
 				i += int(n)

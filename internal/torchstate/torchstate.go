@@ -14,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
@@ -68,8 +70,17 @@ func DecodeBase64(b []byte) (State, error) {
 	return Decode(raw[:n])
 }
 
-// Decode reads a pickled _RendezvousState.
-func Decode(raw []byte) (st State, err error) {
+// Decode reads a pickled _RendezvousState. Its errors quote at most a short
+// prefix of the input.
+func Decode(raw []byte) (State, error) {
+	st, err := decode(raw)
+	if err != nil {
+		return State{}, shortError{err}
+	}
+	return st, nil
+}
+
+func decode(raw []byte) (st State, err error) {
 	if len(raw) > MaxStateLen {
 		return State{}, fmt.Errorf("rendezvous state of %d bytes: over the limit of %d", len(raw), MaxStateLen)
 	}
@@ -96,6 +107,34 @@ func Decode(raw []byte) (st State, err error) {
 	return fromObject(obj)
 }
 
+// maxErrorLen bounds an error's text: gopickle's errors may hold a whole
+// argument of the input, and the error reaches logs and /rendezvous.
+const maxErrorLen = 300
+
+type shortError struct{ err error }
+
+func (e shortError) Error() string {
+	msg := e.err.Error()
+	if len(msg) > maxErrorLen {
+		msg = strings.ToValidUTF8(msg[:maxErrorLen], "") + fmt.Sprintf("... (%d bytes)", len(msg))
+	}
+	return msg
+}
+
+func (e shortError) Unwrap() error { return e.err }
+
+// quote is a string from the input as an error shows it: as it is when short
+// and printable, else quoted and cut to 64 bytes.
+func quote(s string) string {
+	switch {
+	case len(s) > 64:
+		return fmt.Sprintf("%.64q... (%d bytes)", s, len(s))
+	case strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return strconv.Quote(s)
+	}
+	return s
+}
+
 const (
 	torchModule = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 	stateClass  = "_RendezvousState"
@@ -115,7 +154,7 @@ func findClass(module, name string) (any, error) {
 	case module == "builtins" && name == "set":
 		return setClass{}, nil
 	}
-	return nil, fmt.Errorf("refusing %s.%s: not a class torch's rendezvous state uses", module, name)
+	return nil, fmt.Errorf("refusing %s: not a class torch's rendezvous state uses", quote(module+"."+name))
 }
 
 // class stands for one of torch's two classes; pickle makes instances with

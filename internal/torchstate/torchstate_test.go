@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,12 +72,19 @@ func TestDecodeRefuses(t *testing.T) {
 		"foreign class":         {[]byte("\x80\x04\x8c\x02os\x8c\x06system\x93."), "refusing os.system"},
 		"length beyond the end": {[]byte("\x80\x04\x95\xea\x0b\x18\x11\x00\x03\x00\x00\x00\x94."), "opcode 0x95 claims 3298821671914 bytes, the pickle has 3 left"},
 		"too large":             {make([]byte, MaxStateLen+1), "over the limit"},
+		"a long integer":        {append(append([]byte("\x80\x04\x8b\x00\x00\x01\x00"), make([]byte, 1<<16)...), '.'), "an integer of 65536 bytes"},
+		"a long text argument":  {[]byte("\x80\x02c" + strings.Repeat("m", 300) + "\nx\n."), "an argument of 300 bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Decode(c.in)
 			require.ErrorContains(t, err, c.want)
 		})
 	}
+	// An error quotes at most a short prefix of the input.
+	big := []byte("\x80\x04X\x00\x00\x04\x00" + strings.Repeat("m", 1<<18) + "X\x01\x00\x00\x00x\x93.")
+	_, err = Decode(big)
+	require.ErrorContains(t, err, "refusing")
+	require.Less(t, len(err.Error()), 400)
 	_, err = DecodeBase64([]byte("not base64!"))
 	require.ErrorContains(t, err, "not base64")
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/torchstate"
@@ -37,16 +38,27 @@ type Config struct {
 	Now     func() time.Time // nil: time.Now
 }
 
+// Rounds are reported (a log line, an Event) at most reportBurst at once and
+// then one per reportEvery: torch forms a round every few seconds at most,
+// and anyone who may write the store could otherwise forge thousands.
+const (
+	reportBurst = 20
+	reportEvery = time.Second
+)
+
 // maxRuns bounds the runs a Tracker remembers: a job has one run at a time,
 // a few more when it is reinstalled with the same sidecar.
 const maxRuns = 16
 
 // Tracker follows torch's rendezvous through the writes it is handed.
 type Tracker struct {
-	log    *slog.Logger
-	rounds *prometheus.CounterVec
-	events Recorder
-	now    func() time.Time
+	log        *slog.Logger
+	rounds     *prometheus.CounterVec
+	suppressed prometheus.Counter
+	events     Recorder
+	now        func() time.Time
+	report     *rate.Limiter
+	unreported int // rounds not reported since the last one that was; under mu
 
 	mu   sync.Mutex
 	runs map[runKey]*run
@@ -75,7 +87,10 @@ type seenRound struct {
 func New(cfg Config) *Tracker {
 	t := &Tracker{log: cfg.Log, events: cfg.Events, now: cfg.Now, runs: map[runKey]*run{},
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_total",
-			Help: "torch rendezvous rounds completed, by backend."}, []string{"backend"})}
+			Help: "torch rendezvous rounds completed, by backend."}, []string{"backend"}),
+		suppressed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_unreported_total",
+			Help: "Rounds neither logged nor recorded as Events: more than the report rate allows."}),
+		report: rate.NewLimiter(rate.Every(reportEvery), reportBurst)}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
@@ -83,7 +98,7 @@ func New(cfg Config) *Tracker {
 		t.now = time.Now
 	}
 	if cfg.Metrics != nil {
-		cfg.Metrics.MustRegister(t.rounds)
+		cfg.Metrics.MustRegister(t.rounds, t.suppressed)
 	}
 	return t
 }
@@ -175,12 +190,25 @@ func (t *Tracker) round(r Round) {
 		}
 	}
 	t.last = &seenRound{Round: r, at: t.now()}
+	report, unreported := t.report.AllowN(t.now(), 1), t.unreported
+	if report {
+		t.unreported = 0
+	} else {
+		t.unreported++
+	}
 	t.mu.Unlock()
+	t.rounds.WithLabelValues(r.Backend).Inc()
+	if !report {
+		t.suppressed.Inc()
+		return
+	}
 	if err != nil {
 		t.log.Warn("cannot read torch's rendezvous state", "backend", r.Backend, "run_id", r.RunID, "err", err)
 	}
-	t.rounds.WithLabelValues(r.Backend).Inc()
 	attrs := []any{"backend", r.Backend, "run_id", r.RunID, "round", r.Round}
+	if unreported > 0 {
+		attrs = append(attrs, "unreported_before", unreported)
+	}
 	msg := fmt.Sprintf("torch rendezvous round %s of run %s complete", r.Round, r.RunID)
 	if r.Participants >= 0 {
 		attrs = append(attrs, "world_size", r.Participants)
@@ -279,15 +307,25 @@ func (t *Tracker) view() (View, bool, error) {
 // ServeHTTP is GET /rendezvous on the health port.
 func (t *Tracker) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	v, ok, err := t.view()
-	w.Header().Set("Content-Type", "application/json")
 	switch {
 	case err != nil:
-		w.WriteHeader(http.StatusInternalServerError)
-		json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 	case !ok:
-		w.WriteHeader(http.StatusNotFound)
-		json.NewEncoder(w).Encode(map[string]string{"error": "no torch rendezvous round has completed on this sidecar yet"})
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no torch rendezvous round has completed on this sidecar yet"})
 	default:
-		json.NewEncoder(w).Encode(v)
+		writeJSON(w, http.StatusOK, v)
 	}
+}
+
+// writeJSON answers v as JSON, or 500 with the reason when v cannot be
+// (a forged state's time beyond year 9999): never a status without a body.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		code = http.StatusInternalServerError
+		body, _ = json.Marshal(map[string]string{"error": "the rendezvous state cannot be shown: " + err.Error()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(body, '\n'))
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -157,4 +158,40 @@ func TestRunsBounded(t *testing.T) {
 		l.C10dWrite("/torch.rendezvous.r.1/MASTER_ADDR", []byte("w-0"))
 	}
 	require.Equal(t, 1, strings.Count(logs.String(), "round 1 of run r complete"))
+}
+
+// TestViewNeverEmpty: a view that JSON cannot hold (a forged state's time
+// past year 9999) is a 500 with the reason, not a 200 without a body.
+func TestViewNeverEmpty(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeJSON(rec, 200, View{Now: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)})
+	require.Equal(t, 500, rec.Code)
+	require.Contains(t, rec.Body.String(), "cannot be shown")
+}
+
+type countRecorder struct{ n int }
+
+func (c *countRecorder) Record(string) { c.n++ }
+
+// TestForgedRoundsBounded: 2,000 rounds written at once (anyone who may write
+// the store can) cost at most reportBurst log lines and Events; all are
+// counted, and the next report says how many went unreported.
+func TestForgedRoundsBounded(t *testing.T) {
+	var logs bytes.Buffer
+	rec := &countRecorder{}
+	reg := prometheus.NewRegistry()
+	now := time.Date(2026, 11, 25, 8, 0, 0, 0, time.UTC)
+	l := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), Events: rec, Metrics: reg,
+		Now: func() time.Time { return now }})
+	for i := range 2000 {
+		l.C10dWrite(fmt.Sprintf("/torch.rendezvous.forged.%d/MASTER_ADDR", i), []byte("x"))
+	}
+	lines := strings.Count(logs.String(), "complete")
+	require.Equal(t, reportBurst, lines)
+	require.Equal(t, lines, rec.n)
+	require.Equal(t, 2000.0, testutil.ToFloat64(l.rounds.WithLabelValues("c10d")))
+	require.InDelta(t, float64(2000-lines), testutil.ToFloat64(l.suppressed), 0)
+	now = now.Add(reportEvery)
+	l.C10dWrite("/torch.rendezvous.forged.5000/MASTER_ADDR", []byte("x"))
+	require.Contains(t, logs.String(), "unreported_before=")
 }

@@ -110,10 +110,14 @@ func parseRequest(hr *http.Request) (*request, *v2error.Error) {
 	if !strings.HasPrefix(p, keysPrefix) || (len(p) > len(keysPrefix) && p[len(keysPrefix)] != '/') {
 		return nil, reqErr(v2error.EcodeInvalidForm, "incorrect key prefix")
 	}
+	key, ok := keyPath(p[len(keysPrefix):])
+	if !ok {
+		return nil, reqErr(v2error.EcodeInvalidForm, "incorrect key prefix")
+	}
 	form := hr.Form
 	r := &request{
 		Method: hr.Method,
-		Path:   path.Join(storeKeysPrefix, p[len(keysPrefix):]),
+		Path:   key,
 		Value:  form.Get("value"),
 	}
 	var err *v2error.Error
@@ -171,6 +175,15 @@ func parseRequest(hr *http.Request) (*request, *v2error.Error) {
 		}
 	}
 	return r, nil
+}
+
+// keyPath is the store's path of a key as a client names it ("/a/b" is
+// "/1/a/b"), cleaned as etcd cleans it; false for a key that ".." would take
+// out of the keys' namespace (etcd 3.4's mux redirects such a request to a
+// path outside /v2/keys, so it never stores one).
+func keyPath(key string) (string, bool) {
+	p := path.Join(storeKeysPrefix, key)
+	return p, p == storeKeysPrefix || strings.HasPrefix(p, storeKeysPrefix+"/")
 }
 
 // maxTTLSeconds keeps now+ttl inside time.Time's range (etcd overflowed

@@ -33,6 +33,9 @@ func (s *Server) Snapshot() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot v2 store: %w", err)
 	}
+	if raw, err = s.forgetDeleted(raw); err != nil {
+		return nil, fmt.Errorf("snapshot v2 store: %w", err)
+	}
 	snap := snapshot{Store: raw, Dirs: map[string]dirTTLPersist{}}
 	s.dirs.mu.Lock()
 	for p, e := range s.dirs.dirs {
@@ -40,6 +43,48 @@ func (s *Server) Snapshot() ([]byte, error) {
 	}
 	s.dirs.mu.Unlock()
 	return json.Marshal(snap)
+}
+
+// forgetDeleted drops from etcd's saved store the values its event history
+// keeps of keys that no longer exist: a value deleted (or expired) must not
+// outlive the process on disk. The events stay, so a watcher that resumes
+// after a restart still sees what happened.
+func (s *Server) forgetDeleted(raw []byte) ([]byte, error) {
+	var saved map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return nil, err
+	}
+	var hub struct {
+		EventHistory *struct {
+			Queue struct {
+				Events                      []*v2store.Event
+				Size, Front, Back, Capacity int
+			}
+			StartIndex, LastIndex uint64
+		}
+	}
+	if err := json.Unmarshal(saved["WatcherHub"], &hub); err != nil || hub.EventHistory == nil {
+		return raw, err
+	}
+	gone := func(n *v2store.NodeExtern) {
+		if n == nil || n.Value == nil {
+			return
+		}
+		if _, err := s.store.Get(n.Key, false, false); err != nil {
+			n.Value = nil
+		}
+	}
+	for _, ev := range hub.EventHistory.Queue.Events {
+		if ev != nil {
+			gone(ev.Node)
+			gone(ev.PrevNode)
+		}
+	}
+	var err error
+	if saved["WatcherHub"], err = json.Marshal(hub); err != nil {
+		return nil, err
+	}
+	return json.Marshal(saved)
 }
 
 // Restore loads a Snapshot; call it before serving.
