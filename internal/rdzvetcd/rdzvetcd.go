@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -72,7 +73,14 @@ func (s *Server) embedConfig(handlers map[string]http.Handler) (*embed.Config, e
 	ec.ListenPeerUrls = cfg.ListenPeerURLs
 	ec.AdvertisePeerUrls = cfg.ListenPeerURLs
 	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
-	ec.UserHandlers = handlers
+	// etcd serves expvar (the command line, memory stats) on the client port,
+	// which every pod of the job reaches: not there. A user handler on the
+	// same path takes precedence over etcd's own.
+	ec.UserHandlers = maps.Clone(handlers)
+	if ec.UserHandlers == nil {
+		ec.UserHandlers = map[string]http.Handler{}
+	}
+	ec.UserHandlers["/debug/"] = http.NotFoundHandler()
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 	zl, err := etcdLogger(cfg.LogLevel, cfg.Log.With("component", "etcd").Handler(), &s.closing)
 	if err != nil {
