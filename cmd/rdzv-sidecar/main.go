@@ -25,6 +25,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
 )
 
 const usage = `rdzv-sidecar: the rendezvous sidecar of an elastic-training job.
@@ -218,6 +219,11 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.EtcdLogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
+	q := tcpstore.DefaultQuotas()
+	cfg.C10dQuotas = q
+	fs.IntVar(&cfg.C10dQuotas.Keys, "c10d-max-keys", q.Keys, "most keys (and queued elements) the c10d store holds; a write past it closes the writer's connection")
+	fs.Int64Var(&cfg.C10dQuotas.Bytes, "c10d-max-bytes", q.Bytes, "most bytes of keys and values the c10d store holds; a write past it closes the writer's connection")
+	fs.IntVar(&cfg.C10dQuotas.Connections, "c10d-max-connections", q.Connections, "most open c10d client connections; more are closed as they come")
 	fs.StringVar(&cfg.C10dAddr, "c10d-addr", fmt.Sprintf(":%d", constants.C10dPort), `address of the torch c10d TCPStore (torchrun --rdzv-backend=c10d with is_host=false); "" turns it off`)
 	d := addDaemonFlags(fs, &cfg.Options)
 	return d.run(fs, args, stderr, func(ctx context.Context) error { return sidecar.Serve(ctx, cfg) })

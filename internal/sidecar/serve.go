@@ -18,8 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
@@ -51,6 +49,8 @@ type ServeConfig struct {
 	ReadyTimeout  time.Duration
 	// C10dAddr is where torch's c10d TCPStore is served ("" = not at all).
 	C10dAddr string
+	// C10dQuotas bound the c10d store (zero fields: tcpstore's defaults).
+	C10dQuotas tcpstore.Quotas
 	// EventsJob names the Job on which each torch rendezvous round is recorded
 	// as an Event ("" = none), with the in-cluster token in constants.TokenDir.
 	EventsJob string
@@ -104,7 +104,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if cfg.C10dAddr != "" {
 		// After etcd is ready, so that a c10d client never meets a sidecar
 		// that answers but is not ready.
-		if err := serveC10d(rctx, &wg, cfg.C10dAddr, log.With("component", "c10d"), cfg.Metrics, view.C10dWrite); err != nil {
+		c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
+			OnSet: view.C10dWrite, OnCompareSet: view.C10dWrite}
+		if err := serveC10d(rctx, &wg, cfg.C10dAddr, c10d); err != nil {
 			return err
 		}
 	}
@@ -187,12 +189,11 @@ func saveV2(v2 *v2api.Server, dataDir string, log *slog.Logger) {
 	}
 }
 
-// serveC10d serves torch's c10d TCPStore on addr until ctx ends, handing
-// every value clients set to onWrite. Its keys live in memory only: after a
-// restart the agents find an empty store and form a new round, as torch's
-// own store hosted by an agent would make them.
-func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.Logger, reg prometheus.Registerer, onWrite func(string, []byte)) error {
-	srv, err := tcpstore.New(tcpstore.Config{Log: log, Metrics: reg, OnSet: onWrite, OnCompareSet: onWrite})
+// serveC10d serves torch's c10d TCPStore on addr until ctx ends. Its keys
+// live in memory only: after a restart the agents find an empty store and
+// form a new round, as torch's own store hosted by an agent would make them.
+func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, cfg tcpstore.Config) error {
+	srv, err := tcpstore.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -200,10 +201,11 @@ func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, log *slog.L
 	if err != nil {
 		return fmt.Errorf("c10d store: %w", err)
 	}
-	log.Info("c10d store listening", "addr", ln.Addr().String())
+	q := cfg.Quotas
+	cfg.Log.Info("c10d store listening", "addr", ln.Addr().String(), "max_keys", q.Keys, "max_bytes", q.Bytes, "max_connections", q.Connections)
 	wg.Go(func() {
 		if err := srv.Serve(ctx, ln); err != nil {
-			log.Error("c10d store stopped", "err", err)
+			cfg.Log.Error("c10d store stopped", "err", err)
 		}
 	})
 	return nil

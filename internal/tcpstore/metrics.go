@@ -10,6 +10,7 @@ type metrics struct {
 	refused     *prometheus.CounterVec
 	waiters     prometheus.Gauge
 	keys        prometheus.Gauge
+	storeBytes  prometheus.Gauge
 	bytesIn     prometheus.Counter
 	bytesOut    prometheus.Counter
 }
@@ -21,6 +22,9 @@ const (
 	refusedUnknownOp  = "unknown_op"
 	refusedTooLarge   = "too_large"
 	refusedNotNumber  = "not_a_number"
+	refusedStoreFull  = "store_full"
+	refusedConnLimit  = "too_many_connections"
+	refusedSlowReader = "slow_reader"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -31,21 +35,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		connections: prometheus.NewGauge(prometheus.GaugeOpts(opts("connections", "Open client connections."))),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts(opts("refused_total",
-			"Connections closed for a protocol error, by reason.")), []string{"reason"}),
+			"Connections closed for a protocol error, a quota or a client that does not read, by reason.")), []string{"reason"}),
 		waiters: prometheus.NewGauge(prometheus.GaugeOpts(opts("waiters",
 			"Clients waiting in WAIT or BARRIER for keys to appear."))),
-		keys:     prometheus.NewGauge(prometheus.GaugeOpts(opts("keys", "Keys in the store (queues not counted)."))),
+		keys: prometheus.NewGauge(prometheus.GaugeOpts(opts("keys", "Keys in the store (queues not counted)."))),
+		storeBytes: prometheus.NewGauge(prometheus.GaugeOpts(opts("store_bytes",
+			"Bytes of the keys and values in the store, queues included (the quota is --c10d-max-bytes)."))),
 		bytesIn:  prometheus.NewCounter(prometheus.CounterOpts(opts("received_bytes_total", "Bytes read from clients."))),
 		bytesOut: prometheus.NewCounter(prometheus.CounterOpts(opts("sent_bytes_total", "Bytes written to clients."))),
 	}
 	for i := range m.ops {
 		m.ops[i] = ops.WithLabelValues(Op(i).String())
 	}
-	for _, r := range []string{refusedNoValidate, refusedBadMagic, refusedUnknownOp, refusedTooLarge, refusedNotNumber} {
+	for _, r := range []string{refusedNoValidate, refusedBadMagic, refusedUnknownOp, refusedTooLarge, refusedNotNumber,
+		refusedStoreFull, refusedConnLimit, refusedSlowReader} {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connections, ops, m.refused, m.waiters, m.keys, m.bytesIn, m.bytesOut} {
+		for _, c := range []prometheus.Collector{m.connections, ops, m.refused, m.waiters, m.keys, m.storeBytes, m.bytesIn, m.bytesOut} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -125,6 +125,37 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// Quotas bound the whole server, whatever its clients send: a write that
+// would pass Keys or Bytes, and a connection past Connections, is refused (the
+// client's connection closed, as for any other refused request: the protocol
+// has no error reply).
+type Quotas struct {
+	Keys        int   // keys and queued elements in the store
+	Bytes       int64 // their keys' and values' lengths
+	Connections int   // open client connections
+}
+
+// DefaultQuotas hold a rendezvous of thousands of agents many times over
+// (torch's state is a few hundred bytes per node) and keep a flood of keys
+// or connections within a few hundred MiB.
+func DefaultQuotas() Quotas {
+	return Quotas{Keys: 1 << 20, Bytes: 256 << 20, Connections: 16 << 10}
+}
+
+func (q Quotas) withDefaults() Quotas {
+	d := DefaultQuotas()
+	if q.Keys <= 0 {
+		q.Keys = d.Keys
+	}
+	if q.Bytes <= 0 {
+		q.Bytes = d.Bytes
+	}
+	if q.Connections <= 0 {
+		q.Connections = d.Connections
+	}
+	return q
+}
+
 // Request is one decoded request. Which fields are set depends on Op (see
 // the opcode constants).
 type Request struct {

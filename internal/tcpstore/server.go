@@ -10,10 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 )
 
 // Config configures a Server.
@@ -23,6 +25,7 @@ type Config struct {
 	// (rdzv_sidecar_tcpstore_*); nil: nowhere.
 	Metrics prometheus.Registerer
 	Limits  Limits // zero fields: DefaultLimits'
+	Quotas  Quotas // zero fields: DefaultQuotas'
 	// OnSet, if not nil, is called with every key and value a client SETs
 	// (MULTI_SET included), after the store has it, on that client's
 	// goroutine: torch's rendezvous publishes each round's MASTER_ADDR so.
@@ -35,12 +38,16 @@ type Config struct {
 
 // Server is one store, served on any number of listeners.
 type Server struct {
-	log *slog.Logger
-	lim Limits
-	m   *metrics
-	st  *store
-	set func(key string, value []byte)
-	cas func(key string, value []byte)
+	log    *slog.Logger
+	lim    Limits
+	quotas Quotas
+	m      *metrics
+	st     *store
+	// logRefusals keeps a flood of refused clients from flooding the log;
+	// the refused counter counts every one.
+	logRefusals *rate.Limiter
+	set         func(key string, value []byte)
+	cas         func(key string, value []byte)
 }
 
 // New returns a Server with an empty store. It fails only when its metrics
@@ -54,8 +61,9 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	lim := cfg.Limits.withDefaults()
-	return &Server{log: log, lim: lim, m: m, st: newStore(m, lim), set: cfg.OnSet, cas: cfg.OnCompareSet}, nil
+	lim, q := cfg.Limits.withDefaults(), cfg.Quotas.withDefaults()
+	return &Server{log: log, lim: lim, quotas: q, m: m, st: newStore(m, lim, q), set: cfg.OnSet, cas: cfg.OnCompareSet,
+		logRefusals: rate.NewLimiter(10, 20)}, nil
 }
 
 // Get returns a copy of key's value as clients stored it (with torch's "/"
@@ -75,6 +83,14 @@ const (
 	keepReplyBuf = 4 << 10
 	// smallValue: longer values go out by reference rather than copied.
 	smallValue = 512
+	// replyBudget: a connection with more reply bytes queued than this
+	// writes them before it reads another request, so a client that sends
+	// requests without reading the replies costs at most this (plus one
+	// reply), and waits.
+	replyBudget = 1 << 20
+	// writeTimeout: a client that reads nothing of a reply for this long is
+	// cut off.
+	writeTimeout = 30 * time.Second
 )
 
 // Serve accepts connections on l until ctx ends or l fails, serving each on
@@ -117,6 +133,18 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return err
 		}
 		delay = 0
+		mu.Lock()
+		full := len(conns) >= s.quotas.Connections
+		mu.Unlock()
+		if full {
+			nc.Close()
+			s.m.refused.WithLabelValues(refusedConnLimit).Inc()
+			if s.logRefusals.Allow() {
+				s.log.Warn("tcpstore: refusing client: too many connections", "remote", nc.RemoteAddr().String(),
+					"reason", refusedConnLimit, "max_connections", s.quotas.Connections)
+			}
+			continue
+		}
 		c := s.newConn(nc)
 		mu.Lock()
 		conns[c] = struct{}{}
@@ -142,6 +170,7 @@ type conn struct {
 	wait     *waiter  // the pending WAIT or BARRIER
 	parts    [][]byte // reply bytes to write, then tail
 	tail     []byte   // small reply bytes gathered after parts
+	queued   int      // bytes in parts and tail
 	flushing bool     // a flush goroutine runs (or the connection is gone)
 
 	wmu  sync.Mutex
@@ -210,7 +239,11 @@ func (s *Server) serveConn(c *conn) {
 		for _, k := range kicks {
 			go k.flushAsync()
 		}
-		c.pending = c.pending || queued
+		c.pending = c.pending || queued > 0
+		if err == nil && queued > replyBudget {
+			c.pending = false
+			err = c.flush()
+		}
 		if err != nil {
 			c.flushPending()
 			s.refuse(c, fmt.Errorf("%s %.100q: %w", q.Op, q.Key, err))
@@ -288,6 +321,10 @@ func (s *Server) refuse(c *conn, err error) {
 		reason = refusedTooLarge
 	case errors.Is(err, errNotNumber):
 		reason = refusedNotNumber
+	case errors.As(err, new(*StoreFullError)):
+		reason = refusedStoreFull
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		reason = refusedSlowReader
 	default:
 		var ne net.Error
 		if errors.As(err, &ne) {
@@ -297,24 +334,31 @@ func (s *Server) refuse(c *conn, err error) {
 		reason = "other"
 	}
 	s.m.refused.WithLabelValues(reason).Inc()
-	s.log.Warn("tcpstore: refusing client: closing its connection", "remote", c.addr, "reason", reason, "err", err)
+	if s.logRefusals.Allow() {
+		s.log.Warn("tcpstore: refusing client: closing its connection", "remote", c.addr, "reason", reason, "err", err)
+	}
 }
 
 // Reply bytes, queued under the store's mutex.
 
-func (c *conn) putByte(b byte) { c.tail = append(c.tail, b) }
+func (c *conn) putByte(b byte) { c.tail = append(c.tail, b); c.queued++ }
 
-func (c *conn) putU32(v uint32) { c.tail = binary.LittleEndian.AppendUint32(c.tail, v) }
+func (c *conn) putU32(v uint32) { c.tail = binary.LittleEndian.AppendUint32(c.tail, v); c.queued += 4 }
 
-func (c *conn) putI64(v int64) { c.tail = binary.LittleEndian.AppendUint64(c.tail, uint64(v)) }
+func (c *conn) putI64(v int64) {
+	c.tail = binary.LittleEndian.AppendUint64(c.tail, uint64(v))
+	c.queued += 8
+}
 
 func (c *conn) putString(s string) {
 	c.putI64(int64(len(s)))
 	c.tail = append(c.tail, s...)
+	c.queued += len(s)
 }
 
 func (c *conn) putBytes(v []byte) {
 	c.putI64(int64(len(v)))
+	c.queued += len(v)
 	if len(v) <= smallValue {
 		c.tail = append(c.tail, v...)
 		return
@@ -363,7 +407,7 @@ func (c *conn) writeQueued() (int64, error) {
 	st := c.s.st
 	st.mu.Lock()
 	parts, tail := c.parts, c.tail
-	c.parts, c.tail, c.free = nil, c.free, nil
+	c.parts, c.tail, c.free, c.queued = nil, c.free, nil, 0
 	st.mu.Unlock()
 	if len(tail) > 0 {
 		parts = append(parts, tail)
@@ -372,6 +416,7 @@ func (c *conn) writeQueued() (int64, error) {
 		c.free = tail
 		return 0, nil
 	}
+	c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
 	bufs := net.Buffers(parts)
 	n, err := bufs.WriteTo(c.nc)
 	c.s.m.bytesOut.Add(float64(n))

@@ -2,6 +2,7 @@ package tcpstore
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -22,6 +23,9 @@ type store struct {
 	waiting map[string][]*waiter // key -> clients waiting for it, in arrival order
 	m       *metrics
 	lim     Limits
+	quotas  Quotas
+	items   int   // keys and queued elements
+	bytes   int64 // their keys' and values' lengths
 
 	// kicks are connections that a wake gave a STOP_WAITING to write and
 	// that have no flush running: the caller starts one after unlocking.
@@ -43,21 +47,54 @@ var (
 	errValueLimit = errors.New("APPEND would make the value longer than the limit")
 )
 
-func newStore(m *metrics, lim Limits) *store {
-	return &store{kv: map[string][]byte{}, queues: map[string][][]byte{}, waiting: map[string][]*waiter{}, m: m, lim: lim}
+// StoreFullError is a write the store's quotas do not leave room for.
+type StoreFullError struct {
+	Items int   // keys and queued elements, with the write
+	Bytes int64 // their bytes, with the write
+	Quotas
+}
+
+func (e *StoreFullError) Error() string {
+	return fmt.Sprintf("the store is full: the write would make %d keys (quota %d) of %d bytes (quota %d)",
+		e.Items, e.Quotas.Keys, e.Bytes, e.Quotas.Bytes)
+}
+
+func newStore(m *metrics, lim Limits, q Quotas) *store {
+	return &store{kv: map[string][]byte{}, queues: map[string][][]byte{}, waiting: map[string][]*waiter{}, m: m, lim: lim, quotas: q}
+}
+
+// reserve accounts for a write that adds items and bytes (either may be
+// negative), or refuses it when it would pass a quota. Writes that shrink
+// the store always pass.
+func (s *store) reserve(items int, bytes int64) error {
+	ni, nb := s.items+items, s.bytes+bytes
+	if (items > 0 && ni > s.quotas.Keys) || (bytes > 0 && nb > s.quotas.Bytes) {
+		return &StoreFullError{Items: ni, Bytes: nb, Quotas: s.quotas}
+	}
+	s.items, s.bytes = ni, nb
+	s.m.storeBytes.Set(float64(s.bytes))
+	return nil
+}
+
+// cost is what storing value under key adds to the store.
+func (s *store) cost(key string, value []byte) (int, int64) {
+	if cur, ok := s.kv[key]; ok {
+		return 0, int64(len(value) - len(cur))
+	}
+	return 1, int64(len(key) + len(value))
 }
 
 // do serves q for c: it changes the store, queues c's reply and wakes
-// waiters. It returns the connections to kick (see kicks), whether c has
-// reply bytes queued, and an error that means c is to be closed, as torch's
-// server closes it; stored says a COMPARE_SET stored its value.
-func (s *store) do(c *conn, q *Request) (kicks []*conn, pending, stored bool, err error) {
+// waiters. It returns the connections to kick (see kicks), how many reply
+// bytes c has queued, whether a COMPARE_SET stored its value, and an error
+// that means c is to be closed, as torch's server closes it.
+func (s *store) do(c *conn, q *Request) (kicks []*conn, queued int, stored bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err = s.apply(c, q)
 	kicks, s.kicks = s.kicks, nil
 	stored, s.casStored = s.casStored, false
-	return kicks, len(c.tail) > 0 || len(c.parts) > 0, stored, err
+	return kicks, c.queued, stored, err
 }
 
 func (s *store) apply(c *conn, q *Request) error {
@@ -65,16 +102,39 @@ func (s *store) apply(c *conn, q *Request) error {
 	case OpPing:
 		c.putU32(q.Nonce)
 	case OpSet:
-		s.set(q.Key, q.Value)
+		return s.set(q.Key, q.Value)
 	case OpMultiSet:
+		// All or nothing: the quotas are checked for the whole request.
+		lens := map[string]int{}
+		var items int
+		var bytes int64
 		for i, k := range q.Keys {
-			s.set(k, q.Values[i])
+			n, ok := lens[k]
+			if !ok {
+				var cur []byte
+				cur, ok = s.kv[k]
+				n = len(cur)
+			}
+			if ok {
+				bytes += int64(len(q.Values[i]) - n)
+			} else {
+				items, bytes = items+1, bytes+int64(len(k)+len(q.Values[i]))
+			}
+			lens[k] = len(q.Values[i])
+		}
+		if err := s.reserve(items, bytes); err != nil {
+			return err
+		}
+		for i, k := range q.Keys {
+			s.put(k, q.Values[i])
 		}
 	case OpCompareSet:
 		cur, ok := s.kv[q.Key]
 		switch {
 		case !ok && len(q.Expected) == 0:
-			s.set(q.Key, q.Value)
+			if err := s.set(q.Key, q.Value); err != nil {
+				return err
+			}
 			s.casStored = true
 			c.putBytes(q.Value)
 		case !ok:
@@ -82,7 +142,9 @@ func (s *store) apply(c *conn, q *Request) error {
 			// source calls this "lying to the caller") and stores nothing.
 			c.putBytes(q.Expected)
 		case string(cur) == string(q.Expected):
-			s.set(q.Key, q.Value)
+			if err := s.set(q.Key, q.Value); err != nil {
+				return err
+			}
 			s.casStored = true
 			c.putBytes(q.Value)
 		default:
@@ -107,14 +169,16 @@ func (s *store) apply(c *conn, q *Request) error {
 			}
 			n += v
 		}
-		s.set(q.Key, strconv.AppendInt(nil, n, 10))
+		if err := s.set(q.Key, strconv.AppendInt(nil, n, 10)); err != nil {
+			return err
+		}
 		c.putI64(n)
 	case OpAppend:
 		cur := s.kv[q.Key]
 		if len(cur)+len(q.Value) > s.lim.MaxValueLen {
 			return errValueLimit
 		}
-		s.set(q.Key, append(cur, q.Value...))
+		return s.set(q.Key, append(cur, q.Value...))
 	case OpCheck:
 		if s.present(q.Keys) {
 			c.putByte(checkReady)
@@ -135,7 +199,10 @@ func (s *store) apply(c *conn, q *Request) error {
 	case OpGetNumKeys:
 		c.putI64(int64(len(s.kv)))
 	case OpDeleteKey:
-		_, ok := s.kv[q.Key]
+		cur, ok := s.kv[q.Key]
+		if ok {
+			s.reserve(-1, -int64(len(q.Key)+len(cur)))
+		}
 		delete(s.kv, q.Key)
 		s.m.keys.Set(float64(len(s.kv)))
 		c.putI64(b2i(ok))
@@ -150,6 +217,9 @@ func (s *store) apply(c *conn, q *Request) error {
 			c.putString(k)
 		}
 	case OpQueuePush:
+		if err := s.reserve(1, int64(len(q.Key)+len(q.Value))); err != nil {
+			return err
+		}
 		s.queues[q.Key] = append(s.queues[q.Key], q.Value)
 		s.wakeOne(q.Key)
 	case OpQueuePop:
@@ -157,6 +227,7 @@ func (s *store) apply(c *conn, q *Request) error {
 		c.putI64(int64(len(qu)))
 		if len(qu) > 0 {
 			c.putBytes(qu[0])
+			s.reserve(-1, -int64(len(q.Key)+len(qu[0])))
 			qu[0] = nil
 			if qu = qu[1:]; len(qu) == 0 {
 				delete(s.queues, q.Key)
@@ -177,7 +248,11 @@ func (s *store) apply(c *conn, q *Request) error {
 		}
 		// The counter is an ordinary key, and never reset. Torch's servers
 		// store it without waking anyone until the last one arrives.
-		s.kv[q.Key] = strconv.AppendInt(nil, n, 10)
+		v := strconv.AppendInt(nil, n, 10)
+		if err := s.reserve(s.cost(q.Key, v)); err != nil {
+			return err
+		}
+		s.kv[q.Key] = v
 		s.m.keys.Set(float64(len(s.kv)))
 		if n >= q.WorldSize {
 			s.wakeAll(q.Key)
@@ -189,8 +264,19 @@ func (s *store) apply(c *conn, q *Request) error {
 	return nil
 }
 
-// set stores value under key and wakes everyone waiting for it.
-func (s *store) set(key string, value []byte) {
+// set stores value under key and wakes everyone waiting for it, unless the
+// quotas leave no room for it.
+func (s *store) set(key string, value []byte) error {
+	if err := s.reserve(s.cost(key, value)); err != nil {
+		return err
+	}
+	s.put(key, value)
+	return nil
+}
+
+// put stores value under key, accounted for already, and wakes everyone
+// waiting for it.
+func (s *store) put(key string, value []byte) {
 	s.kv[key] = value
 	s.m.keys.Set(float64(len(s.kv)))
 	s.wakeAll(key)
@@ -306,7 +392,7 @@ func (s *store) drop(c *conn) {
 	defer s.mu.Unlock()
 	s.cancel(c)
 	c.flushing = true
-	c.parts, c.tail = nil, nil
+	c.parts, c.tail, c.queued = nil, nil, 0
 }
 
 // parseInt reads a stored counter as torch does (std::stoll): leading
