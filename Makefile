@@ -1,42 +1,71 @@
 # elastic-training: see README.md.
 SHELL := /bin/bash
 GO ?= go
-CACHE ?= $(HOME)/.cache/elastic-training
 
-.PHONY: all build chart-docs lint-workflows test test-unit test-e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
 
 all: build
+
+## help: the targets and what each runs (these comments).
+help:
+	@sed -n 's/^## \{0,1\}//p' Makefile
 
 build:
 	$(GO) build ./...
 
-## chart-docs: regenerate charts/*/README.md from README.md.gotmpl and the `# --` comments of values.yaml, with the
-## helm-docs pinned in hack/tools/go.mod. `make test` fails (test/helm, TestChartDocs) when they are out of date.
-chart-docs:
+## generate: rewrite every generated file from its source; review what changed with `git diff` (a reviewer reads
+## the same diff in the change). `make test` fails when one of them is stale. In this order:
+##   charts/elastic-training/templates/_contract.tpl  the webhook's rules as the job chart's copy (internal/chartcontract;
+##                                         first: the charts' golden files render it)
+##   internal/mutate/testdata/*.golden.yaml  the webhook's golden files
+##   charts/*/README.md                    from README.md.gotmpl and the `# --` comments of values.yaml (hack/chart-docs.sh,
+##                                         helm-docs pinned in hack/tools/go.mod)
+##   test/helm/testdata/*.golden.yaml      the charts' golden files
+## internal/torchstate/testdata/torch-*.pickle are written by torch itself, in the trainer root filesystems: that needs
+## root and the root filesystems, and they change only with testdata/gen.py or a new torch, so only
+## `make generate GENERATE_TORCH=1` (as root; builds the root filesystems first) rewrites them too.
+generate: $(if $(GENERATE_TORCH),rootfs)
+	$(GO) test -count=1 ./internal/chartcontract -update
+	$(GO) test -count=1 ./internal/mutate -update
 	GO=$(GO) hack/chart-docs.sh
+	$(GO) test -count=1 ./test/helm -update
+	$(if $(GENERATE_TORCH),$(GO) test -count=1 ./internal/torchstate -update)
 
 ## lint-workflows: actionlint + shellcheck on .github/workflows (the release workflow cannot run here).
 lint-workflows:
 	GO=$(GO) hack/lint-workflows.sh
 
-## test: every test: unit, integration (real torchrun, etcd, mpirun) and e2e (real cluster).
-test: test-unit test-e2e
+## test: every test, in this order: lint, unit, helm, integration (real torchrun, etcd, mpirun), e2e (real cluster).
+test: lint unit helm integration e2e
 
-test-unit: rootfs
+## lint: gofmt (lists the files to format) and go vet, on every package.
+lint:
 	@unformatted=$$($$($(GO) env GOROOT)/bin/gofmt -l $$($(GO) list -f '{{.Dir}}' ./...)); \
 	if [ -n "$$unformatted" ]; then echo "gofmt -w these files:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/e2e)
 
-# The lock the e2e test binaries hold (test/e2e/framework): stopping the cluster must wait for a running one.
-E2E_LOCK := /run/lock/elastic-training-e2e.lock
+## unit: the tests of every package outside test/ (cmd/..., internal/...): no root, no root filesystems, no cluster.
+## internal/v2api's conformance test runs Debian's etcd 3.4 (/usr/bin/etcd, package etcd-server) as its reference.
+unit:
+	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/)
 
-## test-e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
-## stops it again afterwards; a cluster that was already running is left running.
-test-e2e:
+## helm: the charts through the Helm SDK (test/helm): rendering, golden files, schema, lint, chart READMEs, and
+## actionlint on the release workflow (shellcheck). No root, no cluster.
+helm:
+	$(GO) test -count=1 -timeout 30m ./test/helm/...
+
+## integration: the sidecar and the c10d store with the real programs (test/integration/...): torchrun of torch 2.14
+## and 2.6 chrooted into the trainer root filesystems, etcd 3.4 and etcdctl, Open MPI and MPICH. Root.
+integration: rootfs
+	$(GO) test -count=1 -timeout 30m ./test/integration/...
+
+## e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
+## stops it again afterwards; a cluster that was already running is left running. The stop waits for
+## the lock of the e2e test binaries (E2E_LOCK in test/e2e/cluster/env.sh): another run may still use the cluster.
+e2e:
 	@set -e; started=0; $(CLUSTER)/status.sh >/dev/null || { started=1; $(CLUSTER)/up.sh; }; \
 	rc=0; $(GO) test -p 1 -count=1 -timeout 40m ./test/e2e/... || rc=$$?; \
-	if [ $$started = 1 ]; then flock $(E2E_LOCK) $(CLUSTER)/down.sh; fi; exit $$rc
+	if [ $$started = 1 ]; then (. $(CLUSTER)/env.sh; flock "$$E2E_LOCK" $(CLUSTER)/down.sh); fi; exit $$rc
 
 ## demo: an elastic PyTorch job on the local cluster, scaled 2 -> 3 -> 4 -> 2 with helm upgrade (root; the first
 ## run builds Kubernetes). Leaves the cluster running; `make cluster-down` stops it.
@@ -51,16 +80,20 @@ bench: bench-sidecar bench-webhook bench-e2e
 bench-e2e:
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkScaling -benchtime 1x ./test/e2e/workloads
 
-## Local single-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root; state under $(CACHE).
+## Local single-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
+## built goes (ET_CACHE, default ~/.cache/elastic-training; `make ET_CACHE=DIR ...` moves it), are in
+## test/e2e/cluster/env.sh, which the scripts and test/e2e/framework read.
 CLUSTER := test/e2e/cluster
-# The scripts and test/e2e/framework read ET_CACHE.
+# CACHE=DIR: the same as ET_CACHE=DIR.
+ifdef CACHE
 export ET_CACHE := $(CACHE)
+endif
 
 ## rootfs: the trainer root filesystems (Debian forky: torch 2.14, trixie: torch 2.6, with python-etcd, Open MPI,
 ## MPICH, sshd) that the integration tests chroot into and the trainer images are packed from (root; mmdebstrap,
-## minutes the first time, then cached under $(CACHE)/rootfs).
+## minutes the first time, then cached under $ET_CACHE/rootfs).
 rootfs:
-	$(CLUSTER)/rootfs.sh
+	hack/rootfs.sh
 
 ## cluster-build: build the cluster's binaries from the pinned versions (minutes the first time, then cached).
 cluster-build:
@@ -79,14 +112,13 @@ cluster-status:
 
 ## images: build the local images (webhook, rdzv-sidecar, trainers) and import them into a running cluster.
 images:
-	$(CLUSTER)/images.sh
+	hack/images.sh
 
 ## bench-sidecar: rdzv-sidecar vs etcd 3.4 (first rendezvous of 4 torchrun agents), hostfile latency, 1,000 members;
 ## its c10d store vs torch's own TCPStore server: torchrun first rendezvous and scale-up 2→3, throughput and p99 latency
 ## at 64/256/1,024 client connections, RSS per 1,000 connections (PASS/MISS against the goals).
 bench-sidecar: rootfs
-	$(GO) build -o bin/rdzv-sidecar ./cmd/rdzv-sidecar
-	$(GO) run ./test/bench/sidecarbench --sidecar=bin/rdzv-sidecar
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./test/bench/sidecar
 
 ## bench-webhook: what users feel of the webhook (root): on the local cluster, seconds until the Job controller has
 ## created every pod of a 500-pod Indexed Job of the chart's PyTorch workers (scheduling-gated, nothing runs), with

@@ -1,5 +1,5 @@
 # Image of the rendezvous sidecar (rdzv-sidecar serve/join/wait/hosts) for real clusters (the local test
-# cluster packs the same static binary with test/e2e/cluster/images.sh instead, because this machine has
+# cluster packs the same static binary with hack/images.sh instead, because this machine has
 # no Docker and no registry).
 #   docker build -f build/rdzv-sidecar.Dockerfile -t REGISTRY/rdzv-sidecar:VERSION .
 # .github/workflows/release.yaml builds it for linux/amd64 and linux/arm64 as ghcr.io/elastic-training/rdzv-sidecar.

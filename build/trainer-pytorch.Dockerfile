@@ -1,4 +1,4 @@
-# A training image for real clusters with what the local test images contain (test/e2e/cluster/rootfs.sh): Debian's
+# A training image for real clusters with what the local test images contain (hack/rootfs.sh): Debian's
 # torch with torchrun, python-etcd (both of torch's etcd rendezvous backends import it; torch does not depend on
 # it), Open MPI and MPICH with mpi4py, and sshd for MPI workers. The tests prove these suites:
 #   SUITE=forky   torch 2.14.1 (Python 3.14)   the default, as in `make demo`

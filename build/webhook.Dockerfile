@@ -1,5 +1,5 @@
 # Image of the admission webhook for real clusters (the local test cluster packs the same static binary
-# with test/e2e/cluster/images.sh instead, because this machine has no Docker and no registry).
+# with hack/images.sh instead, because this machine has no Docker and no registry).
 #   docker build -f build/webhook.Dockerfile -t REGISTRY/webhook:VERSION .
 # .github/workflows/release.yaml builds it for linux/amd64 and linux/arm64 as ghcr.io/elastic-training/webhook.
 ARG GO_VERSION=1.26

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Generates README.md of every chart under the charts directory (default: charts/) from its README.md.gotmpl,
 # Chart.yaml and the `# --` comments of its values.yaml, with the helm-docs that hack/tools/go.mod pins.
-# `make chart-docs` runs it on charts/; test/helm/chartdocs_test.go runs it on a copy and fails on any difference.
+# `make generate` runs it on charts/; test/helm/chartdocs_test.go runs it on a copy and fails on any difference.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 charts=$(cd "${1:-$repo/charts}" && pwd)

@@ -37,15 +37,15 @@ world() {
 
 say "Local cluster (the first run builds Kubernetes from source: minutes)"
 test/e2e/cluster/up.sh
-test/e2e/cluster/images.sh
+hack/images.sh
 
 say "Webhook (once per cluster)"
 helm upgrade --install elastic-training-webhook charts/elastic-training-webhook \
   -n elastic-training-system --create-namespace --wait --timeout 3m \
-  --set image.repository=local/elastic-training-webhook,image.tag=dev,image.pullPolicy=Never \
-  --set sidecar.image.repository=local/rdzv-sidecar,sidecar.image.tag=dev,sidecar.image.pullPolicy=Never
+  --set "image.repository=${WEBHOOK_IMAGE%:*},image.tag=${WEBHOOK_IMAGE##*:},image.pullPolicy=Never" \
+  --set "sidecar.image.repository=${SIDECAR_IMAGE%:*},sidecar.image.tag=${SIDECAR_IMAGE##*:},sidecar.image.pullPolicy=Never"
 # Ready webhook pods are not yet a working webhook (kube-proxy lags): wait until admission really mutates.
-probe='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"elastic-training.io/job":"probe","elastic-training.io/role":"worker","elastic-training.io/group":"worker"},"annotations":{"elastic-training.io/framework":"custom","batch.kubernetes.io/job-completion-index":"1"}},"spec":{"hostname":"probe-worker-1","subdomain":"probe","containers":[{"name":"trainer","image":"local/busybox:1"}]}}'
+probe='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"elastic-training.io/job":"probe","elastic-training.io/role":"worker","elastic-training.io/group":"worker"},"annotations":{"elastic-training.io/framework":"custom","batch.kubernetes.io/job-completion-index":"1"}},"spec":{"hostname":"probe-worker-1","subdomain":"probe","containers":[{"name":"trainer","image":"'"$BUSYBOX_IMAGE"'"}]}}'
 for i in $(seq 120); do
   kubectl create --dry-run=server -o jsonpath='{.metadata.annotations}' -f - <<<"$probe" 2>/dev/null | grep -q mutated && break
   [ "$i" = 120 ] && { echo "demo: the webhook does not answer" >&2; exit 1; }

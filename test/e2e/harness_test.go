@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -247,14 +246,9 @@ func TestSweepOrphans(t *testing.T) {
 // resources it does not manage, while a plugin registers again and the node keeps advertising the GPUs.
 func TestFakeGPUsSurviveKubeletRestart(t *testing.T) {
 	c := framework.Get(t)
-	pidFile := filepath.Join(filepath.Dir(c.Kubeconfig), "pids", "kubelet.pid")
-	raw, err := os.ReadFile(pidFile)
+	pid, err := c.PID("kubelet")
 	if err != nil {
 		t.Fatalf("kubelet pid: %v", err)
-	}
-	var pid int
-	if _, err := fmt.Sscan(string(raw), &pid); err != nil {
-		t.Fatalf("kubelet pid file %s: %v", pidFile, err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatalf("stop kubelet %d: %v", pid, err)
@@ -437,47 +431,5 @@ func TestHelmInstallUpgradeTestUninstall(t *testing.T) {
 	})
 	if _, err := c.Client.AppsV1().StatefulSets(ns).Get(t.Context(), "left", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("statefulset left after the subtest's cleanup: err = %v, want NotFound", err)
-	}
-}
-
-// The cluster's helm is the pinned release and knows a current Kubernetes offline: `helm template` (no cluster to
-// ask) renders both charts, whose kubeVersion a helm built without its ldflags (Kubernetes 1.20) would refuse.
-func TestHelmBinaryVersions(t *testing.T) {
-	c := framework.Get(t)
-	helm := filepath.Join(c.BinDir, "helm")
-	out, err := exec.Command(helm, "version", "--template", "{{.Version}}").CombinedOutput()
-	if err != nil || string(out) != "v3.22.0" { // HELM_VERSION in test/e2e/cluster/env.sh
-		t.Errorf("helm version = %q (%v), want v3.22.0", out, err)
-	}
-	// The job chart refuses a job with nothing to run: give it a command.
-	for chart, args := range map[string][]string{"charts/elastic-training": {"--set", "command={torchrun,train.py}"}, "charts/elastic-training-webhook": nil} {
-		out, err := exec.Command(helm, append([]string{"template", "x", c.RepoPath(chart)}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Errorf("helm template %s: %v\n%s", chart, err, out)
-		}
-	}
-}
-
-// The scripts refuse, with the reason, what would break the machine's one cluster.
-func TestScriptsRefuse(t *testing.T) {
-	c := framework.Get(t)
-	// A second instance (another cache dir) while ours runs: up.sh must refuse before building anything.
-	other := t.TempDir()
-	cmd := exec.Command(filepath.Join(c.ScriptsDir, "up.sh"))
-	cmd.Env = append(os.Environ(), "ET_CACHE="+other)
-	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "another instance") {
-		t.Errorf("up.sh with a second ET_CACHE: err=%v, output:\n%s\nwant a refusal naming another instance", err, out)
-	}
-	if _, err := os.Stat(filepath.Join(other, "bin")); err == nil {
-		t.Errorf("the refused up.sh started building into %s", other)
-	}
-	// Not root.
-	cmd = exec.Command(filepath.Join(c.ScriptsDir, "up.sh"))
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + other}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err = cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "must run as root") {
-		t.Errorf("up.sh as nobody: err=%v, output:\n%s\nwant a refusal saying it needs root", err, out)
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
-// TestChartDocs checks that every chart's committed README.md is what `make chart-docs` generates now: it runs
+// TestChartDocs checks that every chart's committed README.md is what `make generate` generates now: it runs
 // hack/chart-docs.sh (helm-docs as pinned in hack/tools/go.mod, built through the Go module cache or proxy) on a
 // copy of charts/ and compares. With -update it writes the generated READMEs into charts/ instead. It also checks
 // that the values table leaves no value undescribed, and that Helm packages the README (`helm show readme`).
@@ -61,7 +61,7 @@ func TestChartDocs(t *testing.T) {
 			}
 			if !bytes.Equal(got, want) {
 				t.Errorf("charts/%s/README.md is not what helm-docs generates from README.md.gotmpl and values.yaml: "+
-					"run make chart-docs (-committed +generated):\n%s", chart,
+					"run make generate (-committed +generated):\n%s", chart,
 					cmp.Diff(strings.Split(string(got), "\n"), strings.Split(string(want), "\n")))
 			}
 			checkValuesDescribed(t, chart, dir, string(want))
@@ -128,7 +128,7 @@ func checkValuesDescribed(t *testing.T, chart, dir, readme string) {
 		sort.Strings(missing)
 		t.Errorf("charts/%s/values.yaml: no description in the values table for %s: give each a `# -- ...` comment "+
 			"(no \" --\" in its text but the leading one; a map whose row defaults to \"see below\" needs one on each "+
-			"key), then run make chart-docs", chart, strings.Join(missing, ", "))
+			"key), then run make generate", chart, strings.Join(missing, ", "))
 	}
 }
 

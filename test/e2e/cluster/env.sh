@@ -1,13 +1,17 @@
 # Settings of the local single-node test cluster. Source this file (bash).
 # Everything expensive or stateful lives outside git, under $ET_CACHE:
 #   $ET_CACHE/bin      binaries built from the pinned versions (build.sh), one stamp per binary
-#   $ET_CACHE/images   local image tarballs (images.sh)
+#   $ET_CACHE/images   local image tarballs (hack/images.sh)
+#   $ET_CACHE/rootfs   the trainer root filesystems (hack/rootfs.sh)
 #   $ET_CACHE/run      state of the running cluster: pki, etcd data, containerd root, logs, pids
-# The Go test framework (test/e2e/framework) mirrors the image names below; keep them in sync.
+# The scripts here and in hack/, the Makefile and the Go test framework (test/e2e/framework, which runs bash on this
+# file once) all read these settings from here: each is written once, in this file.
 export ET_CACHE=${ET_CACHE:-${HOME:-/root}/.cache/elastic-training}
 export CLUSTER_DIR=${CLUSTER_DIR:-$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")}
 export REPO_ROOT=${REPO_ROOT:-$(cd "$CLUSTER_DIR/../../.." && pwd)}
 export TOOLS=$CLUSTER_DIR/tools
+# The scripts that serve more than the cluster (root filesystems, images, Debian packages) are in hack/.
+HACK_DIR=$(cd "$CLUSTER_DIR/../../../hack" && pwd); export HACK_DIR
 export BIN=$ET_CACHE/bin IMAGES=$ET_CACHE/images RUN=$ET_CACHE/run
 export LOGS=$RUN/logs PIDS=$RUN/pids PKI=$RUN/pki
 export KUBECONFIG=$RUN/admin.kubeconfig
@@ -20,6 +24,9 @@ export PAUSE_IMAGE=docker.io/local/pause:1
 export BUSYBOX_IMAGE=local/busybox:1
 export WEBHOOK_IMAGE=local/elastic-training-webhook:dev
 export SIDECAR_IMAGE=local/rdzv-sidecar:dev
+# Trainer images: $TRAINER_IMAGE:<suite> for each of $TRAINER_SUITES (below), and the forky one without python-etcd.
+export TRAINER_IMAGE=local/trainer
+export STOCK_TRAINER_IMAGE=$TRAINER_IMAGE:forky-no-etcd
 
 # Fake accelerators advertised by the node (scheduling only, no device is attached).
 export FAKE_DEVICES=${FAKE_DEVICES:-nvidia.com/gpu=8 amd.com/gpu=8}
@@ -47,6 +54,8 @@ export DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins   # hard-coded in the k
 # Machine-wide: which $RUN owns the node-global resources, and the lock that serialises up/down.
 export INSTANCE_FILE=/run/elastic-training-cluster.owner
 export LOCK_FILE=/run/lock/elastic-training-cluster.lock
+# The lock e2e test binaries hold while they use the cluster (test/e2e/framework; `make e2e` takes it to stop it).
+export E2E_LOCK=/run/lock/elastic-training-e2e.lock
 # A routing table and an iptables chain of our own, so down.sh removes exactly what up.sh added.
 export GUARD_CHAIN=ET-GUARD GUARD_TABLE=9696
 export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first
@@ -55,7 +64,7 @@ export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first
 # grep -q exiting at the first match can kill the writer with SIGPIPE and turn a match into a failure.
 has() { local in; in=$(cat); grep -q -- "$1" <<<"$in"; }
 
-# Trainer root filesystems (rootfs.sh, Debian suites through mmdebstrap) and the images packed from them (images.sh):
-# local/trainer:<suite>. The first suite is the default for the demo and the tests that need one torch.
+# Trainer root filesystems (hack/rootfs.sh, Debian suites through mmdebstrap) and the images packed from them
+# (hack/images.sh): $TRAINER_IMAGE:<suite>. The first suite is the default for the demo and the tests that need one torch.
 export ROOTFS=$ET_CACHE/rootfs
 export TRAINER_SUITES=${TRAINER_SUITES:-forky trixie}

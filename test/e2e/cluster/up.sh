@@ -27,7 +27,7 @@ for pc in "$KUBELET_PORT:kubelet" "$APISERVER_PORT:kube-apiserver" "$ETCD_CLIENT
     exit 1
   fi
 done
-"$CLUSTER_DIR/deps.sh"
+"$HACK_DIR/deps.sh"
 "$CLUSTER_DIR/build.sh"
 mkdir -p "$RUN" "$LOGS" "$PIDS" "$RUN/cni/net.d" "$RUN/cni/ipam" "$RUN/kubelet" "$RUN/pod-logs"
 echo "$RUN" > "$INSTANCE_FILE"
@@ -147,7 +147,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --kubelet-preferred-address-types InternalIP --profiling=false --v=1
 
 waitfor containerd 30 test -S "$CTR_SOCK"
-"$CLUSTER_DIR/images.sh" --base | sed 's/^/  /'   # imports every tarball in $IMAGES that changed
+"$HACK_DIR/images.sh" --base | sed 's/^/  /'   # imports every tarball in $IMAGES that changed
 ts "images imported: $(ctr -a "$CTR_SOCK" -n k8s.io images ls -q | grep -c local/)"
 
 waitfor kube-apiserver 90 curl -sf --cacert "$PKI/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz"

@@ -19,14 +19,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,53 +33,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// Names the cluster scripts use too (test/e2e/cluster/env.sh); keep them in sync.
-const (
-	// BusyboxImage is Debian's busybox-static with its applets (sh, wget, nslookup, httpd...).
-	BusyboxImage = "local/busybox:1"
-	// TrainerImage is the default trainer image: Debian forky's torch 2.14 with python-etcd, Open MPI, MPICH,
-	// mpi4py and sshd, built by rootfs.sh and images.sh. TrainerImages lists every one.
-	TrainerImage = "local/trainer:forky"
-	// WebhookImage and SidecarImage are the project's binaries, built by images.sh from ./cmd.
-	WebhookImage = "local/elastic-training-webhook:dev"
-	SidecarImage = "local/rdzv-sidecar:dev"
-	// NodeName is the only node.
-	NodeName = "node1"
-	// ClusterDomain is the DNS domain of Services and pods.
-	ClusterDomain = "cluster.local"
-	// ServiceCIDR holds every ClusterIP; the host has a guard route so that a packet to an address in it
-	// that kube-proxy did not rewrite fails locally.
-	ServiceCIDR = "10.96.0.0/16"
-	// FakeGPUResource is advertised by the fake device plugin with FakeGPUCount devices (and AMDGPUResource
-	// as well). Pods requesting them are scheduled and admitted, but no device is attached.
-	FakeGPUResource = "nvidia.com/gpu"
-	AMDGPUResource  = "amd.com/gpu"
-	FakeGPUCount    = 8
-)
-
-// Trainer is a local trainer image and the torch it has (test/e2e/cluster/rootfs.sh, TRAINER_SUITES).
-type Trainer struct {
-	Image string
-	Torch string // the torch version, as torch.__version__ prints it without its Debian suffix
-}
-
-// TrainerImages are the trainer images images.sh builds, newest torch first: tests that cover torch versions
-// range over them.
-var TrainerImages = []Trainer{
-	{Image: "local/trainer:forky", Torch: "2.14.1"},
-	{Image: "local/trainer:trixie", Torch: "2.6.0"},
-}
-
-// StockTrainer is the forky image without python-etcd, as a stock torch image is: what the chart's default
-// backend (c10d) must train with.
-var StockTrainer = Trainer{Image: "local/trainer:forky-no-etcd", Torch: "2.14.1"}
-
 // ModulePath identifies the repository root (its go.mod).
 const ModulePath = "github.com/elastic-training/elastic-training"
-
-// e2eLock serialises e2e test binaries on one machine (go test runs packages in parallel): they share the
-// one cluster, and one may stop it. It is not the scripts' lock, which up.sh/down.sh take themselves.
-const e2eLock = "/run/lock/elastic-training-e2e.lock"
 
 // Cluster is the running test cluster.
 type Cluster struct {
@@ -94,24 +47,27 @@ type Cluster struct {
 	// ScriptsDir is test/e2e/cluster; BinDir holds kubectl, helm, kube-apiserver, etcd... of the pinned versions.
 	ScriptsDir string
 	BinDir     string
+	// imagesScript is hack/images.sh, which builds the local images and imports them into the cluster.
+	imagesScript string
 }
 
 var current *Cluster
 
-// Main brings the cluster up once per test binary (reusing one that already runs), runs the tests, and
-// stops the cluster only if it started it. A cluster that was running before and was stopped by a test
-// is started again, so a developer's cluster survives `go test`.
-func Main(m *testing.M) {
-	os.Exit(run(m))
+// Main brings the cluster up once per test binary (reusing one that already runs), runs the tests, then the
+// checks of After options in their order, and stops the cluster only if it started it. A cluster that was
+// running before and was stopped by a test or a check is started again, so a developer's cluster survives
+// `go test`.
+func Main(m *testing.M, opts ...Option) {
+	os.Exit(run(m, opts))
 }
 
-func run(m *testing.M) int {
+func run(m *testing.M, opts []Option) int {
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(os.Stderr, "e2e: FAIL: "+format+"\n", args...)
 		return 1
 	}
 	if os.Geteuid() != 0 {
-		return fail("the e2e tests need root: they start a kubelet and containerd and change routes and iptables; run them as root (sudo make test-e2e)")
+		return fail("the e2e tests need root: they start a kubelet and containerd and change routes and iptables; run them as root (sudo make e2e)")
 	}
 	root, err := findRepoRoot()
 	if err != nil {
@@ -130,9 +86,9 @@ func run(m *testing.M) int {
 	wasRunning := c.Running()
 	start := time.Now()
 	if err := c.script(os.Stderr, "up.sh"); err != nil {
-		return fail("cannot bring the test cluster up: %v (logs under %s)", err, filepath.Join(cacheDir(), "run", "logs"))
+		return fail("cannot bring the test cluster up: %v (logs under %s)", err, settings["LOGS"])
 	}
-	if err := c.script(os.Stderr, "images.sh"); err != nil {
+	if err := c.run(os.Stderr, c.imagesScript); err != nil {
 		return fail("cannot build or import the images: %v", err)
 	}
 	fmt.Fprintf(os.Stderr, "e2e: cluster ready in %.1fs (was running: %v)\n", time.Since(start).Seconds(), wasRunning)
@@ -152,6 +108,11 @@ func run(m *testing.M) int {
 	}
 	current = c
 	code := m.Run()
+	for _, o := range opts {
+		if !o.after.run(c) {
+			code = 1
+		}
+	}
 
 	switch running := c.Running(); {
 	case !wasRunning && running:
@@ -216,6 +177,20 @@ func (c *Cluster) Script(name string, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// PID returns the process id of a cluster component (etcd, kubelet, kube-controller-manager...) from its pid file.
+func (c *Cluster) PID(component string) (int, error) {
+	file := filepath.Join(settings["PIDS"], component+".pid")
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(raw), &pid); err != nil {
+		return 0, fmt.Errorf("pid file %s: %w", file, err)
+	}
+	return pid, nil
+}
+
 // Kubectl runs the kubectl of the cluster's version with the admin kubeconfig and returns stdout;
 // a non-zero exit fails with stderr in the error.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
@@ -230,25 +205,30 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 
 // script runs test/e2e/cluster/NAME with its output to w (nil: discarded).
 func (c *Cluster) script(w io.Writer, name string, args ...string) error {
+	return c.run(w, filepath.Join(c.ScriptsDir, name), args...)
+}
+
+// run runs the script at path with its output to w (nil: discarded).
+func (c *Cluster) run(w io.Writer, path string, args ...string) error {
 	if w == nil {
 		w = io.Discard
 	}
-	cmd := exec.Command(filepath.Join(c.ScriptsDir, name), args...)
+	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), "REPO_ROOT="+c.RepoRoot)
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", filepath.Base(path), err)
 	}
 	return nil
 }
 
 func newCluster(root string) (*Cluster, error) {
-	cache := cacheDir()
 	c := &Cluster{
-		Kubeconfig: filepath.Join(cache, "run", "admin.kubeconfig"),
-		RepoRoot:   root,
-		ScriptsDir: filepath.Join(root, "test", "e2e", "cluster"),
-		BinDir:     filepath.Join(cache, "bin"),
+		Kubeconfig:   settings["KUBECONFIG"],
+		RepoRoot:     root,
+		ScriptsDir:   filepath.Join(root, "test", "e2e", "cluster"),
+		BinDir:       settings["BIN"],
+		imagesScript: filepath.Join(settings["HACK_DIR"], "images.sh"),
 	}
 	if _, err := os.Stat(filepath.Join(c.ScriptsDir, "up.sh")); err != nil {
 		return nil, fmt.Errorf("cluster scripts: %w", err)
@@ -271,18 +251,6 @@ func (c *Cluster) connect() error {
 	return nil
 }
 
-// cacheDir mirrors env.sh: ET_CACHE, else ~/.cache/elastic-training.
-func cacheDir() string {
-	if d := os.Getenv("ET_CACHE"); d != "" {
-		return d
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = "/root"
-	}
-	return filepath.Join(home, ".cache", "elastic-training")
-}
-
 func findRepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -301,27 +269,4 @@ func findRepoRoot() (string, error) {
 			return "", fmt.Errorf("find repository root: no go.mod of %s above %s", ModulePath, dir)
 		}
 	}
-}
-
-// lockFile takes an exclusive flock, saying so when it has to wait.
-func lockFile(path string) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		fmt.Fprintf(os.Stderr, "e2e: waiting for another e2e test binary to finish with the cluster (lock %s)\n", path)
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-	}
-	return func() { f.Close() }, nil
 }

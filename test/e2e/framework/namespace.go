@@ -39,9 +39,20 @@ func (c *Cluster) Namespace(t testing.TB) string {
 	}
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
-	name = "e2e-" + name + "-" + hex.EncodeToString(b)
+	return c.namespace(t, "e2e-"+name+"-"+hex.EncodeToString(b), false)
+}
+
+// NamespaceNamed is Namespace for a namespace whose name the test chooses (one that a setting names, such as a
+// namespace the webhook excludes); one left by an earlier run is reused.
+func (c *Cluster) NamespaceNamed(t testing.TB, name string) string {
+	t.Helper()
+	return c.namespace(t, name, true)
+}
+
+func (c *Cluster) namespace(t testing.TB, name string, reuse bool) string {
+	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelE2E: "true"}}}
-	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil && !(reuse && apierrors.IsAlreadyExists(err)) {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
 	ours.Store(name, true)

@@ -35,6 +35,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 	"github.com/elastic-training/elastic-training/internal/webhook"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
 const webhookNS = "elastic-training-system"
@@ -91,7 +92,7 @@ func startWebhook(t *testing.T) *server {
 	}
 	hport := testenv.FreePort(t)
 	cfg := mutate.DefaultConfig()
-	cfg.SidecarImage = "local/rdzv-sidecar:dev"
+	cfg.SidecarImage = framework.SidecarImage
 	cfg.WebhookNamespace = webhookNS
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})

@@ -10,7 +10,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
@@ -29,26 +28,15 @@ func TestWithoutWebhookPodsStayGated(t *testing.T) {
 	c := framework.Get(t)
 	installWebhook(t, c)
 	ctx := t.Context()
-	ns := noWebhookNamespace
-	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-		Labels: map[string]string{framework.LabelE2E: "true"}}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	})
-	c.WaitFor(t, time.Minute, "default ServiceAccount in "+ns, func(ctx context.Context) (bool, error) {
-		_, err := c.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, err
-	})
+	ns := c.NamespaceNamed(t, noWebhookNamespace)
 	const job = "gated"
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, framework.TrainerImages[0])
-	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	installJob(t, c, ns, job, v)
 	sel := groupSelector(job, constants.GroupWorker)
 
 	var pods []corev1.Pod
+	var err error
 	c.WaitFor(t, 2*time.Minute, "2 worker pods, SchedulingGated", func(ctx context.Context) (bool, error) {
 		pods, err = allPods(ctx, c, ns, sel)
 		if err != nil || len(pods) < 2 {
@@ -111,9 +99,7 @@ func gated(p corev1.Pod) bool {
 // denial (here a misspelt annotation of ours) as a PodDenied Warning Event on the Job, not only as the Job
 // controller's FailedCreate, and a warning (which the Job controller drops) as an AdmissionWarning Event.
 func TestWebhookEventsOnTheJob(t *testing.T) {
-	c := framework.Get(t)
-	installWebhook(t, c)
-	ns := c.Namespace(t)
+	c, ns := startTest(t)
 	job := func(name string, edit func(*corev1.PodTemplateSpec)) {
 		one := int32(1)
 		indexed := batchv1.IndexedCompletion
@@ -167,9 +153,7 @@ func eventsSection(out string) string {
 // escalation, no capabilities, the RuntimeDefault seccomp profile (the chart's podSecurityContext and
 // securityContext values).
 func TestRestrictedPodSecurity(t *testing.T) {
-	c := framework.Get(t)
-	installWebhook(t, c)
-	ns := c.Namespace(t)
+	c, ns := startTest(t)
 	nsObj, err := c.Client.CoreV1().Namespaces().Get(t.Context(), ns, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +177,7 @@ func TestRestrictedPodSecurity(t *testing.T) {
 	set(v, "podSecurityContext", map[string]any{"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
 		"seccompProfile": map[string]any{"type": "RuntimeDefault"}})
 	set(v, "securityContext", map[string]any{"allowPrivilegeEscalation": false, "capabilities": map[string]any{"drop": []any{"ALL"}}})
-	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	installJob(t, c, ns, job, v)
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 5*time.Minute)
 	out, err := c.Kubectl(t.Context(), "get", "ns", ns, "-o", "jsonpath={.metadata.labels}")
 	if err != nil || !strings.Contains(out, `"pod-security.kubernetes.io/enforce":"restricted"`) {

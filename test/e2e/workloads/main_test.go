@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-
 	"regexp"
 	"sort"
 	"strconv"
@@ -18,9 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
@@ -28,73 +25,66 @@ import (
 
 func TestMain(m *testing.M) { framework.Main(m) }
 
-const (
-	webhookNamespace = "elastic-training-system"
-	webhookRelease   = "elastic-training-webhook"
-	trainer          = "trainer" // the chart's training container
-)
+const trainer = "trainer" // the chart's training container
 
 var webhookOnce sync.Once
 
-// installWebhook installs the webhook chart once per test binary (replacing an install left by `make demo`, so
-// the images just built are the ones tested) and waits until the API server really mutates a training pod. It
-// stays installed after the test that happened to install it: every later test needs it.
+// installWebhook installs the webhook chart once per test binary (framework.InstallWebhook: the images just
+// built, noWebhookNamespace excluded) and runs the chart's own `helm test`. It stays installed after the test
+// that happened to install it: every later test needs it.
 func installWebhook(t testing.TB, c *framework.Cluster) {
 	t.Helper()
 	webhookOnce.Do(func() {
-		ctx := t.Context()
-		_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: webhookNamespace}}, metav1.CreateOptions{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("create namespace %s: %v", webhookNamespace, err)
-		}
-		if _, err := c.Kubectl(ctx, "-n", webhookNamespace, "get", "deployment", webhookRelease); err == nil {
-			c.HelmUninstall(t, webhookNamespace, webhookRelease, 2*time.Minute)
-		}
-		c.HelmInstall(t, webhookNamespace, webhookRelease, c.RepoPath("charts/elastic-training-webhook"), map[string]any{
-			"image":   imageValues(framework.WebhookImage),
-			"sidecar": map[string]any{"image": imageValues(framework.SidecarImage)},
-			"webhook": map[string]any{"excludeNamespaces": []any{noWebhookNamespace}},
-		}, framework.Wait(3*time.Minute), framework.KeepAfterTest())
-		// Ready pods do not mean the API server can call them yet (kube-proxy lags): a server-side dry-run
-		// of a training pod goes through admission exactly like a real create.
-		probe := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "webhook-probe", Labels: map[string]string{constants.LabelJob: "probe", constants.LabelRole: constants.RoleWorker, constants.LabelGroup: "worker"},
-				Annotations: map[string]string{constants.AnnotationFramework: constants.FrameworkCustom, "batch.kubernetes.io/job-completion-index": "1"}},
-			Spec: corev1.PodSpec{Hostname: "probe-worker-1", Subdomain: "probe", Containers: []corev1.Container{{Name: trainer, Image: framework.BusyboxImage}}},
-		}
-		c.WaitFor(t, 2*time.Minute, "the webhook to mutate a dry-run training pod", func(ctx context.Context) (bool, error) {
-			got, err := c.Client.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-			if err != nil {
-				return false, err
-			}
-			if got.Annotations[constants.AnnotationMutated] == "" {
-				return false, fmt.Errorf("pod not mutated yet")
-			}
-			return true, nil
-		})
+		c.InstallWebhook(t, "default", []string{noWebhookNamespace}, framework.KeepAfterTest())
 		// The webhook chart's own test: `webhook check` from a pod, over TLS to the Service, with the Secret's CA.
 		start := time.Now()
-		c.HelmTest(t, webhookNamespace, webhookRelease, 2*time.Minute)
-		t.Logf("helm test %s passed: %.1fs", webhookRelease, time.Since(start).Seconds())
+		c.HelmTest(t, framework.WebhookNamespace, framework.WebhookRelease, 2*time.Minute)
+		t.Logf("helm test %s passed: %.1fs", framework.WebhookRelease, time.Since(start).Seconds())
 	})
 }
 
-func imageValues(ref string) map[string]any {
-	repo, tag, _ := strings.Cut(ref, ":")
-	return map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"}
+// startTest is how a workload test starts: the cluster, the webhook installed (once per test binary) and a
+// namespace of the test's own.
+func startTest(t *testing.T) (*framework.Cluster, string) {
+	t.Helper()
+	c := framework.Get(t)
+	installWebhook(t, c)
+	return c, c.Namespace(t)
+}
+
+// installJob is `helm install <job> charts/elastic-training` in ns with the values v.
+func installJob(t testing.TB, c *framework.Cluster, ns, job string, v map[string]any) {
+	t.Helper()
+	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+}
+
+// installTraining installs the job and waits until its n workers (the worker group) train at world size n. It
+// returns their selector.
+func installTraining(t testing.TB, c *framework.Cluster, ns, job string, v map[string]any, n int) string {
+	t.Helper()
+	installJob(t, c, ns, job, v)
+	sel := groupSelector(job, constants.GroupWorker)
+	waitWorld(t, c, ns, sel, n, 1, 3*time.Minute)
+	return sel
+}
+
+// scaleWorkers is `helm upgrade <job> charts/elastic-training --reuse-values --set workers.replicas=<n>`.
+func scaleWorkers(t testing.TB, c *framework.Cluster, ns, job string, n int) {
+	t.Helper()
+	c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
+}
+
+// uninstallJob is `helm uninstall <job>`, then a wait until nothing the chart created is left in ns.
+func uninstallJob(t testing.TB, c *framework.Cluster, ns, job string) {
+	t.Helper()
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+	waitEmpty(t, c, ns)
 }
 
 // jobValues reads a values file of the repository (as `-f`), with the training script as `--set-file script=`.
 func jobValues(t testing.TB, c *framework.Cluster, valuesFile, script string) map[string]any {
 	t.Helper()
-	b, err := os.ReadFile(c.RepoPath(valuesFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v map[string]any
-	if err := yaml.Unmarshal(b, &v); err != nil {
-		t.Fatalf("%s: %v", valuesFile, err)
-	}
+	v := c.Values(t, valuesFile)
 	if script != "" {
 		s, err := os.ReadFile(c.RepoPath(script))
 		if err != nil {

@@ -33,9 +33,7 @@ func TestMPI(t *testing.T) {
 }
 
 func testMPI(t *testing.T, flavour string) {
-	c := framework.Get(t)
-	installWebhook(t, c)
-	ns := c.Namespace(t)
+	c, ns := startTest(t)
 	const job = "mpi"
 	v := jobValues(t, c, mpiValues, "")
 	set(v, "mpi.flavour", flavour)
@@ -45,7 +43,7 @@ func testMPI(t *testing.T, flavour string) {
 	set(v, "mpi.launcher.backoffLimit", 0)
 
 	start := time.Now()
-	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	installJob(t, c, ns, job, v)
 	launcher := launcherPod(t, c, ns, job)
 	log := waitLauncherLog(t, c, ns, launcher, "round 1 done", 4*time.Minute)
 	t.Logf("helm install -> mpirun round 1 done: %.1fs", time.Since(start).Seconds())
@@ -80,8 +78,7 @@ func testMPI(t *testing.T, flavour string) {
 	c.WaitPodPhase(t, ns, launcher, corev1.PodSucceeded, time.Minute)
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.RoleLauncher), time.Minute)
 
-	c.HelmUninstall(t, ns, job, 2*time.Minute)
-	waitEmpty(t, c, ns)
+	uninstallJob(t, c, ns, job)
 }
 
 // launcherPod waits for the launcher Job's pod and returns its name.

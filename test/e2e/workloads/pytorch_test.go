@@ -13,7 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/testcert"
 	"github.com/elastic-training/elastic-training/internal/torchview"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
@@ -43,9 +45,7 @@ func TestElasticPyTorch(t *testing.T) {
 }
 
 func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
-	c := framework.Get(t)
-	installWebhook(t, c)
-	ns := c.Namespace(t)
+	c, ns := startTest(t)
 	const job = "elastic"
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
@@ -57,8 +57,7 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	set(v, "tests.minMembers", 2)
 
 	start := time.Now()
-	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
-	waitWorld(t, c, ns, groupSelector(job, "worker"), 2, 1, 3*time.Minute)
+	sel := installTraining(t, c, ns, job, v, 2)
 	t.Logf("helm install -> first training step at world 2: %.1fs", time.Since(start).Seconds())
 	logTorch(t, c, ns, job, img)
 	// The chart's test hook: a torch round of both agents, alive, that holds (TestHelmTestFailsOnCrashLoop: and
@@ -92,8 +91,8 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	})
 
 	for _, n := range []int{3, 4, 2} {
-		c.HelmUpgrade(t, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": n}}, framework.ReuseValues())
-		d := waitWorld(t, c, ns, groupSelector(job, "worker"), n, 1, 2*time.Minute)
+		scaleWorkers(t, c, ns, job, n)
+		d := waitWorld(t, c, ns, sel, n, 1, 2*time.Minute)
 		t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
 	}
 
@@ -117,8 +116,7 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		t.Errorf("%d succeeded pods logged the end of training at world size 2, want 2", done)
 	}
 
-	c.HelmUninstall(t, ns, job, 2*time.Minute)
-	waitEmpty(t, c, ns)
+	uninstallJob(t, c, ns, job)
 }
 
 // useTrainer makes the job run in a trainer image.
@@ -168,4 +166,102 @@ func waitJobComplete(t testing.TB, c *framework.Cluster, ns, name string, timeou
 		}
 		return false, fmt.Errorf("active %d succeeded %d failed %d", j.Status.Active, j.Status.Succeeded, j.Status.Failed)
 	})
+}
+
+// TestElasticPyTorchTLS runs the elastic PyTorch job with rendezvous TLS (`rendezvous.tls.secretName`) on the
+// real cluster: the webhook mounts the Secret, the serving sidecar requires client certificates, the join
+// sidecars and torchrun present the Secret's one certificate, the job trains at world 2, scales to 3 and back
+// to 2 (the preStop script leaves over https), and `helm test` lists the members through the sidecar's client.
+func TestElasticPyTorchTLS(t *testing.T) {
+	c, ns := startTest(t)
+	const job, secret = "secure", "secure-rdzv-tls"
+	svc := naming.RendezvousService(job)
+	pair, err := testcert.NewServerClient(svc, svc+"."+ns+".svc", svc+"."+ns+".svc."+naming.DefaultClusterDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Client.CoreV1().Secrets(ns).Create(t.Context(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secret},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{constants.TLSCertName: pair.Cert, constants.TLSKeyName: pair.Key, constants.TLSCAName: pair.CA},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := jobValues(t, c, pytorchValues, trainScript)
+	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
+	set(v, "rendezvous.backend", constants.BackendEtcdV2) // c10d, the default, has no TLS
+	set(v, "rendezvous.tls.secretName", secret)
+
+	sel := installTraining(t, c, ns, job, v, 2)
+	pods, err := livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		for _, ct := range p.Spec.Containers {
+			if ct.Name != trainer {
+				continue
+			}
+			for _, e := range ct.Env {
+				if e.Name == "PET_RDZV_CONF" && !strings.Contains(e.Value, "protocol=https") {
+					t.Errorf("%s: PET_RDZV_CONF=%q, want protocol=https", p.Name, e.Value)
+				}
+			}
+		}
+	}
+	rel := c.HelmTest(t, ns, job, 2*time.Minute)
+	t.Logf("helm test %s passed (%d hooks)", rel.Name, len(rel.Hooks))
+
+	for _, n := range []int{3, 2} {
+		scaleWorkers(t, c, ns, job, n)
+		d := waitWorld(t, c, ns, sel, n, 1, 2*time.Minute)
+		t.Logf("with TLS: helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
+	}
+	// The serving sidecar says where it listens: https, with client certificates required.
+	serving, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job + "," + constants.LabelRdzvServer + "=true"})
+	if err != nil || len(serving.Items) != 1 {
+		t.Fatalf("want one serving pod: %v, err %v", len(serving.Items), err)
+	}
+	logs := c.PodLogs(t, ns, serving.Items[0].Name, constants.SidecarContainerName)
+	if !strings.Contains(logs, "https://") {
+		t.Errorf("the serving sidecar's log does not mention an https client URL:\n%s", logs)
+	}
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+	// The Secret is the user's (this test's), not the chart's: uninstall rightly keeps it.
+	if err := c.Client.CoreV1().Secrets(ns).Delete(t.Context(), secret, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEmpty(t, c, ns)
+}
+
+// TestHelmTestFailsOnCrashLoop: `helm test` of a PyTorch job proves that training progresses, not only that the
+// rendezvous answers. Its trainers exit with an error right after each rendezvous, so torchrun restarts them in
+// new rounds and then restarts itself: the test fails, and its log says why from torch's own rendezvous state.
+// TestElasticPyTorch runs the same test on healthy jobs (every torch, every backend), where it passes.
+func TestHelmTestFailsOnCrashLoop(t *testing.T) {
+	c, ns := startTest(t)
+	const job = "crashloop"
+	v := jobValues(t, c, pytorchValues, "")
+	delete(v, "args")
+	v["script"] = "import sys\nprint('trainer: failing on purpose', flush=True)\nsys.exit(3)\n"
+	set(v, "tests.stableFor", "20s")
+	set(v, "tests.timeout", "90s")
+	installJob(t, c, ns, job, v)
+
+	start := time.Now()
+	_, err := c.HelmTestResult(t, ns, job, 3*time.Minute)
+	if err == nil {
+		t.Fatal("helm test passed on a job whose trainers crash-loop")
+	}
+	logs := c.PodLogs(t, ns, job+"-test-rdzv", "test")
+	t.Logf("helm test failed after %.0fs as it should (%v); its log:\n%s", time.Since(start).Seconds(), err, logs)
+	if !strings.Contains(logs, "no progress within 1m30s") {
+		t.Errorf("the test pod does not say it saw no progress")
+	}
+	// It read torch's rounds: the failure is the trainers', not an unreachable rendezvous.
+	if !regexp.MustCompile(`round \d+ of run \S+ \(c10d\)`).MatchString(logs) {
+		t.Errorf("the test pod never saw a torch round")
+	}
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
 }

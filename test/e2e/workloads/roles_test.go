@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -37,9 +39,7 @@ func priorityClass(t *testing.T, c *framework.Cluster, name string, value int32)
 // workers: the core workers keep training at world 2. When that pod goes, the burst workers' replacements are
 // scheduled again and the job takes them back at world 4.
 func TestRolesAndPriorities(t *testing.T) {
-	c := framework.Get(t)
-	installWebhook(t, c)
-	ns := c.Namespace(t)
+	c, ns := startTest(t)
 	const job = "edl"
 	priorityClass(t, c, "e2e-core", 100000)
 	priorityClass(t, c, "e2e-hog", 50000)
@@ -51,7 +51,7 @@ func TestRolesAndPriorities(t *testing.T) {
 	set(v, "workerGroups", map[string]any{"burst": map[string]any{"replicas": 2, "minReplicas": 0, "maxReplicas": 2, "gpus": 1,
 		"preemptible": true, "priorityClassName": "e2e-burst"}})
 	set(v, "rendezvous.priorityClassName", "e2e-core")
-	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	installJob(t, c, ns, job, v)
 
 	// The StatefulSet controller creates the pod a moment after the install returns.
 	var rdzv *corev1.PodList
@@ -106,24 +106,21 @@ func TestRolesAndPriorities(t *testing.T) {
 	d = waitWorld(t, c, ns, workersSelector(job), 4, 1, 3*time.Minute)
 	t.Logf("burst workers back, world 4 again %.1fs after the GPUs were freed", d.Seconds())
 
-	c.HelmUninstall(t, ns, job, 2*time.Minute)
-	waitEmpty(t, c, ns)
+	uninstallJob(t, c, ns, job)
 }
 
 // TestScriptRun is the petctl case: `--set-file script=train.py` with arguments runs on 3 workers in a stock
 // image (the host runtime image), with a shared directory (hostPath here, a PVC on a real cluster) where the
 // job writes its checkpoints.
 func TestScriptRun(t *testing.T) {
-	c := framework.Get(t)
-	installWebhook(t, c)
-	ns := c.Namespace(t)
+	c, ns := startTest(t)
 	const job = "script"
 
 	v := jobValues(t, c, pytorchValues, trainScript)
 	shared := sharedDir(t, v, ns)
 	set(v, "args", []any{"--steps=20", "--step-seconds=0.2", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 3, "maxReplicas": 3})
-	c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
+	installJob(t, c, ns, job, v)
 
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 3*time.Minute)
 	ckpts, _ := filepath.Glob(filepath.Join(shared, "checkpoints", "state-*.pt"))
@@ -144,6 +141,65 @@ func TestScriptRun(t *testing.T) {
 			t.Errorf("%s did not finish 20 steps at world size 3 with the script's arguments:\n%s", p.Name, logs)
 		}
 	}
-	c.HelmUninstall(t, ns, job, 2*time.Minute)
-	waitEmpty(t, c, ns)
+	uninstallJob(t, c, ns, job)
+}
+
+var dmlcLine = regexp.MustCompile(`(?m)^dmlc (.*)$`)
+
+// TestMXNetParameterServer is the MXNet case: scheduler, servers and workers start with one consistent DMLC_*
+// contract. Each pod prints the values it got; the scheduler (examples/scripts/dmlc_roles.py) releases the job
+// only when the servers and workers that registered with it over the network match the counts it was given,
+// and the test checks every pod's values against the chart's settings.
+func TestMXNetParameterServer(t *testing.T) {
+	c, ns := startTest(t)
+	const job, servers, workers, port = "ps", 2, 3, 9091
+	installJob(t, c, ns, job, jobValues(t, c, "examples/local/mxnet-ps.yaml", "examples/scripts/dmlc_roles.py"))
+
+	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 3*time.Minute)
+	sched := job + "-scheduler-0"
+	c.WaitForLog(t, ns, sched, trainer, fmt.Sprintf("all registered servers=%d workers=%d worker_ids=[0, 1, 2]", servers, workers), time.Minute)
+
+	want := map[string]string{
+		"DMLC_PS_ROOT_URI":  naming.PodFQDN(sched, naming.HeadlessService(job), ns, framework.ClusterDomain),
+		"DMLC_PS_ROOT_PORT": fmt.Sprint(port),
+		"DMLC_NUM_SERVER":   fmt.Sprint(servers),
+		"DMLC_NUM_WORKER":   fmt.Sprint(workers),
+	}
+	pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]int{}
+	var ids []string
+	for _, p := range pods.Items {
+		role := p.Labels[constants.LabelRole]
+		m := dmlcLine.FindStringSubmatch(c.PodLogs(t, ns, p.Name, trainer))
+		if m == nil {
+			t.Errorf("%s (%s) printed no dmlc line", p.Name, role)
+			continue
+		}
+		got := map[string]string{}
+		for _, kv := range strings.Fields(m[1]) {
+			k, v, _ := strings.Cut(kv, "=")
+			got[k] = v
+		}
+		roles[got["DMLC_ROLE"]]++
+		if got["DMLC_ROLE"] != role {
+			t.Errorf("%s: DMLC_ROLE=%q, want its role label %q", p.Name, got["DMLC_ROLE"], role)
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s (%s): %s=%q, want %q", p.Name, role, k, got[k], v)
+			}
+		}
+		if role == constants.RoleWorker {
+			ids = append(ids, got["DMLC_WORKER_ID"])
+		}
+	}
+	sort.Strings(ids)
+	if fmt.Sprint(roles) != fmt.Sprintf("map[scheduler:1 server:%d worker:%d]", servers, workers) || fmt.Sprint(ids) != "[0 1 2]" {
+		t.Errorf("roles %v, worker ids %v; want 1 scheduler, %d servers, %d workers with ids 0..2", roles, ids, servers, workers)
+	}
+
+	uninstallJob(t, c, ns, job)
 }

@@ -2,40 +2,32 @@ package podcreation
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/releaseutil"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
-	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
 const (
-	webhookNamespace = "elastic-training-system"
-	webhookRelease   = "elastic-training-webhook"
-	jobChart         = "charts/elastic-training"
-	jobValues        = "examples/local/pytorch-elastic.yaml"
+	jobChart  = "charts/elastic-training"
+	jobValues = "examples/local/pytorch-elastic.yaml"
 	// job is the release the worker Job is rendered for: its Job is <job>-worker, its pods carry
 	// elastic-training.io/job=<job>.
 	job = "bench"
@@ -206,30 +198,17 @@ func callsList(rs []repetition) string {
 	return s.String()
 }
 
-// installWebhook installs the webhook chart with the images just built, the "without" namespace excluded (a
-// webhook left installed by `make demo` or the workloads tests is replaced), waits until the API server really
-// mutates a training pod in nsWith and checks that it does not in nsWithout. The release is uninstalled when the
-// benchmark ends. It returns the webhook's name in the MutatingWebhookConfiguration.
+// installWebhook installs the webhook chart with the images just built, the "without" namespace excluded
+// (framework.InstallWebhook: a webhook left installed by `make demo` or the workloads tests is replaced, and it
+// waits until the API server really mutates a training pod in nsWith), and checks that the chart's
+// MutatingWebhookConfiguration excludes nsWithout and that the API server does not mutate a training pod there.
+// The release is uninstalled when the benchmark ends. It returns the webhook's name in the
+// MutatingWebhookConfiguration.
 func installWebhook(b *testing.B, c *framework.Cluster, nsWith, nsWithout string) string {
 	ctx := b.Context()
-	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: webhookNamespace}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		b.Fatalf("create namespace %s: %v", webhookNamespace, err)
-	}
-	if _, err := c.Kubectl(ctx, "-n", webhookNamespace, "get", "deployment", webhookRelease); err == nil {
-		c.HelmUninstall(b, webhookNamespace, webhookRelease, 2*time.Minute)
-	}
-	image := func(ref string) map[string]any {
-		repo, tag, _ := strings.Cut(ref, ":")
-		return map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"}
-	}
-	c.HelmInstall(b, webhookNamespace, webhookRelease, c.RepoPath("charts/elastic-training-webhook"), map[string]any{
-		"image":   image(framework.WebhookImage),
-		"sidecar": map[string]any{"image": image(framework.SidecarImage)},
-		"webhook": map[string]any{"excludeNamespaces": []any{nsWithout}},
-	}, framework.Wait(3*time.Minute))
+	c.InstallWebhook(b, nsWith, []string{nsWithout})
 
-	mwc, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, webhookRelease, metav1.GetOptions{})
+	mwc, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, framework.WebhookRelease, metav1.GetOptions{})
 	if err != nil {
 		b.Fatalf("the chart's MutatingWebhookConfiguration: %v", err)
 	}
@@ -250,29 +229,7 @@ func installWebhook(b *testing.B, c *framework.Cluster, nsWith, nsWithout string
 	if !excluded {
 		b.Fatalf("webhook %s: namespaceSelector %v does not exclude %s", wh.Name, wh.NamespaceSelector, nsWithout)
 	}
-
-	// Ready pods do not mean the API server can call them yet (kube-proxy lags): a server-side dry-run of a
-	// training pod goes through admission exactly like a real create.
-	probe := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "webhook-probe", Labels: map[string]string{constants.LabelJob: "probe", constants.LabelRole: constants.RoleWorker, constants.LabelGroup: "worker"},
-			Annotations: map[string]string{constants.AnnotationFramework: constants.FrameworkCustom, "batch.kubernetes.io/job-completion-index": "1"}},
-		Spec: corev1.PodSpec{Hostname: "probe-worker-1", Subdomain: "probe", Containers: []corev1.Container{{Name: "trainer", Image: framework.BusyboxImage}}},
-	}
-	dryRun := func(ctx context.Context, ns string) (bool, error) {
-		got, err := c.Client.CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			return false, err
-		}
-		return got.Annotations[constants.AnnotationMutated] != "", nil
-	}
-	c.WaitFor(b, 2*time.Minute, "the webhook to mutate a dry-run training pod in "+nsWith, func(ctx context.Context) (bool, error) {
-		ok, err := dryRun(ctx, nsWith)
-		if err == nil && !ok {
-			err = errors.New("pod not mutated yet")
-		}
-		return ok, err
-	})
-	if mutated, err := dryRun(ctx, nsWithout); err != nil || mutated {
+	if mutated, err := c.DryRunMutated(ctx, nsWithout); err != nil || mutated {
 		b.Fatalf("a dry-run training pod in the excluded namespace %s: mutated %v, error %v", nsWithout, mutated, err)
 	}
 	return wh.Name
@@ -281,18 +238,7 @@ func installWebhook(b *testing.B, c *framework.Cluster, nsWith, nsWithout string
 // renderWorkerJob renders the job chart as `helm template` would (examples/local/pytorch-elastic.yaml with
 // workers.replicas=pods) and returns its worker Job for namespace ns, with a scheduling gate on its pod template.
 func renderWorkerJob(b *testing.B, c *framework.Cluster, ns string, pods int) *batchv1.Job {
-	ch, err := loader.Load(c.RepoPath(jobChart))
-	if err != nil {
-		b.Fatalf("load %s: %v", jobChart, err)
-	}
-	raw, err := os.ReadFile(c.RepoPath(jobValues))
-	if err != nil {
-		b.Fatal(err)
-	}
-	var values map[string]any
-	if err := yaml.Unmarshal(raw, &values); err != nil {
-		b.Fatalf("%s: %v", jobValues, err)
-	}
+	values := c.Values(b, jobValues)
 	workers, _ := values["workers"].(map[string]any)
 	if workers == nil {
 		workers = map[string]any{}
@@ -302,33 +248,13 @@ func renderWorkerJob(b *testing.B, c *framework.Cluster, ns string, pods int) *b
 	// The chart refuses a job with nothing to run; these pods stay gated and never run it.
 	values["command"] = []any{"torchrun", "train.py"}
 
-	// As `helm template --kube-version <the cluster's>`: the chart checks the Kubernetes version.
-	sv, err := c.Client.Discovery().ServerVersion()
-	if err != nil {
-		b.Fatalf("the API server's version: %v", err)
-	}
-	kv, err := chartutil.ParseKubeVersion(sv.GitVersion)
-	if err != nil {
-		b.Fatalf("the API server's version %q: %v", sv.GitVersion, err)
-	}
-	in := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	in.ReleaseName, in.Namespace, in.KubeVersion = job, ns, kv
-	in.DryRun, in.Replace, in.ClientOnly = true, true, true
-	rel, err := in.RunWithContext(b.Context(), ch, values)
-	if err != nil {
-		b.Fatalf("render %s with %s: %v", jobChart, jobValues, err)
-	}
 	want := job + "-worker"
-	for _, doc := range releaseutil.SplitManifests(rel.Manifest) {
-		var head struct {
-			Kind     string
-			Metadata struct{ Name string }
-		}
-		if err := yaml.Unmarshal([]byte(doc), &head); err != nil || head.Kind != "Job" || head.Metadata.Name != want {
+	for _, obj := range c.HelmTemplate(b, c.RepoPath(jobChart), job, ns, values) {
+		if obj.GetKind() != "Job" || obj.GetName() != want {
 			continue
 		}
 		j := &batchv1.Job{}
-		if err := yaml.UnmarshalStrict([]byte(doc), j); err != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(obj.Object, j, true); err != nil {
 			b.Fatalf("rendered Job %s: %v", want, err)
 		}
 		j.Namespace = ns
@@ -477,12 +403,11 @@ func ptr[T any](v T) *T { return &v }
 // status updates and its events all wait for that client's rate limiter. It also returns the QPS and burst
 // (0 when unknown).
 func controllerManagerClient(c *framework.Cluster) (desc string, qps float64, burst int) {
-	pidFile := filepath.Join(filepath.Dir(c.Kubeconfig), "pids", "kube-controller-manager.pid")
-	pid, err := os.ReadFile(pidFile)
+	pid, err := c.PID("kube-controller-manager")
 	if err != nil {
 		return "unknown (" + err.Error() + ")", 0, 0
 	}
-	cmdline, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(pid)), "cmdline"))
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
 		return "unknown (" + err.Error() + ")", 0, 0
 	}

@@ -1,24 +1,26 @@
 #!/bin/bash
 # Builds the local images (docker-archive tarballs in $IMAGES; no Docker, no registry) and, when the cluster's
-# containerd is running, imports them into its k8s.io namespace (up.sh imports them on start as well):
-#   local/pause:1       static pause (containerd's sandbox image)
-#   local/busybox:1     Debian busybox-static with its applets, for test pods
-#   local/trainer:<suite>  a trainer image per Debian suite in $TRAINER_SUITES (forky: torch 2.14, trixie:
-#                       torch 2.6), packed from the root filesystems rootfs.sh builds: torch, python-etcd, Open MPI,
-#                       MPICH, mpi4py, sshd. Rebuilt only when that root filesystem was rebuilt.
-#   local/trainer:forky-no-etcd  the same without python-etcd (a stock torch image's view of the rendezvous)
-#   local/elastic-training-webhook:dev, local/rdzv-sidecar:dev
+# containerd is running, imports them into its k8s.io namespace (test/e2e/cluster/up.sh imports them on start too).
+# Their names are set in test/e2e/cluster/env.sh:
+#   $PAUSE_IMAGE        static pause (containerd's sandbox image)
+#   $BUSYBOX_IMAGE      Debian busybox-static with its applets, for test pods
+#   $TRAINER_IMAGE:<suite>  a trainer image per Debian suite in $TRAINER_SUITES (forky: torch 2.14, trixie: torch 2.6),
+#                       packed from the root filesystems rootfs.sh builds: torch, python-etcd, Open MPI, MPICH, mpi4py,
+#                       sshd. Rebuilt only when that root filesystem was rebuilt.
+#   $STOCK_TRAINER_IMAGE  the forky one without python-etcd (a stock torch image's view of the rendezvous)
+#   $WEBHOOK_IMAGE, $SIDECAR_IMAGE
 #                       the project's ./cmd/webhook and ./cmd/rdzv-sidecar, static (CGO_ENABLED=0); a command
 #                       that does not exist yet is skipped with a message.
+# `make images`, `make demo`, the e2e tests (test/e2e/framework) and test/e2e/cluster/up.sh (--base) run it.
 # Real clusters build real images from build/*.Dockerfile instead.
 # Usage: images.sh [--base]   (--base: only pause, busybox and the trainer images)
 set -euo pipefail
-. "$(dirname "$(readlink -f "$0")")/env.sh"
+. "$(dirname "$(readlink -f "$0")")/../test/e2e/cluster/env.sh"
 mkdir -p "$IMAGES"; cd "$IMAGES"
 exec 9>"$IMAGES/.lock"; flock 9
-mk() { "$CLUSTER_DIR/mkimage.sh" "$@" >/dev/null; echo "images: built $(basename "$3") ($1)"; }
+mk() { "$HACK_DIR/mkimage.sh" "$@" >/dev/null; echo "images: built $(basename "$3") ($1)"; }
 # Base images only change with this script; rebuild them when it changes.
-base_stamp=$(cat "$CLUSTER_DIR/images.sh" "$CLUSTER_DIR/mkimage.sh" "$TOOLS/pause/pause.c" | sha256sum | cut -c1-16)
+base_stamp=$(cat "$HACK_DIR/images.sh" "$HACK_DIR/mkimage.sh" "$TOOLS/pause/pause.c" | sha256sum | cut -c1-16)
 if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] || [ ! -f busybox.tar ]; then
   rm -rf rootfs; mkdir -p rootfs/pause
   if ! { gcc -Os -static -o rootfs/pause/pause "$TOOLS/pause/pause.c" && strip rootfs/pause/pause; } 2>/dev/null; then
@@ -37,21 +39,21 @@ if [ "$(cat .base-stamp 2>/dev/null)" != "$base_stamp" ] || [ ! -f pause.tar ] |
 fi
 rm -f hostrt.tar   # the host-runtime image of earlier versions
 # Trainer images: one per suite, from its root filesystem; repacked when the root filesystem or mkimage.sh changes.
-"$CLUSTER_DIR/rootfs.sh"
+"$HACK_DIR/rootfs.sh"
 for suite in $TRAINER_SUITES; do
-  s="$(cat "$ROOTFS/$suite/.et-stamp") $(sha256sum < "$CLUSTER_DIR/mkimage.sh" | cut -c1-16)"   # and how it is packed
+  s="$(cat "$ROOTFS/$suite/.et-stamp") $(sha256sum < "$HACK_DIR/mkimage.sh" | cut -c1-16)"   # and how it is packed
   [ -f "trainer-$suite.tar" ] && [ "$(cat ".trainer-$suite-stamp" 2>/dev/null)" = "$s" ] && continue
-  echo "images: packing local/trainer:$suite from $ROOTFS/$suite (about 30 s)"
-  mk "local/trainer:$suite" "$ROOTFS/$suite" "trainer-$suite.tar" && echo "$s" > ".trainer-$suite-stamp"
+  echo "images: packing $TRAINER_IMAGE:$suite from $ROOTFS/$suite (about 30 s)"
+  mk "$TRAINER_IMAGE:$suite" "$ROOTFS/$suite" "trainer-$suite.tar" && echo "$s" > ".trainer-$suite-stamp"
 done
-# local/trainer:forky-no-etcd: the forky image without python-etcd, as stock torch images are (c10d needs nothing
+# $STOCK_TRAINER_IMAGE: the forky image without python-etcd, as stock torch images are (c10d needs nothing
 # more); a second layer of whiteouts over the same first layer.
 if [[ " $TRAINER_SUITES " == *" forky "* ]]; then
-  s="$(cat "$ROOTFS/forky/.et-stamp") $(sha256sum < "$CLUSTER_DIR/mkimage.sh" | cut -c1-16) no-etcd"
+  s="$(cat "$ROOTFS/forky/.et-stamp") $(sha256sum < "$HACK_DIR/mkimage.sh" | cut -c1-16) no-etcd"
   if [ ! -f trainer-forky-no-etcd.tar ] || [ "$(cat .trainer-forky-no-etcd-stamp 2>/dev/null)" != "$s" ]; then
-    echo "images: packing local/trainer:forky-no-etcd (about 30 s)"
+    echo "images: packing $STOCK_TRAINER_IMAGE (about 30 s)"
     REMOVE="$(cd "$ROOTFS/forky" && echo usr/lib/python3/dist-packages/etcd usr/lib/python3/dist-packages/python_etcd-*)" \
-      mk local/trainer:forky-no-etcd "$ROOTFS/forky" trainer-forky-no-etcd.tar && echo "$s" > .trainer-forky-no-etcd-stamp
+      mk "$STOCK_TRAINER_IMAGE" "$ROOTFS/forky" trainer-forky-no-etcd.tar && echo "$s" > .trainer-forky-no-etcd-stamp
   fi
 fi
 if [ "${1:-}" != --base ]; then

@@ -1,13 +1,14 @@
 #!/bin/bash
 # rootfs.sh SUITE...: builds the trainer root filesystems from Debian's packages with mmdebstrap, one per suite,
-# into $ROOTFS/<suite>. The e2e images (images.sh packs them) and the integration tests (chroot) run torch, python-etcd,
+# into $ROOTFS/<suite>. The local images (images.sh packs them) and the integration tests (chroot) run torch, python-etcd,
 # Open MPI, MPICH and sshd from these, never from the host. A root filesystem is rebuilt only when its stamp changes:
 # the suite, the package list, the mirror and the mmdebstrap options. Needs root (mmdebstrap's root mode) and the Debian mirror.
 #   trixie  Debian 13: torch 2.6.0, python-etcd 0.4.5, Open MPI 5, MPICH 4.2, mpi4py 4.0
 #   forky   testing:   torch 2.14.1, python-etcd 0.4.5, Open MPI 6, MPICH 4.3, mpi4py 4.1
 # Usage: rootfs.sh [--stamp SUITE] [SUITE...]   (default: $TRAINER_SUITES; --stamp prints the stamp)
+# `make rootfs` (before `make integration` and `make bench-sidecar`) and images.sh run it.
 set -euo pipefail
-. "$(dirname "$(readlink -f "$0")")/env.sh"
+. "$(dirname "$(readlink -f "$0")")/../test/e2e/cluster/env.sh"
 # What the examples and tests run: torchrun with both etcd backends, mpirun/mpiexec.hydra with mpi4py (Open MPI's),
 # sshd and ssh for MPI workers, pkill/pgrep for the preStop path.
 PACKAGES=python3-torch,python3-etcd,python3-mpi4py,openmpi-bin,mpich,openssh-server,openssh-client,procps
@@ -32,7 +33,7 @@ suite_opts() {
 stamp() { { printf '%s\n' "$1" "$MIRROR" "${OPTS[@]}"; suite_opts "$1"; } | sha256sum | cut -c1-16; }
 if [ "${1:-}" = --stamp ]; then stamp "$2"; exit 0; fi
 suites=(${@:-$TRAINER_SUITES})
-"$CLUSTER_DIR/deps.sh"   # mmdebstrap
+"$HACK_DIR/deps.sh"   # mmdebstrap
 mkdir -p "$ROOTFS"
 exec 8>"$ROOTFS/.lock"; flock 8
 for suite in "${suites[@]}"; do
