@@ -1,0 +1,322 @@
+package sidecar_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+)
+
+// TestHostileClients sends a running sidecar each class of hostile request
+// found by trying it as an attacker would, one after the other, while a
+// well-behaved c10d client keeps pinging: the sidecar stays up, its memory
+// and CPU stay bounded, and the live client's round trips stay short.
+func TestHostileClients(t *testing.T) {
+	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256")
+	pid := s.Cmd.Process.Pid
+	live := startLiveClient(t, s.C10d)
+	rss0, cpu0 := procStats(t, pid)
+	t.Logf("before: RSS %d MiB, CPU %.2f s", rss0>>20, cpu0)
+
+	step := func(name string, f func(t *testing.T)) {
+		t.Run(name, f)
+		require.NoError(t, s.Cmd.Process.Signal(syscall.Signal(0)), "the sidecar died during %s", name)
+		rss, cpu := procStats(t, pid)
+		t.Logf("after %s: RSS %d MiB (peak %d MiB), CPU %.2f s; live client p99 %s", name, rss>>20, peakRSS(t, pid)>>20, cpu-cpu0, live.p99())
+	}
+
+	step("replies queued for a client that does not read", func(t *testing.T) {
+		c := dialStore(t, s.C10d)
+		// A store of 8 keys of 8 KiB: every LIST_KEYS answers 64 KiB.
+		for i := range 8 {
+			c.do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/%d%s", i, strings.Repeat("k", 8<<10-8)), Value: []byte("v")})
+		}
+		// 4,096 one-byte LIST_KEYS a packet, 64 packets, never reading the replies.
+		flood := bytes.Repeat([]byte{byte(tcpstore.OpListKeys)}, 4096)
+		c.nc.SetWriteDeadline(time.Now().Add(3 * time.Second))
+		for range 64 {
+			if _, err := c.nc.Write(flood); err != nil {
+				break // the server stopped reading: it waits for us to read
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	})
+	step("a store filled past its quota", func(t *testing.T) {
+		c := dialStore(t, s.C10d)
+		v := bytes.Repeat([]byte("x"), 100<<10)
+		var err error
+		for i := 0; i < 10000 && err == nil; i++ {
+			_, err = c.nc.Write(tcpstore.AppendRequest(nil, &tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/big%d", i), Value: v}))
+		}
+		require.Error(t, err, "10,000 values of 100 KiB were all taken")
+		require.Contains(t, s.Output(), "reason=store_full")
+		// Make room again for the steps that follow.
+		d := dialStore(t, s.C10d)
+		for i := range 10000 {
+			d.send(&tcpstore.Request{Op: tcpstore.OpDeleteKey, Key: fmt.Sprintf("/big%d", i)})
+		}
+		d.ping()
+	})
+	step("more connections than the cap", func(t *testing.T) {
+		var conns []net.Conn
+		closed := 0
+		for range 400 {
+			nc, err := net.DialTimeout("tcp", s.C10d, 3*time.Second)
+			if err != nil {
+				closed++
+				continue
+			}
+			conns = append(conns, nc)
+		}
+		for _, nc := range conns {
+			nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			if _, err := nc.Read(make([]byte, 1)); err == io.EOF {
+				closed++
+			}
+			nc.Close()
+		}
+		require.Greater(t, closed, 100, "connections past the cap of 256 were not closed")
+		require.Contains(t, s.Output(), "reason=too_many_connections")
+	})
+	pickle, err := os.ReadFile("../../../internal/torchstate/testdata/torch-2.14.pickle")
+	require.NoError(t, err)
+	forge := func(t *testing.T, run string, state []byte) {
+		c := dialStore(t, s.C10d)
+		c.do(&tcpstore.Request{Op: tcpstore.OpCompareSet, Key: "/torch.rendezvous." + run, Value: []byte(base64.StdEncoding.EncodeToString(state))})
+		c.do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/torch.rendezvous." + run + ".1/MASTER_ADDR", Value: []byte("w-0")})
+	}
+	view := func(t *testing.T) (int, string, time.Duration) {
+		start := time.Now()
+		resp, err := http.Get("http://" + s.Health + "/rendezvous")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), time.Since(start)
+	}
+	step("a state with a 256 KiB integer", func(t *testing.T) {
+		long := append(append([]byte("\x80\x04\x8b\x00\x00\x04\x00"), bytes.Repeat([]byte{0xff}, 256<<10)...), '.')
+		forge(t, "long", long)
+		for range 20 {
+			code, body, took := view(t)
+			require.Equal(t, 500, code)
+			require.Contains(t, body, "an integer of 262144 bytes")
+			require.Less(t, took, 200*time.Millisecond)
+		}
+	})
+	step("a 292 KiB state whose error would quote it", func(t *testing.T) {
+		forge(t, "quote", []byte("\x80\x04X\x00\x90\x04\x00"+strings.Repeat("m", 292<<10)+"X\x01\x00\x00\x00x\x93."))
+		code, body, _ := view(t)
+		require.Equal(t, 500, code)
+		require.Less(t, len(body), 1024, "the error quotes the input")
+	})
+	step("a time past year 9999", func(t *testing.T) {
+		// torch's datetimes are pickled as 10 bytes whose first two are the year.
+		year := []byte{'C', 10, 2026 >> 8, 2026 & 0xff}
+		require.Contains(t, string(pickle), string(year))
+		forge(t, "y10k", bytes.ReplaceAll(pickle, year, []byte{'C', 10, 10000 >> 8, 10000 & 0xff}))
+		code, body, _ := view(t)
+		require.NotEqual(t, 200, code, "200 for a view JSON cannot hold")
+		require.NotEmpty(t, strings.TrimSpace(body))
+	})
+	step("2,000 forged rounds", func(t *testing.T) {
+		c := dialStore(t, s.C10d)
+		before := strings.Count(s.Output(), "torch rendezvous round")
+		for i := range 2000 {
+			c.do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/torch.rendezvous.forged.%d/MASTER_ADDR", i), Value: []byte("x")})
+		}
+		c.ping()
+		lines := strings.Count(s.Output(), "torch rendezvous round") - before
+		require.LessOrEqual(t, lines, 40, "forged rounds reach the log without bound")
+		t.Logf("2,000 forged rounds: %d log lines", lines)
+	})
+	step("a v2 key outside the keys' namespace", func(t *testing.T) {
+		req, _ := http.NewRequest("PUT", s.URL+"/v2/keys/a/..%2f..%2f0%2fprobe", strings.NewReader("value=1"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, 400, resp.StatusCode, string(b))
+		require.Contains(t, string(b), `"errorCode":210`)
+	})
+	step("writes and debug pages on the open ports", func(t *testing.T) {
+		for _, m := range []string{"POST", "PUT", "DELETE"} {
+			req, _ := http.NewRequest(m, "http://"+s.Health+"/rendezvous", nil)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, 405, resp.StatusCode, m)
+		}
+		resp, err := http.Get(s.URL + "/debug/vars")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 404, resp.StatusCode)
+	})
+
+	rss, cpu := procStats(t, pid)
+	peak := peakRSS(t, pid)
+	t.Logf("after all: RSS %d MiB, peak %d MiB, CPU %.2f s; live client: %d pings, p99 %s, max %s",
+		rss>>20, peak>>20, cpu-cpu0, live.count(), live.p99(), live.max())
+	require.Less(t, peak, int64(400<<20), "peak RSS")
+	require.Less(t, cpu-cpu0, 60.0, "CPU seconds spent on hostile requests")
+	require.Less(t, live.p99(), 200*time.Millisecond, "a well-behaved client's p99 round trip")
+	require.Equal(t, 0, live.errors(), "the well-behaved client lost its connection")
+}
+
+type storeConn struct {
+	t  *testing.T
+	nc net.Conn
+	r  *bufio.Reader
+}
+
+func dialStore(t *testing.T, addr string) *storeConn {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { nc.Close() })
+	c := &storeConn{t: t, nc: nc, r: bufio.NewReader(nc)}
+	c.send(&tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic})
+	return c
+}
+
+func (c *storeConn) send(q *tcpstore.Request) {
+	_, err := c.nc.Write(tcpstore.AppendRequest(nil, q))
+	require.NoError(c.t, err)
+}
+
+// do sends q and reads its reply, if it has one.
+func (c *storeConn) do(q *tcpstore.Request) {
+	c.send(q)
+	if q.Op == tcpstore.OpCompareSet {
+		var n [8]byte
+		_, err := io.ReadFull(c.r, n[:])
+		require.NoError(c.t, err)
+		_, err = io.CopyN(io.Discard, c.r, int64(binary.LittleEndian.Uint64(n[:])))
+		require.NoError(c.t, err)
+	}
+}
+
+// ping is a round trip: every request sent before it has been served.
+func (c *storeConn) ping() time.Duration {
+	start := time.Now()
+	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
+	c.send(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 7})
+	var b [4]byte
+	_, err := io.ReadFull(c.r, b[:])
+	require.NoError(c.t, err)
+	return time.Since(start)
+}
+
+// liveClient pings every 20 ms until the test ends.
+type liveClient struct {
+	mu   sync.Mutex
+	rts  []time.Duration
+	errs int
+}
+
+func startLiveClient(t *testing.T, addr string) *liveClient {
+	l := &liveClient{}
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	nc.Write(tcpstore.AppendRequest(nil, &tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic}))
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		var b [4]byte
+		for nonce := uint32(0); ; nonce++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			start := time.Now()
+			nc.SetDeadline(start.Add(10 * time.Second))
+			_, err := nc.Write(tcpstore.AppendRequest(nil, &tcpstore.Request{Op: tcpstore.OpPing, Nonce: nonce}))
+			if err == nil {
+				_, err = io.ReadFull(nc, b[:])
+			}
+			l.mu.Lock()
+			if err != nil || binary.LittleEndian.Uint32(b[:]) != nonce {
+				l.errs++
+				l.mu.Unlock()
+				return
+			}
+			l.rts = append(l.rts, time.Since(start))
+			l.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped; nc.Close() })
+	return l
+}
+
+func (l *liveClient) sorted() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := slices.Clone(l.rts)
+	slices.Sort(s)
+	return s
+}
+
+func (l *liveClient) p99() time.Duration {
+	s := l.sorted()
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)*99/100]
+}
+
+func (l *liveClient) max() time.Duration {
+	s := l.sorted()
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)-1]
+}
+
+func (l *liveClient) count() int { return len(l.sorted()) }
+
+func (l *liveClient) errors() int { l.mu.Lock(); defer l.mu.Unlock(); return l.errs }
+
+// procStats is a process's resident memory (bytes) and CPU time (seconds).
+func procStats(t *testing.T, pid int) (int64, float64) {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	pages, _ := strconv.ParseInt(f[21], 10, 64)
+	return pages * int64(os.Getpagesize()), (utime + stime) / 100 // USER_HZ
+}
+
+// peakRSS is VmHWM: the most resident memory the process ever had.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
