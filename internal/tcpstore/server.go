@@ -88,10 +88,11 @@ const (
 	// requests without reading the replies costs at most this (plus one
 	// reply), and waits.
 	replyBudget = 1 << 20
-	// writeTimeout: a client that reads nothing of a reply for this long is
-	// cut off.
-	writeTimeout = 30 * time.Second
 )
+
+// writeTimeout: a client that reads nothing of a reply for this long is cut
+// off. A variable for the test that shows it.
+var writeTimeout = 30 * time.Second
 
 // Serve accepts connections on l until ctx ends or l fails, serving each on
 // its own goroutine. It closes l, and on return every connection it

@@ -1,14 +1,10 @@
-package tcpstore
+package tcpstore_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"runtime"
 	"strings"
@@ -20,15 +16,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	// The tests of the package itself, written outside it only because
+	// tcpstoretest imports it.
+	. "github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/tcpstore/tcpstoretest"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
-// testServer is a Server on 127.0.0.1 with its registry and log.
+// testServer is a tcpstoretest server with the metrics the tests read.
 type testServer struct {
-	*Server
-	addr string
-	reg  *prometheus.Registry
-	log  *testenv.SyncBuffer
+	*tcpstoretest.Server
+	m TestMetrics
 }
 
 func startServer(t *testing.T, lim Limits) *testServer {
@@ -36,35 +34,12 @@ func startServer(t *testing.T, lim Limits) *testServer {
 	return startServerWith(t, Config{Limits: lim})
 }
 
-// startServerWith starts a server with cfg, its log and metrics the test's.
+// startServerWith starts a server with cfg, its log and metrics the test's
+// (tcpstoretest.Start).
 func startServerWith(t *testing.T, cfg Config) *testServer {
 	t.Helper()
-	ts := &testServer{reg: prometheus.NewRegistry(), log: &testenv.SyncBuffer{}}
-	cfg.Log = slog.New(slog.NewTextHandler(ts.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg.Metrics = ts.reg
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.Server = s
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts.addr = l.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("server log:\n%s", ts.log.String())
-		}
-	})
-	return ts
+	s := tcpstoretest.Start(t, cfg)
+	return &testServer{Server: s, m: s.TestMetrics()}
 }
 
 func (ts *testServer) gauge(g prometheus.Gauge) int { return int(testutil.ToFloat64(g)) }
@@ -80,104 +55,9 @@ func (ts *testServer) eventually(t *testing.T, what string, g prometheus.Gauge, 
 	})
 }
 
-// client speaks the protocol byte by byte, as torch's client does.
-type client struct {
-	t  testing.TB
-	nc net.Conn
-	r  *bufio.Reader
-}
-
-// dialRaw connects without VALIDATE.
-func dialRaw(t testing.TB, addr string) *client {
-	t.Helper()
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() })
-	return &client{t: t, nc: nc, r: bufio.NewReader(nc)}
-}
-
-// dial connects, then sends VALIDATE and PING as torch's client does.
-func dial(t testing.TB, addr string) *client {
-	t.Helper()
-	c := dialRaw(t, addr)
-	c.send(&Request{Op: OpValidate, Magic: Magic}, &Request{Op: OpPing, Nonce: 4242})
-	if got := c.u32(); got != 4242 {
-		t.Fatalf("PING answered %d, want 4242", got)
-	}
-	return c
-}
-
-// send writes the requests in one write.
-func (c *client) send(qs ...*Request) {
-	c.t.Helper()
-	var b []byte
-	for _, q := range qs {
-		b = AppendRequest(b, q)
-	}
-	c.sendRaw(b)
-}
-
-func (c *client) sendRaw(b []byte) {
-	c.t.Helper()
-	if _, err := c.nc.Write(b); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
-}
-
-func (c *client) read(n int) []byte {
-	c.t.Helper()
-	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b := make([]byte, n)
-	if _, err := io.ReadFull(c.r, b); err != nil {
-		c.t.Fatalf("read %d bytes: %v", n, err)
-	}
-	return b
-}
-
-func (c *client) byte1() byte   { c.t.Helper(); return c.read(1)[0] }
-func (c *client) u32() uint32   { c.t.Helper(); return binary.LittleEndian.Uint32(c.read(4)) }
-func (c *client) i64() int64    { c.t.Helper(); return int64(binary.LittleEndian.Uint64(c.read(8))) }
-func (c *client) bytes() []byte { c.t.Helper(); return c.read(int(c.i64())) }
-
-// sync sends a PING and reads its answer: everything before it was served.
-func (c *client) sync() {
-	c.t.Helper()
-	c.send(&Request{Op: OpPing, Nonce: 77})
-	if got := c.u32(); got != 77 {
-		c.t.Fatalf("PING answered %d, want 77 (a stray reply before it?)", got)
-	}
-}
-
-// expectClosed reads until the server closes the connection; no byte may come.
-func (c *client) expectClosed() {
-	c.t.Helper()
-	c.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b, err := c.r.ReadByte()
-	if err == nil {
-		c.t.Fatalf("read 0x%02x, want the connection closed", b)
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		c.t.Fatalf("connection still open after 10s")
-	}
-}
-
-func (c *client) get(key string) []byte {
-	c.t.Helper()
-	c.send(&Request{Op: OpGet, Key: key})
-	return c.bytes()
-}
-
-func (c *client) set(key, value string) {
-	c.t.Helper()
-	c.send(&Request{Op: OpSet, Key: key, Value: []byte(value)})
-}
-
 func TestOps(t *testing.T) {
 	ts := startServer(t, Limits{})
-	c := dial(t, ts.addr)
+	c := dial(t, ts.Addr)
 	wantBytes := func(what string, got []byte, want string) {
 		t.Helper()
 		if string(got) != want {
@@ -213,19 +93,19 @@ func TestOps(t *testing.T) {
 	wantBytes("COMPARE_SET absent, expected ''", cs("/cs", "", "new"), "new")
 	wantBytes("COMPARE_SET absent, expected 'exp'", cs("/cs2", "exp", "new"), "exp")
 	c.send(&Request{Op: OpCheck, Keys: []string{"/cs2"}})
-	wantInt("CHECK /cs2 after a failed COMPARE_SET", int64(c.byte1()), checkNotReady)
+	wantInt("CHECK /cs2 after a failed COMPARE_SET", int64(c.byte1()), CheckNotReady)
 	wantBytes("COMPARE_SET match", cs("/cs", "new", "newer"), "newer")
 	wantBytes("COMPARE_SET mismatch", cs("/cs", "zzz", "other"), "newer")
 	wantBytes("COMPARE_SET present, expected ''", cs("/cs", "", "other"), "newer")
 
 	check := func(keys ...string) byte { c.send(&Request{Op: OpCheck, Keys: keys}); return c.byte1() }
-	wantInt("CHECK []", int64(check()), checkReady)
-	wantInt("CHECK [/k]", int64(check("/k")), checkReady)
-	wantInt("CHECK [/k /missing]", int64(check("/k", "/missing")), checkNotReady)
+	wantInt("CHECK []", int64(check()), CheckReady)
+	wantInt("CHECK [/k]", int64(check("/k")), CheckReady)
+	wantInt("CHECK [/k /missing]", int64(check("/k", "/missing")), CheckNotReady)
 	c.send(&Request{Op: OpWait, Keys: []string{"/k", "/cnt"}})
-	wantInt("WAIT on present keys", int64(c.byte1()), stopWaiting)
+	wantInt("WAIT on present keys", int64(c.byte1()), StopWaiting)
 	c.send(&Request{Op: OpWait})
-	wantInt("WAIT []", int64(c.byte1()), stopWaiting)
+	wantInt("WAIT []", int64(c.byte1()), StopWaiting)
 
 	c.send(&Request{Op: OpGetNumKeys})
 	wantInt("GETNUMKEYS", c.i64(), 5) // /k /bin /cnt /loose /cs
@@ -254,7 +134,7 @@ func TestOps(t *testing.T) {
 	c.send(&Request{Op: OpQueueLen, Key: "/q"})
 	wantInt("QUEUE_LEN unknown", c.i64(), 0)
 	c.send(&Request{Op: OpQueuePush, Key: "/q", Value: []byte("a")}, &Request{Op: OpQueuePush, Key: "/q", Value: []byte(big)})
-	wantInt("CHECK [/q] with a queue", int64(check("/q")), checkReady)
+	wantInt("CHECK [/q] with a queue", int64(check("/q")), CheckReady)
 	c.send(&Request{Op: OpQueueLen, Key: "/q"})
 	wantInt("QUEUE_LEN", c.i64(), 2)
 	c.send(&Request{Op: OpQueuePop, Key: "/q"})
@@ -265,13 +145,13 @@ func TestOps(t *testing.T) {
 	wantBytes("QUEUE_POP value", c.bytes(), big)
 	c.send(&Request{Op: OpQueuePop, Key: "/q"})
 	wantInt("QUEUE_POP empty", c.i64(), 0)
-	wantInt("CHECK [/q] emptied", int64(check("/q")), checkNotReady)
+	wantInt("CHECK [/q] emptied", int64(check("/q")), CheckNotReady)
 
 	c.send(&Request{Op: OpBarrier, Key: "/b1", WorldSize: 1})
-	wantInt("BARRIER of one", int64(c.byte1()), stopWaiting)
+	wantInt("BARRIER of one", int64(c.byte1()), StopWaiting)
 	wantBytes("GET /b1", c.get("/b1"), "1")
 	c.send(&Request{Op: OpCancelWait})
-	wantInt("CANCEL_WAIT with nothing pending", int64(c.byte1()), waitCanceled)
+	wantInt("CANCEL_WAIT with nothing pending", int64(c.byte1()), WaitCanceled)
 
 	// Pipelined in one write, answered in order.
 	c.send(&Request{Op: OpSet, Key: "/p", Value: []byte("1")}, &Request{Op: OpGet, Key: "/p"},
@@ -280,31 +160,15 @@ func TestOps(t *testing.T) {
 	wantInt("pipelined ADD", c.i64(), 2)
 	wantInt("pipelined PING", int64(c.u32()), 9)
 
-	if got := testutil.ToFloat64(ts.m.ops[OpSet]); got != 4 {
+	if got := testutil.ToFloat64(ts.m.Ops[OpSet]); got != 4 {
 		t.Errorf("ops_total{op=SET} = %v, want 4", got)
 	}
-	ts.eventually(t, "keys", ts.m.keys, 10)
-	if testutil.ToFloat64(ts.m.bytesIn) == 0 || testutil.ToFloat64(ts.m.bytesOut) < 200<<10 {
-		t.Errorf("bytes in %v, out %v", testutil.ToFloat64(ts.m.bytesIn), testutil.ToFloat64(ts.m.bytesOut))
+	ts.eventually(t, "keys", ts.m.Keys, 10)
+	if testutil.ToFloat64(ts.m.BytesIn) == 0 || testutil.ToFloat64(ts.m.BytesOut) < 200<<10 {
+		t.Errorf("bytes in %v, out %v", testutil.ToFloat64(ts.m.BytesIn), testutil.ToFloat64(ts.m.BytesOut))
 	}
-	if n, err := testutil.GatherAndCount(ts.reg); err != nil || n == 0 {
+	if n, err := testutil.GatherAndCount(ts.Registry); err != nil || n == 0 {
 		t.Errorf("gather: %d metrics, %v", n, err)
-	}
-}
-
-func TestParseInt(t *testing.T) {
-	for in, want := range map[string]int64{
-		"0": 0, "42": 42, "-7": -7, "+5": 5, "  12": 12, "\n\t\v\f\r3": 3, "12abc": 12, "3\x009": 3, "0x10": 0,
-		"9223372036854775807": 1<<63 - 1, "-9223372036854775808": -1 << 63, "007": 7,
-	} {
-		if got, err := parseInt([]byte(in)); err != nil || got != want {
-			t.Errorf("parseInt(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "abc", "-", "+", " ", "9223372036854775808", "-9223372036854775809", "99999999999999999999999"} {
-		if got, err := parseInt([]byte(in)); err == nil {
-			t.Errorf("parseInt(%q) = %d, want an error", in, got)
-		}
 	}
 }
 
@@ -316,28 +180,28 @@ func TestRefused(t *testing.T) {
 		name, reason string
 		in           []byte
 	}{
-		{"bad magic", refusedBadMagic, AppendRequest(nil, &Request{Op: OpValidate, Magic: 0xdeadbeef})},
-		{"GETNUMKEYS before VALIDATE", refusedNoValidate, []byte{byte(OpGetNumKeys)}},
-		{"PING before VALIDATE", refusedNoValidate, AppendRequest(nil, &Request{Op: OpPing, Nonce: 1})},
-		{"HTTP", refusedNoValidate, []byte("GET / HTTP/1.1\r\n\r\n")},
-		{"VALIDATE twice", refusedNoValidate, cat(validate, validate)},
-		{"unknown opcode 0x13", refusedUnknownOp, cat(validate, []byte{0x13})},
-		{"unknown opcode 0xff", refusedUnknownOp, cat(validate, []byte{0xff, 1, 2, 3})},
-		{"key of 2^62 bytes", refusedTooLarge, cat(validate, []byte{byte(OpSet)}, u64le(1<<62))},
-		{"value of 2^62 bytes", refusedTooLarge, cat(validate, []byte{byte(OpSet)}, key("/k"), u64le(1<<62))},
-		{"2^62 keys", refusedTooLarge, cat(validate, []byte{byte(OpMultiSet)}, u64le(1<<62))},
-		{"value past the limit", refusedTooLarge, cat(validate, []byte{byte(OpSet)}, key("/k"), u64le(1001))},
-		{"APPEND past the limit", refusedTooLarge, cat(validate, AppendRequest(nil, &Request{Op: OpAppend, Key: "/long", Value: []byte("x")}))},
-		{"ADD on a non-number", refusedNotNumber, cat(validate, AppendRequest(nil, &Request{Op: OpAdd, Key: "/txt", Delta: 1}))},
-		{"BARRIER on a non-number", refusedNotNumber, cat(validate, AppendRequest(nil, &Request{Op: OpBarrier, Key: "/txt", WorldSize: 2}))},
+		{"bad magic", RefusedBadMagic, AppendRequest(nil, &Request{Op: OpValidate, Magic: 0xdeadbeef})},
+		{"GETNUMKEYS before VALIDATE", RefusedNoValidate, []byte{byte(OpGetNumKeys)}},
+		{"PING before VALIDATE", RefusedNoValidate, AppendRequest(nil, &Request{Op: OpPing, Nonce: 1})},
+		{"HTTP", RefusedNoValidate, []byte("GET / HTTP/1.1\r\n\r\n")},
+		{"VALIDATE twice", RefusedNoValidate, cat(validate, validate)},
+		{"unknown opcode 0x13", RefusedUnknownOp, cat(validate, []byte{0x13})},
+		{"unknown opcode 0xff", RefusedUnknownOp, cat(validate, []byte{0xff, 1, 2, 3})},
+		{"key of 2^62 bytes", RefusedTooLarge, cat(validate, []byte{byte(OpSet)}, u64le(1<<62))},
+		{"value of 2^62 bytes", RefusedTooLarge, cat(validate, []byte{byte(OpSet)}, key("/k"), u64le(1<<62))},
+		{"2^62 keys", RefusedTooLarge, cat(validate, []byte{byte(OpMultiSet)}, u64le(1<<62))},
+		{"value past the limit", RefusedTooLarge, cat(validate, []byte{byte(OpSet)}, key("/k"), u64le(1001))},
+		{"APPEND past the limit", RefusedTooLarge, cat(validate, AppendRequest(nil, &Request{Op: OpAppend, Key: "/long", Value: []byte("x")}))},
+		{"ADD on a non-number", RefusedNotNumber, cat(validate, AppendRequest(nil, &Request{Op: OpAdd, Key: "/txt", Delta: 1}))},
+		{"BARRIER on a non-number", RefusedNotNumber, cat(validate, AppendRequest(nil, &Request{Op: OpBarrier, Key: "/txt", WorldSize: 2}))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, Limits{MaxValueLen: 1000})
-			other := dial(t, ts.addr)
+			other := dial(t, ts.Addr)
 			other.set("/txt", "abc")
 			other.set("/long", strings.Repeat("l", 1000))
 			other.sync()
-			c := dialRaw(t, ts.addr)
+			c := dialRaw(t, ts.Addr)
 			c.sendRaw(tc.in)
 			c.expectClosed()
 			// Only that connection: the other is served, and the store is as it was.
@@ -347,18 +211,18 @@ func TestRefused(t *testing.T) {
 			if got := len(other.get("/long")); got != 1000 {
 				t.Errorf("len(/long) = %d after the refused request, want 1000", got)
 			}
-			if got := testutil.ToFloat64(ts.m.refused.WithLabelValues(tc.reason)); got != 1 {
+			if got := testutil.ToFloat64(ts.m.Refused.WithLabelValues(tc.reason)); got != 1 {
 				t.Errorf("refused_total{reason=%s} = %v, want 1", tc.reason, got)
 			}
 			testenv.Eventually(t, 5*time.Second, "a warning naming the client", func() error {
-				log := ts.log.String()
+				log := ts.Log.String()
 				want := fmt.Sprintf("remote=%s reason=%s", c.nc.LocalAddr(), tc.reason)
 				if !strings.Contains(log, "level=WARN") || !strings.Contains(log, want) {
 					return fmt.Errorf("no %q in the log:\n%s", want, log)
 				}
 				return nil
 			})
-			ts.eventually(t, "connections", ts.m.connections, 1)
+			ts.eventually(t, "connections", ts.m.Connections, 1)
 		})
 	}
 }
@@ -366,7 +230,7 @@ func TestRefused(t *testing.T) {
 // waitRegistered waits until the server counts n pending waits.
 func (ts *testServer) waitRegistered(t *testing.T, n int) {
 	t.Helper()
-	ts.eventually(t, "waiters", ts.m.waiters, n)
+	ts.eventually(t, "waiters", ts.m.Waiters, n)
 }
 
 func TestWaitWokenBy(t *testing.T) {
@@ -385,13 +249,13 @@ func TestWaitWokenBy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, Limits{})
-			a, b := dial(t, ts.addr), dial(t, ts.addr)
+			a, b := dial(t, ts.Addr), dial(t, ts.Addr)
 			a.send(&Request{Op: OpWait, Keys: []string{"/w"}})
 			ts.waitRegistered(t, 1)
 			b.send(tc.wake)
 			b.read(tc.reply)
 			b.sync()
-			if got := a.byte1(); got != stopWaiting {
+			if got := a.byte1(); got != StopWaiting {
 				t.Fatalf("waiter read 0x%02x, want STOP_WAITING", got)
 			}
 			ts.waitRegistered(t, 0)
@@ -400,14 +264,14 @@ func TestWaitWokenBy(t *testing.T) {
 	}
 	t.Run("not by COMPARE_SET that stores nothing", func(t *testing.T) {
 		ts := startServer(t, Limits{})
-		a, b := dial(t, ts.addr), dial(t, ts.addr)
+		a, b := dial(t, ts.Addr), dial(t, ts.Addr)
 		a.send(&Request{Op: OpWait, Keys: []string{"/w"}})
 		ts.waitRegistered(t, 1)
 		b.send(&Request{Op: OpCompareSet, Key: "/w", Expected: []byte("x"), Value: []byte("v")})
 		b.bytes()
 		ts.waitRegistered(t, 1)
 		a.send(&Request{Op: OpCancelWait})
-		if got := a.byte1(); got != waitCanceled {
+		if got := a.byte1(); got != WaitCanceled {
 			t.Fatalf("read 0x%02x, want WAIT_CANCELED", got)
 		}
 	})
@@ -415,7 +279,7 @@ func TestWaitWokenBy(t *testing.T) {
 
 func TestWaitForSeveralKeys(t *testing.T) {
 	ts := startServer(t, Limits{})
-	a, b := dial(t, ts.addr), dial(t, ts.addr)
+	a, b := dial(t, ts.Addr), dial(t, ts.Addr)
 	b.set("/present", "1")
 	b.sync()
 	a.send(&Request{Op: OpWait, Keys: []string{"/present", "/y", "/z", "/z"}})
@@ -424,7 +288,7 @@ func TestWaitForSeveralKeys(t *testing.T) {
 	b.sync()
 	ts.waitRegistered(t, 1) // still waiting for /z
 	b.set("/z", "1")
-	if got := a.byte1(); got != stopWaiting {
+	if got := a.byte1(); got != StopWaiting {
 		t.Fatalf("read 0x%02x, want STOP_WAITING", got)
 	}
 	ts.waitRegistered(t, 0)
@@ -433,14 +297,14 @@ func TestWaitForSeveralKeys(t *testing.T) {
 
 func TestCancelWait(t *testing.T) {
 	ts := startServer(t, Limits{})
-	a, b := dial(t, ts.addr), dial(t, ts.addr)
+	a, b := dial(t, ts.Addr), dial(t, ts.Addr)
 
 	// A timed-out wait (T8): CANCEL_WAIT answers WAIT_CANCELED, and a later SET
 	// of the key sends nothing.
 	a.send(&Request{Op: OpWait, Keys: []string{"/never"}})
 	ts.waitRegistered(t, 1)
 	a.send(&Request{Op: OpCancelWait})
-	if got := a.byte1(); got != waitCanceled {
+	if got := a.byte1(); got != WaitCanceled {
 		t.Fatalf("read 0x%02x, want WAIT_CANCELED", got)
 	}
 	ts.waitRegistered(t, 0)
@@ -455,7 +319,7 @@ func TestCancelWait(t *testing.T) {
 	b.set("/race", "1")
 	b.sync()
 	a.send(&Request{Op: OpCancelWait})
-	if got := a.read(2); !bytes.Equal(got, []byte{stopWaiting, waitCanceled}) {
+	if got := a.read(2); !bytes.Equal(got, []byte{StopWaiting, WaitCanceled}) {
 		t.Fatalf("read %x, want 00 01", got)
 	}
 	a.sync()
@@ -463,7 +327,7 @@ func TestCancelWait(t *testing.T) {
 	// A second WAIT replaces the first.
 	a.send(&Request{Op: OpWait, Keys: []string{"/first"}}, &Request{Op: OpWait, Keys: []string{"/second"}})
 	testenv.Eventually(t, 5*time.Second, "the second wait registered", func() error {
-		if got := testutil.ToFloat64(ts.m.ops[OpWait]); got != 4 {
+		if got := testutil.ToFloat64(ts.m.Ops[OpWait]); got != 4 {
 			return fmt.Errorf("%v WAITs served", got)
 		}
 		return nil
@@ -472,7 +336,7 @@ func TestCancelWait(t *testing.T) {
 	b.set("/first", "1")
 	b.set("/second", "1")
 	b.sync()
-	if got := a.byte1(); got != stopWaiting {
+	if got := a.byte1(); got != StopWaiting {
 		t.Fatalf("read 0x%02x, want STOP_WAITING", got)
 	}
 	a.sync()
@@ -480,13 +344,13 @@ func TestCancelWait(t *testing.T) {
 
 func TestQueuePushWakesOne(t *testing.T) {
 	ts := startServer(t, Limits{})
-	a, b, p := dial(t, ts.addr), dial(t, ts.addr), dial(t, ts.addr)
+	a, b, p := dial(t, ts.Addr), dial(t, ts.Addr), dial(t, ts.Addr)
 	a.send(&Request{Op: OpWait, Keys: []string{"/q"}})
 	ts.waitRegistered(t, 1)
 	b.send(&Request{Op: OpWait, Keys: []string{"/q"}})
 	ts.waitRegistered(t, 2)
 	p.send(&Request{Op: OpQueuePush, Key: "/q", Value: []byte("1")})
-	if got := a.byte1(); got != stopWaiting { // the first to wait
+	if got := a.byte1(); got != StopWaiting { // the first to wait
 		t.Fatalf("read 0x%02x, want STOP_WAITING", got)
 	}
 	ts.waitRegistered(t, 1)
@@ -495,7 +359,7 @@ func TestQueuePushWakesOne(t *testing.T) {
 		t.Fatalf("QUEUE_POP = %d %q, want 1 \"1\"", n, v)
 	}
 	p.send(&Request{Op: OpQueuePush, Key: "/q", Value: []byte("2")})
-	if got := b.byte1(); got != stopWaiting {
+	if got := b.byte1(); got != StopWaiting {
 		t.Fatalf("read 0x%02x, want STOP_WAITING", got)
 	}
 	ts.waitRegistered(t, 0)
@@ -503,7 +367,7 @@ func TestQueuePushWakesOne(t *testing.T) {
 
 func TestBarrier(t *testing.T) {
 	ts := startServer(t, Limits{})
-	a, b, c := dial(t, ts.addr), dial(t, ts.addr), dial(t, ts.addr)
+	a, b, c := dial(t, ts.Addr), dial(t, ts.Addr), dial(t, ts.Addr)
 	a.send(&Request{Op: OpBarrier, Key: "/bb", WorldSize: 3})
 	ts.waitRegistered(t, 1)
 	b.send(&Request{Op: OpBarrier, Key: "/bb", WorldSize: 3})
@@ -513,14 +377,14 @@ func TestBarrier(t *testing.T) {
 	}
 	c.send(&Request{Op: OpBarrier, Key: "/bb", WorldSize: 3})
 	for _, x := range []*client{c, a, b} {
-		if got := x.byte1(); got != stopWaiting {
+		if got := x.byte1(); got != StopWaiting {
 			t.Fatalf("read 0x%02x, want STOP_WAITING", got)
 		}
 	}
 	ts.waitRegistered(t, 0)
 	// The counter is never reset: a later barrier on the key returns at once.
 	a.send(&Request{Op: OpBarrier, Key: "/bb", WorldSize: 3})
-	if got := a.byte1(); got != stopWaiting {
+	if got := a.byte1(); got != StopWaiting {
 		t.Fatalf("read 0x%02x, want STOP_WAITING", got)
 	}
 	if got := string(c.get("/bb")); got != "4" {
@@ -530,7 +394,7 @@ func TestBarrier(t *testing.T) {
 	a.send(&Request{Op: OpBarrier, Key: "/bt", WorldSize: 2})
 	ts.waitRegistered(t, 1)
 	a.send(&Request{Op: OpCancelWait})
-	if got := a.byte1(); got != waitCanceled {
+	if got := a.byte1(); got != WaitCanceled {
 		t.Fatalf("read 0x%02x, want WAIT_CANCELED", got)
 	}
 	ts.waitRegistered(t, 0)
@@ -541,22 +405,19 @@ func TestBarrier(t *testing.T) {
 
 func TestDisconnectDropsWaiters(t *testing.T) {
 	ts := startServer(t, Limits{})
-	a, b := dial(t, ts.addr), dial(t, ts.addr)
+	a, b := dial(t, ts.Addr), dial(t, ts.Addr)
 	a.send(&Request{Op: OpWait, Keys: []string{"/gone", "/gone2"}})
 	b.send(&Request{Op: OpBarrier, Key: "/bar", WorldSize: 5})
 	ts.waitRegistered(t, 2)
 	a.nc.Close()
 	b.nc.Close()
 	ts.waitRegistered(t, 0)
-	ts.eventually(t, "connections", ts.m.connections, 0)
-	c := dial(t, ts.addr)
+	ts.eventually(t, "connections", ts.m.Connections, 0)
+	c := dial(t, ts.Addr)
 	c.set("/gone", "1")
 	c.set("/gone2", "1")
 	c.sync()
-	ts.st.mu.Lock()
-	left := len(ts.st.waiting)
-	ts.st.mu.Unlock()
-	if left != 0 {
+	if left := ts.WaitingKeys(); left != 0 {
 		t.Fatalf("%d keys still have waiters listed", left)
 	}
 }
@@ -567,7 +428,7 @@ func TestConcurrentAdds(t *testing.T) {
 	seen := make(chan int64, clients*adds)
 	var wg sync.WaitGroup
 	for range clients {
-		c := dial(t, ts.addr)
+		c := dial(t, ts.Addr)
 		wg.Go(func() {
 			for range adds {
 				c.send(&Request{Op: OpAdd, Key: "/ctr", Delta: 1})
@@ -584,7 +445,7 @@ func TestConcurrentAdds(t *testing.T) {
 		}
 		got[v] = true
 	}
-	if v := string(dial(t, ts.addr).get("/ctr")); v != fmt.Sprint(clients*adds) {
+	if v := string(dial(t, ts.Addr).get("/ctr")); v != fmt.Sprint(clients*adds) {
 		t.Fatalf("counter %s, want %d", v, clients*adds)
 	}
 }
@@ -597,7 +458,7 @@ func TestGoroutinesReturnToBaseline(t *testing.T) {
 	const n = 200
 	var clients []*client
 	for i := range n {
-		c := dial(t, ts.addr)
+		c := dial(t, ts.Addr)
 		if i%2 == 0 {
 			c.send(&Request{Op: OpWait, Keys: []string{"/k"}})
 		} else if i%4 == 1 {
@@ -605,7 +466,7 @@ func TestGoroutinesReturnToBaseline(t *testing.T) {
 		}
 		clients = append(clients, c)
 	}
-	ts.eventually(t, "connections", ts.m.connections, n)
+	ts.eventually(t, "connections", ts.m.Connections, n)
 	ts.waitRegistered(t, n/2+n/4)
 	if g := runtime.NumGoroutine() - base; g > n+5 {
 		t.Errorf("%d goroutines for %d connections", g, n)
@@ -613,7 +474,7 @@ func TestGoroutinesReturnToBaseline(t *testing.T) {
 	clients[1].set("/k", "1")
 	for i, c := range clients {
 		if i%2 == 0 {
-			if got := c.byte1(); got != stopWaiting {
+			if got := c.byte1(); got != StopWaiting {
 				t.Fatalf("client %d read 0x%02x", i, got)
 			}
 		}
@@ -622,7 +483,7 @@ func TestGoroutinesReturnToBaseline(t *testing.T) {
 	for _, c := range clients {
 		c.nc.Close()
 	}
-	ts.eventually(t, "connections", ts.m.connections, 0)
+	ts.eventually(t, "connections", ts.m.Connections, 0)
 	ts.waitRegistered(t, 0)
 	testenv.Eventually(t, 10*time.Second, "goroutines back to the baseline", func() error {
 		if g := runtime.NumGoroutine(); g > base {
@@ -694,7 +555,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	conns := make([]net.Conn, 0, n)
 	hello := AppendRequest(AppendRequest(nil, &Request{Op: OpValidate, Magic: Magic}), &Request{Op: OpPing, Nonce: 1})
 	for range n {
-		nc, err := net.Dial("tcp", ts.addr)
+		nc, err := net.Dial("tcp", ts.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -707,7 +568,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 		}
 		conns = append(conns, nc)
 	}
-	ts.eventually(t, "connections", ts.m.connections, n)
+	ts.eventually(t, "connections", ts.m.Connections, n)
 	per := (int64(used()) - int64(before)) / n
 	t.Logf("%d idle connections: %d bytes each (heap and stacks, both ends)", n, per)
 	if per > 32<<10 {
@@ -721,7 +582,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 func TestRefusedAfterPipelinedRequests(t *testing.T) {
 	ts := startServer(t, Limits{})
 	for _, bad := range [][]byte{{0x13}, AppendRequest(nil, &Request{Op: OpAdd, Key: "/txt", Delta: 1})} {
-		c := dial(t, ts.addr)
+		c := dial(t, ts.Addr)
 		b := AppendRequest(nil, &Request{Op: OpSet, Key: "/txt", Value: []byte("abc")})
 		b = AppendRequest(b, &Request{Op: OpGet, Key: "/txt"})
 		c.sendRaw(append(b, bad...))
@@ -736,7 +597,7 @@ func TestRefusedAfterPipelinedRequests(t *testing.T) {
 // sent a request and part of the next one gets its reply.
 func TestReplyBeforeWaitingForTheRest(t *testing.T) {
 	ts := startServer(t, Limits{})
-	c := dial(t, ts.addr)
+	c := dial(t, ts.Addr)
 	c.set("/a", "1")
 	b := AppendRequest(nil, &Request{Op: OpGet, Key: "/a"})
 	next := AppendRequest(nil, &Request{Op: OpSet, Key: "/b", Value: []byte("2")})
@@ -760,7 +621,7 @@ func TestOnSet(t *testing.T) {
 		defer mu.Unlock()
 		got = append(got, key+"="+string(value))
 	}})
-	c := dial(t, ts.addr)
+	c := dial(t, ts.Addr)
 	c.set("torch.rendezvous.r.0/MASTER_ADDR", "w-0.job")
 	c.send(&Request{Op: OpMultiSet, Keys: []string{"a", "b"}, Values: [][]byte{[]byte("1"), []byte("2")}})
 	c.send(&Request{Op: OpAdd, Key: "n", Delta: 1})

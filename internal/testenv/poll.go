@@ -97,12 +97,7 @@ func PollHTTP(ctx context.Context, timeout, interval time.Duration, url string, 
 // status), and fails the test when p exits first or timeout passes.
 func WaitHTTP(t testing.TB, p *Proc, url string, status int, timeout time.Duration) {
 	t.Helper()
-	Eventually(t, timeout, p.Name+" to answer "+url, func() error {
-		select {
-		case <-p.Done():
-			t.Fatalf("%s exited early: %v\n%s", p.Name, p.err, p.Output())
-		default:
-		}
+	waitWhileRunning(t, p, timeout, " to answer "+url, func() error {
 		return CheckHTTP(context.Background(), url, status)
 	})
 }

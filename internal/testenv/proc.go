@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,28 +12,38 @@ import (
 	"time"
 )
 
+// SyncBuffer is a bytes.Buffer safe for concurrent Write and String: a log
+// handler's output that a test reads while a server writes to it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
 // Proc is a started process whose output is kept for failure messages.
 type Proc struct {
 	Cmd  *exec.Cmd
 	Name string
-	mu   sync.Mutex
-	out  bytes.Buffer
+	out  SyncBuffer
 	done chan struct{}
 	err  error
 }
 
-func (p *Proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
+func (p *Proc) Write(b []byte) (int, error) { return p.out.Write(b) }
 
 // Output is everything the process printed so far.
-func (p *Proc) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
+func (p *Proc) Output() string { return p.out.String() }
 
 // Done is closed when the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
@@ -62,6 +70,24 @@ func (p *Proc) Signal(sig syscall.Signal) {
 	}
 }
 
+// Stop ends the process gracefully: SIGTERM to its group, then after grace
+// SIGKILL to the group and every process below it, those that were there
+// before the SIGTERM included (torchrun starts its workers in sessions of
+// their own). It returns once the process has exited.
+func (p *Proc) Stop(grace time.Duration) {
+	below := descendants(p.Cmd.Process.Pid)
+	p.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.Kill()
+		for _, d := range below {
+			syscall.Kill(d, syscall.SIGKILL)
+		}
+		<-p.done
+	}
+}
+
 // Kill stops the process, its group and every process below it with
 // SIGKILL, as when a pod is deleted: torchrun (torch 2.x) starts its workers
 // in sessions of their own, which the group's signal does not reach.
@@ -77,49 +103,40 @@ func (p *Proc) Kill() {
 	default:
 	}
 	syscall.Kill(-pid, syscall.SIGSTOP) // no new workers while the tree is read
-	below := Descendants(pid)
+	below := descendants(pid)
 	syscall.Kill(-pid, syscall.SIGKILL)
 	for _, d := range below {
 		syscall.Kill(d, syscall.SIGKILL)
 	}
 }
 
-// Descendants lists every process below pid, from /proc's parent links.
-func Descendants(pid int) []int {
-	parent := map[int]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		n, err := strconv.Atoi(e.Name())
+// WaitOutput polls p's output until it contains s, and fails the test when p
+// exits first or timeout passes.
+func WaitOutput(t testing.TB, p *Proc, s string, timeout time.Duration) {
+	t.Helper()
+	waitWhileRunning(t, p, timeout, fmt.Sprintf(" to print %q", s), func() error {
+		if !strings.Contains(p.Output(), s) {
+			return fmt.Errorf("not printed yet")
+		}
+		return nil
+	})
+}
+
+// waitWhileRunning is Eventually(p.Name+what, cond) that fails the test as
+// soon as cond does not hold once p has exited.
+func waitWhileRunning(t testing.TB, p *Proc, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	Eventually(t, timeout, p.Name+what, func() error {
+		err := cond()
 		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) < 2 {
-			continue
-		}
-		if pp, err := strconv.Atoi(f[1]); err == nil {
-			parent[n] = pp
-		}
-	}
-	var out []int
-	seen := map[int]bool{pid: true}
-	for todo := []int{pid}; len(todo) > 0; {
-		var next []int
-		for c, pp := range parent {
-			if !seen[c] && slices.Contains(todo, pp) {
-				seen[c] = true
-				next = append(next, c)
+			select {
+			case <-p.Done():
+				t.Fatalf("%s exited early: %v\n%s", p.Name, p.err, p.Output())
+			default:
 			}
 		}
-		out = append(out, next...)
-		todo = next
-	}
-	return out
+		return err
+	})
 }
 
 // Start runs cmd in its own process group, captures its output and kills

@@ -15,7 +15,7 @@ import (
 )
 
 // Trainer root filesystems: torch, python-etcd and Python run from Debian
-// suites that test/e2e/cluster/rootfs.sh builds with mmdebstrap into
+// suites that hack/rootfs.sh builds with mmdebstrap into
 // $ET_CACHE/rootfs/<suite> (forky: torch 2.14, trixie: torch 2.6), never from
 // the host. Tests run programs there through InRootfs, which needs root.
 
@@ -58,7 +58,7 @@ func RootfsDir(suite string, wait time.Duration, logf func(format string, args .
 		if _, err := os.Stat(stamp); err == nil {
 			if _, err := os.Stat(filepath.Join(dir, "usr/bin/torchrun")); err != nil {
 				return "", fmt.Errorf("root filesystem %s has no /usr/bin/torchrun (%v): rebuild it with "+
-					"test/e2e/cluster/rootfs.sh %s (as root)", dir, err, suite)
+					"hack/rootfs.sh %s (as root)", dir, err, suite)
 			}
 			return dir, nil
 		}
@@ -67,13 +67,13 @@ func RootfsDir(suite string, wait time.Duration, logf func(format string, args .
 				continue // finished between the two checks
 			}
 			return "", fmt.Errorf("trainer root filesystem %s is missing (no %s): build it with "+
-				"test/e2e/cluster/rootfs.sh %s (as root, needs the Debian mirror; about 2 minutes per suite)", dir, stamp, suite)
+				"hack/rootfs.sh %s (as root, needs the Debian mirror; about 2 minutes per suite)", dir, stamp, suite)
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("trainer root filesystem %s: test/e2e/cluster/rootfs.sh is still building it after %s", dir, wait)
+			return "", fmt.Errorf("trainer root filesystem %s: hack/rootfs.sh is still building it after %s", dir, wait)
 		}
 		if !logged && logf != nil {
-			logf("waiting for test/e2e/cluster/rootfs.sh to finish building %s", dir)
+			logf("waiting for hack/rootfs.sh to finish building %s", dir)
 			logged = true
 		}
 		time.Sleep(2 * time.Second)

@@ -1,17 +1,20 @@
-// Package testenv is the project's one test-support package. It helps tests,
-// and the benchmarks' mains, run real programs (etcd 3.4, torchrun, mpirun):
-// free loopback ports (ports.go: PickFreePort, FreePort), polling instead of
-// sleeping (poll.go: Poll, PollHTTP, CheckHTTP, Eventually, WaitHTTP),
-// required binaries that fail the test with a clear reason when missing,
-// processes (and their whole trees) that are always stopped in t.Cleanup
-// (proc.go), and torch from the Debian root filesystems of
-// test/e2e/cluster/rootfs.sh (rootfs.go: Rootfs, InRootfs, TorchEnv). Helm
-// charts are rendered client-side by its subpackage chartrender, which keeps
-// the Helm SDK out of the tests that need none of it.
+// Package testenv is the project's one test-support package. It helps tests
+// and benchmarks run real programs (etcd 3.4, rdzv-sidecar, torchrun,
+// mpirun): free loopback ports (ports.go: PickFreePort, FreePort), polling
+// instead of sleeping (poll.go: Poll, PollHTTP, CheckHTTP, Eventually,
+// WaitHTTP, WaitOutput), required binaries that fail the test with a clear
+// reason when missing, the repository's commands built once for a package's
+// tests (MainWithCommand), processes (and their whole trees) that are always
+// stopped in t.Cleanup (proc.go: Start, Proc, SyncBuffer), and torch from
+// the Debian root filesystems of hack/rootfs.sh (rootfs.go:
+// Rootfs, InRootfs, TorchEnv). Helm charts are rendered client-side by its
+// subpackage chartrender, which keeps the Helm SDK out of the tests that
+// need none of it.
 //
 // Helpers that take a testing.TB fail the test; the port, polling and
 // root-filesystem ones each have a form that returns an error instead, for
-// code without a test (PickFreePort, Poll and PollHTTP, RootfsDir).
+// code without a test (PickFreePort, Poll and PollHTTP, RootfsDir), and
+// MainWithCommand is a TestMain's.
 package testenv
 
 import (
@@ -22,6 +25,30 @@ import (
 	"testing"
 	"time"
 )
+
+// MainWithCommand is the body of a TestMain whose tests run a command of
+// this repository: it builds pkg (e.g. "./cmd/rdzv-sidecar") with go build
+// and flags into a temporary directory, sets *bin to the binary, runs m and
+// removes the binary. It returns the exit code for os.Exit: m.Run's, or 1
+// when the build fails.
+func MainWithCommand(m *testing.M, pkg string, bin *string, flags ...string) int {
+	name := filepath.Base(pkg)
+	dir, err := os.MkdirTemp("", name+"-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	*bin = filepath.Join(dir, name)
+	build := exec.Command("go", append(append([]string{"build", "-o", *bin}, flags...), pkg)...)
+	build.Dir = RepoRoot()
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "build %s: %v\n", name, err)
+		return 1
+	}
+	return m.Run()
+}
 
 // RequireBinary fails the test (it does not skip: CI installs these) when
 // path is not an executable.
@@ -43,16 +70,25 @@ func Etcd34Args(dataDir, client, peer string) []string {
 		"--initial-cluster=ref=" + peer, "--log-level=error"}
 }
 
-// Etcd34 starts Debian's etcd 3.4 (Etcd34Args, without fsync) on free
-// loopback ports and returns its client URL once it answers.
+// Etcd34 starts Debian's etcd 3.4 (StartEtcd34, without fsync) and returns
+// its client URL once it answers.
 func Etcd34(t testing.TB) string {
+	t.Helper()
+	_, client := StartEtcd34(t, filepath.Join(t.TempDir(), "etcd"), "--unsafe-no-fsync")
+	return client
+}
+
+// StartEtcd34 starts Debian's etcd 3.4 (Etcd34Args with data in dataDir,
+// then extra) on free loopback ports and returns it and its client URL once
+// it answers.
+func StartEtcd34(t testing.TB, dataDir string, extra ...string) (*Proc, string) {
 	t.Helper()
 	bin := RequireBinary(t, "/usr/bin/etcd", "etcd-server")
 	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
 	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	cmd := exec.Command(bin, append(Etcd34Args(filepath.Join(t.TempDir(), "etcd"), client, peer), "--unsafe-no-fsync")...)
+	cmd := exec.Command(bin, append(Etcd34Args(dataDir, client, peer), extra...)...)
 	cmd.Env = append(os.Environ(), "ETCD_UNSUPPORTED_ARCH=")
 	p := Start(t, "etcd-3.4", cmd)
 	WaitHTTP(t, p, client+"/v2/keys/", 0, 20*time.Second)
-	return client
+	return p, client
 }

@@ -1,6 +1,6 @@
 // Package sidecar_test runs the real rdzv-sidecar binary against real
 // programs: torchrun, torch and python-etcd from the Debian root filesystems
-// of test/e2e/cluster/rootfs.sh (forky: torch 2.14, trixie: torch 2.6, run
+// of hack/rootfs.sh (forky: torch 2.14, trixie: torch 2.6, run
 // through chroot), and the host's etcdctl, Open MPI and MPICH. Missing
 // programs or root filesystems fail the tests: CI installs and builds them.
 package sidecar_test
@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -30,27 +29,11 @@ import (
 var sidecarBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "rdzv-sidecar-bin-")
-	if err != nil {
-		panic(err)
-	}
-	sidecarBin = filepath.Join(dir, "rdzv-sidecar")
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(self), "../../..")
-	args := []string{"build", "-o", sidecarBin}
+	var flags []string
 	if os.Getenv("ET_SIDECAR_RACE") != "" {
-		args = append(args, "-race") // the binary then exits 66 on a data race
+		flags = append(flags, "-race") // the binary then exits 66 on a data race
 	}
-	build := exec.Command("go", append(args, "./cmd/rdzv-sidecar")...)
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build rdzv-sidecar:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.MainWithCommand(m, "./cmd/rdzv-sidecar", &sidecarBin, flags...))
 }
 
 // server is a running `rdzv-sidecar serve`.
@@ -128,7 +111,7 @@ func readFile(path string) string {
 }
 
 // torch: torchrun, python3, torch and python-etcd run from the Debian root
-// filesystems that test/e2e/cluster/rootfs.sh builds (testenv.Rootfs), never
+// filesystems that hack/rootfs.sh builds (testenv.Rootfs), never
 // from the host.
 
 func trainScript(t *testing.T) string {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/torchview"
 )
 
 var backends = []string{"etcd-v2", "etcd", "c10d"}
@@ -53,7 +53,7 @@ func TestTorchrunTwoAgents(t *testing.T) {
 				}
 				return nil
 			})
-			var v sidecar.View
+			var v torchview.View
 			require.NoError(t, json.Unmarshal([]byte(httpGet(t, "http://"+s.Health+"/rendezvous")), &v))
 			require.Equal(t, "two-"+backend, v.RunID)
 			require.Equal(t, 2, v.WorldSize, "/rendezvous: %+v", v)

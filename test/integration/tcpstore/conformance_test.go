@@ -2,15 +2,13 @@
 // TCPStore client and server: torch 2.14 (Debian forky) and 2.6 (trixie),
 // from the trainer root filesystems (testenv.Rootfs; the tests need root).
 // One scenario (testdata/scenario.py) runs against torch's server and
-// against ours, and every result must be the same, but for the differences
-// knownDifferences lists.
+// against ours (tcpstoretest's StartTorch and Start), and every result must
+// be the same, but for the differences knownDifferences lists.
 package tcpstore_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -19,9 +17,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/tcpstore/tcpstoretest"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
@@ -47,8 +45,8 @@ func TestConformance(t *testing.T) {
 }
 
 func testConformance(t *testing.T, root, version string) {
-	torchAddr := startTorchServer(t, root)
-	ours := startOurServer(t)
+	torchAddr, _ := tcpstoretest.StartTorch(t, root)
+	ours := tcpstoretest.Start(t, tcpstore.Config{})
 
 	// The two runs are independent: run them at once.
 	var (
@@ -57,11 +55,11 @@ func testConformance(t *testing.T, root, version string) {
 		torchOut, oursOutput string
 	)
 	wg.Go(func() { torchRes, torchOut = runScenario(t, root, "scenario-torch", torchAddr) })
-	wg.Go(func() { oursRes, oursOutput = runScenario(t, root, "scenario-ours", ours.addr) })
+	wg.Go(func() { oursRes, oursOutput = runScenario(t, root, "scenario-ours", ours.Addr) })
 	wg.Wait()
 	if torchRes == nil || oursRes == nil {
 		t.Fatalf("a scenario gave no result\ntorch's server:\n%s\nours:\n%s\nour server's log:\n%s",
-			torchOut, oursOutput, ours.log.String())
+			torchOut, oursOutput, ours.Log.String())
 	}
 	t.Logf("torch %s: %d results compared", version, len(torchRes))
 
@@ -76,7 +74,7 @@ func testConformance(t *testing.T, root, version string) {
 		delete(oursRes, key)
 	}
 	if d := cmp.Diff(torchRes, oursRes); d != "" {
-		t.Errorf("results differ (-torch's server +ours):\n%s\nour server's log:\n%s", d, ours.log.String())
+		t.Errorf("results differ (-torch's server +ours):\n%s\nour server's log:\n%s", d, ours.Log.String())
 	}
 
 	// The scenario reached every message type the client sends.
@@ -85,89 +83,13 @@ func testConformance(t *testing.T, root, version string) {
 	if strings.HasPrefix(version, "2.14") {
 		want = append(want, "LIST_KEYS", "BARRIER")
 	}
-	ops := ours.ops(t)
+	ops := ours.OpsServed(t)
 	for _, op := range want {
 		if ops[op] == 0 {
 			t.Errorf("the scenario sent no %s (ops served: %v)", op, ops)
 		}
 	}
 	t.Logf("requests our server served: %v", ops)
-}
-
-// startTorchServer runs torch's TCPStore server (use_libuv=False) in root
-// and returns its address once it listens.
-func startTorchServer(t *testing.T, root string) string {
-	t.Helper()
-	port := testenv.FreePort(t)
-	cmd := testenv.InRootfs(root, "/usr/bin/python3", testdata(t, "torch_server.py"), fmt.Sprint(port))
-	cmd.Env = testenv.TorchEnv()
-	p := testenv.Start(t, "torch-server", cmd)
-	testenv.Eventually(t, 2*time.Minute, "torch's server to listen", func() error {
-		select {
-		case <-p.Done():
-			t.Fatalf("torch's server exited: %v\n%s", p.Err(), p.Output())
-		default:
-		}
-		if !strings.Contains(p.Output(), "READY") {
-			return fmt.Errorf("not ready yet")
-		}
-		return nil
-	})
-	return fmt.Sprintf("127.0.0.1:%d", port)
-}
-
-type ourServer struct {
-	addr string
-	reg  *prometheus.Registry
-	log  *testenv.SyncBuffer
-}
-
-func startOurServer(t *testing.T) *ourServer {
-	t.Helper()
-	s := &ourServer{reg: prometheus.NewRegistry(), log: &testenv.SyncBuffer{}}
-	srv, err := tcpstore.New(tcpstore.Config{
-		Log:     slog.New(slog.NewTextHandler(s.log, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		Metrics: s.reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = l.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return s
-}
-
-// ops is how many requests of each type the server served.
-func (s *ourServer) ops(t *testing.T) map[string]int {
-	t.Helper()
-	mfs, err := s.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, mf := range mfs {
-		if mf.GetName() != "rdzv_sidecar_tcpstore_ops_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if n := int(m.GetCounter().GetValue()); n > 0 {
-				out[m.GetLabel()[0].GetValue()] = n
-			}
-		}
-	}
-	return out
 }
 
 // runScenario runs testdata/scenario.py against addr and returns its

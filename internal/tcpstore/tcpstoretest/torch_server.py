@@ -1,6 +1,7 @@
 """torch's own TCPStore server (the classic one: Debian's torch has no libuv) on 127.0.0.1:PORT.
 
-Usage: python3 torch_server.py PORT. Prints READY once it listens, then serves until killed.
+Usage: python3 torch_server.py PORT (tcpstoretest.StartTorch passes it to python3 -c).
+Prints READY once it listens, then serves until killed.
 """
 import datetime
 import sys

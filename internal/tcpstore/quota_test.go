@@ -1,0 +1,192 @@
+package tcpstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+)
+
+// newQuotaStore is a store with quotas, served to one connection that
+// gathers the replies.
+func newQuotaStore(t *testing.T, q Quotas) (*store, func(*Request) error) {
+	t.Helper()
+	m, err := newMetrics(nil)
+	require.NoError(t, err)
+	s := newStore(m, DefaultLimits(), q.withDefaults())
+	c := &conn{}
+	return s, func(r *Request) error {
+		_, _, _, err := s.do(c, r)
+		return err
+	}
+}
+
+func TestStoreQuotas(t *testing.T) {
+	full := func(err error) bool { var e *StoreFullError; return errors.As(err, &e) }
+	t.Run("keys", func(t *testing.T) {
+		s, do := newQuotaStore(t, Quotas{Keys: 2})
+		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: []byte("1")}))
+		require.NoError(t, do(&Request{Op: OpAdd, Key: "b", Delta: 1}))
+		require.True(t, full(do(&Request{Op: OpSet, Key: "c", Value: []byte("1")})))
+		require.True(t, full(do(&Request{Op: OpQueuePush, Key: "q", Value: []byte("1")})))
+		require.True(t, full(do(&Request{Op: OpBarrier, Key: "c", WorldSize: 2})))
+		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: []byte("2")}), "a new value of a key is no new key")
+		require.NoError(t, do(&Request{Op: OpDeleteKey, Key: "a"}))
+		require.NoError(t, do(&Request{Op: OpSet, Key: "c", Value: []byte("1")}))
+		require.NotContains(t, s.kv, "q")
+	})
+	t.Run("bytes", func(t *testing.T) {
+		s, do := newQuotaStore(t, Quotas{Bytes: 20})
+		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: make([]byte, 9)}))       // 10
+		require.NoError(t, do(&Request{Op: OpAppend, Key: "a", Value: make([]byte, 5)}))    // 15
+		require.True(t, full(do(&Request{Op: OpAppend, Key: "a", Value: make([]byte, 6)}))) // 21
+		require.Len(t, s.kv["a"], 14, "a refused APPEND changes nothing")
+		require.NoError(t, do(&Request{Op: OpQueuePush, Key: "q", Value: make([]byte, 4)})) // 20
+		require.NoError(t, do(&Request{Op: OpQueuePop, Key: "q"}))                          // 15
+		require.True(t, full(do(&Request{Op: OpCompareSet, Key: "b", Value: make([]byte, 9)})))
+		require.NotContains(t, s.kv, "b")
+		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: nil})) // 1
+		require.Equal(t, int64(1), s.bytes)
+	})
+	t.Run("a MULTI_SET is all or nothing", func(t *testing.T) {
+		s, do := newQuotaStore(t, Quotas{Keys: 2, Bytes: 100})
+		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: []byte("1")}))
+		err := do(&Request{Op: OpMultiSet, Keys: []string{"b", "c"}, Values: [][]byte{[]byte("1"), []byte("2")}})
+		require.True(t, full(err))
+		require.Len(t, s.kv, 1)
+		// One new key named twice: one key, the last value's bytes.
+		require.NoError(t, do(&Request{Op: OpMultiSet, Keys: []string{"b", "b", "a"}, Values: [][]byte{make([]byte, 50), make([]byte, 10), nil}}))
+		require.Equal(t, 2, s.items)
+		require.Equal(t, int64(1+0+1+10), s.bytes)
+	})
+	t.Run("everything deleted is nothing", func(t *testing.T) {
+		s, do := newQuotaStore(t, Quotas{})
+		for _, r := range []*Request{
+			{Op: OpSet, Key: "a", Value: []byte("xyz")}, {Op: OpAppend, Key: "a", Value: []byte("!")},
+			{Op: OpAdd, Key: "n", Delta: 5}, {Op: OpBarrier, Key: "b", WorldSize: 1},
+			{Op: OpQueuePush, Key: "q", Value: []byte("e")}, {Op: OpCompareSet, Key: "c", Value: []byte("v")},
+			{Op: OpQueuePop, Key: "q"}, {Op: OpDeleteKey, Key: "a"}, {Op: OpDeleteKey, Key: "n"},
+			{Op: OpDeleteKey, Key: "b"}, {Op: OpDeleteKey, Key: "c"},
+		} {
+			require.NoError(t, do(r))
+		}
+		require.Zero(t, s.items)
+		require.Zero(t, s.bytes)
+	})
+}
+
+// serveLoopback serves srv on a loopback port until the test ends.
+func serveLoopback(t *testing.T, srv *Server) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return l.Addr().String()
+}
+
+func rawDial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { nc.Close() })
+	_, err = nc.Write(AppendRequest(nil, &Request{Op: OpValidate, Magic: Magic}))
+	require.NoError(t, err)
+	return nc
+}
+
+// TestOnCompareSet: a COMPARE_SET that stores its value reaches the hook;
+// one that does not, and every other op, do not.
+func TestOnCompareSet(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv, err := New(Config{OnCompareSet: func(key string, value []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, key+"="+string(value))
+	}})
+	require.NoError(t, err)
+	nc := rawDial(t, serveLoopback(t, srv))
+	var b []byte
+	for _, q := range []*Request{
+		{Op: OpCompareSet, Key: "s", Value: []byte("1")},                        // stored: new key
+		{Op: OpCompareSet, Key: "s", Expected: []byte("0"), Value: []byte("2")}, // not: expected differs
+		{Op: OpCompareSet, Key: "s", Expected: []byte("1"), Value: []byte("3")}, // stored
+		{Op: OpCompareSet, Key: "m", Expected: []byte("x"), Value: []byte("4")}, // not: missing key
+		{Op: OpSet, Key: "t", Value: []byte("5")}, {Op: OpPing, Nonce: 1},
+	} {
+		b = AppendRequest(b, q)
+	}
+	_, err = nc.Write(b)
+	require.NoError(t, err)
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// 4 replies of bytes (8-byte length + 1 byte) and the PING's nonce.
+	_, err = io.ReadFull(nc, make([]byte, 4*9+4))
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	if d := cmp.Diff([]string{"s=1", "s=3"}, got); d != "" {
+		t.Errorf("OnCompareSet calls (-want +got):\n%s", d)
+	}
+}
+
+// TestConnectionQuota: connections past the quota are closed as they come;
+// those within it are served.
+func TestConnectionQuota(t *testing.T) {
+	srv, err := New(Config{Quotas: Quotas{Connections: 2}})
+	require.NoError(t, err)
+	addr := serveLoopback(t, srv)
+	ping := func(nc net.Conn) error {
+		if _, err := nc.Write(AppendRequest(nil, &Request{Op: OpPing, Nonce: 9})); err != nil {
+			return err
+		}
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadFull(nc, make([]byte, 4))
+		return err
+	}
+	a, b := rawDial(t, addr), rawDial(t, addr)
+	require.NoError(t, ping(a))
+	require.NoError(t, ping(b))
+	c := rawDial(t, addr)
+	require.Error(t, ping(c), "a third connection was served")
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.m.refused.WithLabelValues(refusedConnLimit)))
+	a.Close()
+	require.Eventually(t, func() bool { d := rawDial(t, addr); return ping(d) == nil }, 10*time.Second, 50*time.Millisecond)
+}
+
+// TestSlowReaderCutOff: a client that sends requests and never reads the
+// replies makes its connection wait once 1 MiB is queued, and is cut off
+// when it reads nothing for writeTimeout; the server holds at most the
+// budget and one reply for it meanwhile.
+func TestSlowReaderCutOff(t *testing.T) {
+	defer func(d time.Duration) { writeTimeout = d }(writeTimeout)
+	writeTimeout = 300 * time.Millisecond
+	srv, err := New(Config{})
+	require.NoError(t, err)
+	nc := rawDial(t, serveLoopback(t, srv))
+	key := string(make([]byte, 8<<10))
+	_, err = nc.Write(AppendRequest(nil, &Request{Op: OpSet, Key: key, Value: []byte("v")}))
+	require.NoError(t, err)
+	flood := make([]byte, 4096)
+	for i := range flood {
+		flood[i] = byte(OpListKeys)
+	}
+	nc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	for {
+		if _, err := nc.Write(flood); err != nil {
+			break // cut off: the server closed the connection
+		}
+	}
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(srv.m.refused.WithLabelValues(refusedSlowReader)) == 1
+	}, 10*time.Second, 20*time.Millisecond)
+}

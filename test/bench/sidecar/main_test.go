@@ -1,0 +1,309 @@
+// Package sidecar_test measures rdzv-sidecar against a baseline measured in
+// the same run, one benchmark per measurement. `make bench-sidecar` runs
+// them all:
+//
+//	go test -count=1 -timeout 60m -run '^$' -bench . -benchtime 1x ./test/bench/sidecar
+//
+// and -bench picks some: 'V2Ops|HostfileLatency'; '^BenchmarkTorchrun$'
+// (without BenchmarkC10dTorchrun); 'RendezvousOnly/etcd-v2' (one backend).
+//
+//   - BenchmarkV2Ops: etcd v2 API request latency, 2,000 sequential PUT
+//     ttl=10 + GET pairs as python-etcd sends them, over one keep-alive
+//     connection: the sidecar vs Debian's etcd 3.4 --enable-v2, both with
+//     their default durability;
+//   - BenchmarkRendezvousOnly: first rendezvous of 4 torch agents through the
+//     sidecar vs through etcd 3.4, the rendezvous only (testdata/rdzv_probe.py:
+//     torch's real handlers and python-etcd, imports excluded; the slowest
+//     agent), one sub-benchmark per backend (etcd-v2, etcd);
+//   - BenchmarkTorchrun: first rendezvous of 4 real torchrun agents
+//     (--nnodes=4, agent start → every worker done with all_reduce) through
+//     the sidecar vs through etcd 3.4, one sub-benchmark per backend;
+//   - BenchmarkHostfileLatency: latency from a membership change (a join or
+//     a leave) to the hostfile that a separate join process rewrites,
+//     p50/p99 over many changes (goal p99 ≤ 200 ms);
+//   - BenchmarkScale: 1,000 registered members, each with a lease kept alive
+//     as 1,000 join processes would: hostfile render time (goal ≤ 10 ms), the
+//     time until serve has written them all, and serve's RSS, idle and with
+//     them (goal ≤ 64 MiB);
+//   - torch's c10d store: the sidecar's TCPStore server (serve --c10d-addr)
+//     vs torch's own, the classic server (tcpstoretest.StartTorch: Debian's
+//     torch has no libuv). BenchmarkC10dTorchrun: real torchrun agents on
+//     --rdzv-backend=c10d with is_host=false (as the webhook sets it), first
+//     rendezvous of 4 agents and a scale-up 2 → 3; BenchmarkC10dLoad: N
+//     connections of a Go client, each one goroutine in a closed loop,
+//     throughput and p99 latency (goals ≥ 1.0x and ≤ 1.0x), one
+//     sub-benchmark per N; BenchmarkC10dRSS: the store's RSS per 1,000 idle
+//     connections (goal ≤ 64 MiB).
+//
+// Each prints what it measured, its ratios to the baseline and PASS or MISS
+// against its goals (timing never fails a benchmark; errors do), and reports
+// its main figures as benchmark metrics. TestMain builds rdzv-sidecar once.
+// torch, python-etcd and Python run from a trainer root filesystem
+// (testenv.Rootfs; `make rootfs` builds it), never the host's, which needs
+// root: every benchmark but V2Ops, HostfileLatency and Scale runs torch (the
+// c10d ones for torch's store, their baseline). etcd 3.4 is Debian's
+// /usr/bin/etcd (etcd-server).
+//
+// Settings, from the environment (default):
+//
+//	BENCH_SIDECAR_REPS        repetitions per server and backend of Torchrun and C10dTorchrun (3)
+//	BENCH_SIDECAR_PROBE_REPS  repetitions per server and backend of RendezvousOnly (9)
+//	BENCH_SIDECAR_CHANGES     membership changes of HostfileLatency (200)
+//	BENCH_SIDECAR_MEMBERS     registered members of Scale (1000)
+//	BENCH_SIDECAR_C10D_CONNS  client connections of C10dLoad's points, comma-separated (64,256,1024)
+//	BENCH_SIDECAR_C10D_TIME   duration of each C10dLoad point (5s)
+//	BENCH_SIDECAR_C10D_PIN    C10dLoad: the store on the last CPU, the load client on the others (taskset),
+//	                          so that neither takes the other's CPU: torch's server is one thread, ours
+//	                          as many as it gets (true)
+//	BENCH_SIDECAR_IDLE_CONNS  idle connections of C10dRSS (1000)
+//	BENCH_SIDECAR_SUITE       trainer root filesystem that runs torch (forky: torch 2.14)
+//
+// The repetition counts are per benchmark iteration: -benchtime 1x runs
+// each measurement once.
+package sidecar_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// sidecarBin is rdzv-sidecar, built by TestMain.
+var sidecarBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if flag.Lookup("test.bench").Value.String() == "" {
+		os.Exit(m.Run()) // no benchmark to run (go test ./...): nothing to build
+	}
+	fmt.Printf("rdzv-sidecar benchmarks (%s, %d CPUs)\n\n", time.Now().UTC().Format(time.RFC3339), numCPU())
+	os.Exit(testenv.MainWithCommand(m, "./cmd/rdzv-sidecar", &sidecarBin))
+}
+
+// numCPU is how many CPUs this process may use, as nproc counts them.
+func numCPU() int {
+	out, _ := exec.Command("nproc").Output()
+	n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	return n
+}
+
+// knob is the setting BENCH_SIDECAR_<name> read with parse; def when it is
+// unset or empty.
+func knob[T any](b *testing.B, name string, def T, parse func(string) (T, error)) T {
+	b.Helper()
+	v := os.Getenv("BENCH_SIDECAR_" + name)
+	if v == "" {
+		return def
+	}
+	x, err := parse(v)
+	if err != nil {
+		b.Fatalf("BENCH_SIDECAR_%s=%q: %v", name, v, err)
+	}
+	return x
+}
+
+// count parses a positive whole number.
+func count(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err == nil && n <= 0 {
+		err = errors.New("want a positive number")
+	}
+	return n, err
+}
+
+// trainerRootDir is the root filesystem that runs torch, found (and its
+// torch version printed) by the first benchmark that runs torch.
+var trainerRootDir string
+
+func trainerRoot(b *testing.B) string {
+	b.Helper()
+	if trainerRootDir == "" {
+		suite := knob(b, "SUITE", testenv.SuiteForky, func(s string) (string, error) { return s, nil })
+		root := testenv.Rootfs(b, suite)
+		v, err := testenv.RootfsTorchVersion(root)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fmt.Printf("   torch %s (%s)\n", v, root)
+		trainerRootDir = root
+	}
+	return trainerRootDir
+}
+
+// startTorch runs name (a path in the trainer root filesystem) there, with
+// testenv.TorchEnv(env...).
+func startTorch(b *testing.B, procName string, env []string, name string, args ...string) *testenv.Proc {
+	b.Helper()
+	cmd := testenv.InRootfs(trainerRoot(b), name, args...)
+	cmd.Env = testenv.TorchEnv(env...)
+	return testenv.Start(b, procName, cmd)
+}
+
+// grace is how long a stopped process has between SIGTERM and SIGKILL.
+const grace = 15 * time.Second
+
+// server is either the sidecar (serve) or etcd 3.4.
+type server struct {
+	*testenv.Proc
+	clientURL string
+	c10d      string // the sidecar's c10d store, host:port
+}
+
+func startSidecar(b *testing.B, extra ...string) *server {
+	b.Helper()
+	client := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(b))
+	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
+	c10d := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
+	args := append([]string{"serve", "--data-dir=" + filepath.Join(b.TempDir(), "data"), "--listen-client-urls=" + client,
+		"--advertise-client-urls=" + client, fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", testenv.FreePort(b)),
+		"--health-addr=" + health, "--c10d-addr=" + c10d}, extra...)
+	p := testenv.Start(b, "serve", exec.Command(sidecarBin, args...))
+	testenv.WaitHTTP(b, p, "http://"+health+"/readyz", http.StatusOK, 60*time.Second)
+	return &server{Proc: p, clientURL: client, c10d: c10d}
+}
+
+func startEtcd34(b *testing.B) *server {
+	b.Helper()
+	// With fsync, unlike testenv.Etcd34: both servers run with their default durability.
+	p, client := testenv.StartEtcd34(b, filepath.Join(b.TempDir(), "data"))
+	return &server{Proc: p, clientURL: client}
+}
+
+// v3client is an etcd v3 client of url, closed when the benchmark ends.
+func v3client(b *testing.B, url string) *clientv3.Client {
+	b.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// agentArgs are torchrun's arguments for one agent of the run runID through
+// endpoint (host:port), then extra and the training script (the integration
+// tests'). On c10d the store is the server's: no agent hosts one
+// (is_host=false, as the webhook sets it, joined to conf).
+func agentArgs(backend, endpoint, runID, nnodes, conf string, extra ...string) []string {
+	if backend == "c10d" {
+		conf = strings.TrimPrefix(conf+",is_host=false", ",")
+	}
+	args := []string{"--nnodes=" + nnodes, "--nproc_per_node=1", "--rdzv_backend=" + backend,
+		"--rdzv_endpoint=" + endpoint, "--rdzv_id=" + runID, "--monitor_interval=1"}
+	if conf != "" {
+		args = append(args, "--rdzv_conf="+conf)
+	}
+	script := filepath.Join(testenv.RepoRoot(), "test/integration/sidecar/testdata/train.py")
+	return append(append(args, extra...), script)
+}
+
+// firstRendezvous starts 4 agents at once through endpoint (host:port) and
+// returns the time until every worker printed its all_reduce RESULT (world
+// formed and used) and its agent exited.
+func firstRendezvous(b *testing.B, endpoint, backend, runID string) time.Duration {
+	b.Helper()
+	trainerRoot(b) // before the clock starts
+	t0 := time.Now()
+	var ps []*testenv.Proc
+	for i := range 4 {
+		ps = append(ps, startTorch(b, fmt.Sprintf("%s-agent%d", runID, i), nil, "/usr/bin/torchrun",
+			agentArgs(backend, endpoint, runID, "4", "")...))
+	}
+	var last time.Duration
+	for _, p := range ps {
+		if err := p.Wait(b, 300*time.Second); err != nil {
+			b.Fatalf("%s failed: %v\n%s", p.Name, err, p.Output())
+		}
+		if d := time.Since(t0); d > last {
+			last = d
+		}
+	}
+	return last
+}
+
+// alternate is what the repetition rep measures, in order: pair as it is on
+// even repetitions, reversed on odd ones, so that a warming page cache
+// favours neither.
+func alternate[T any](rep int, pair ...T) []T {
+	s := slices.Clone(pair)
+	if rep%2 == 1 {
+		slices.Reverse(s)
+	}
+	return s
+}
+
+func secs(ds []time.Duration) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = fmt.Sprintf("%.3f", d.Seconds())
+	}
+	return out
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+func ms(d time.Duration) float64 { return d.Seconds() * 1000 }
+
+func goal(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
+}
+
+// waitFile waits until ok holds for path's content, polling every 200 µs
+// (the hostfile latency is measured with it).
+func waitFile(b *testing.B, path string, ok func(string) bool, timeout time.Duration) {
+	b.Helper()
+	err := testenv.Poll(b.Context(), timeout, 200*time.Microsecond, func(context.Context) (bool, error) {
+		c, _ := os.ReadFile(path)
+		return ok(string(c)), nil
+	})
+	if err != nil {
+		b.Fatalf("%s did not reach the expected content: %v", path, err)
+	}
+}
+
+func rssMiB(b *testing.B, pid int) float64 { return statusMiB(b, pid, "VmRSS:") }
+
+// statusMiB is field (e.g. "VmRSS:") of /proc/<pid>/status in MiB.
+func statusMiB(b *testing.B, pid int, field string) float64 {
+	b.Helper()
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(string(s), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
+			kb, _ := strconv.Atoi(f[1])
+			return float64(kb) / 1024
+		}
+	}
+	return 0
+}

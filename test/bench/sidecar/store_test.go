@@ -1,0 +1,458 @@
+package sidecar_test
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/tcpstore/tcpstoretest"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// torch's c10d store: the sidecar's TCPStore server (rdzv-sidecar serve
+// --c10d-addr) vs torch's own, the classic server (tcpstoretest.StartTorch,
+// the conformance test's, in the trainer root filesystem).
+
+// The two c10d stores.
+var storeKinds = []string{"sidecar", "torch"}
+
+// store is a running c10d store of one of storeKinds.
+type store struct {
+	*testenv.Proc        // the serving process
+	addr          string // host:port
+}
+
+func startStore(b *testing.B, kind string) *store {
+	b.Helper()
+	if kind == "sidecar" {
+		s := startSidecar(b)
+		return &store{Proc: s.Proc, addr: s.c10d}
+	}
+	// InRootfs execs every step: the process is python's.
+	addr, p := tcpstoretest.StartTorch(b, trainerRoot(b))
+	return &store{Proc: p, addr: addr}
+}
+
+// BenchmarkC10dTorchrun: first rendezvous and scale-up of real torchrun
+// agents, on a fresh store of each kind per repetition.
+func BenchmarkC10dTorchrun(b *testing.B) {
+	fmt.Println("== c10d rendezvous of real torchrun agents (--rdzv-backend=c10d, is_host=false): sidecar's store vs torch's TCPStore server")
+	trainerRoot(b) // prints the torch version
+	reps := knob(b, "REPS", 3, count) * b.N
+	first := map[string][]time.Duration{}
+	scale := map[string][]time.Duration{}
+	for r := range reps {
+		for _, kind := range alternate(r, storeKinds...) {
+			s := startStore(b, kind)
+			first[kind] = append(first[kind], firstRendezvous(b, s.addr, "c10d", fmt.Sprintf("first-%d", r)))
+			scale[kind] = append(scale[kind], scaleUp(b, s.addr, fmt.Sprintf("scale-%d", r)))
+			s.Stop(grace)
+		}
+	}
+	for _, m := range []struct {
+		what, metric string
+		ds           map[string][]time.Duration
+	}{
+		{"first rendezvous (4 agents: start → every worker done with all_reduce)", "first", first},
+		{"scale-up 2→3 (--nnodes=2:3: third agent's start → every worker at world 3)", "scale-up", scale},
+	} {
+		side, torch := median(m.ds["sidecar"]), median(m.ds["torch"])
+		fmt.Printf("   %s\n      sidecar median %6.2fs %v | torch's store median %6.2fs %v | ratio %.2f\n",
+			m.what, side.Seconds(), secs(m.ds["sidecar"]), torch.Seconds(), secs(m.ds["torch"]), side.Seconds()/torch.Seconds())
+		b.ReportMetric(side.Seconds(), m.metric+"-sidecar-s")
+		b.ReportMetric(torch.Seconds(), m.metric+"-torch-s")
+		b.ReportMetric(side.Seconds()/torch.Seconds(), m.metric+"-ratio")
+	}
+	fmt.Println()
+}
+
+// scaleUp starts 2 agents with --nnodes=2:3 through endpoint and, once both
+// workers train at world 2, a third agent: it returns the time from the
+// third agent's start until every worker has trained at world 3. The
+// settings are the integration test's (test/integration/sidecar,
+// TestTorchrunElasticGrowShrink).
+func scaleUp(b *testing.B, endpoint, runID string) time.Duration {
+	b.Helper()
+	args := agentArgs("c10d", endpoint, runID, "2:3", "last_call_timeout=2", "--max_restarts=5")
+	env := []string{"TRAIN_STEPS=100000", "STEP_SLEEP=0.3"}
+	var ps []*testenv.Proc
+	startAgent := func() {
+		ps = append(ps, startTorch(b, fmt.Sprintf("%s-agent%d", runID, len(ps)), env, "/usr/bin/torchrun", args...))
+	}
+	defer func() {
+		var wg sync.WaitGroup
+		for _, p := range ps {
+			wg.Go(func() { p.Stop(grace) })
+		}
+		wg.Wait()
+	}()
+	startAgent()
+	startAgent()
+	for _, p := range ps {
+		testenv.WaitOutput(b, p, "world=2 ", 5*time.Minute)
+	}
+	t0 := time.Now()
+	startAgent()
+	for _, p := range ps {
+		testenv.WaitOutput(b, p, "world=3 ", 5*time.Minute)
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkC10dLoad: the store load at each N (a sub-benchmark each),
+// against one long-lived store of each kind, one after the other
+// (alternating which goes first).
+func BenchmarkC10dLoad(b *testing.B) {
+	raiseNoFile(b)
+	points := knob(b, "C10D_CONNS", []int{64, 256, 1024}, counts)
+	d := knob(b, "C10D_TIME", 5*time.Second, time.ParseDuration)
+	pin := knob(b, "C10D_PIN", true, strconv.ParseBool)
+	fmt.Printf("== c10d store load: N connections (one goroutine each, closed loop: set+get own key, add shared counter, "+
+		"wait for an existing key; %s per point): sidecar's store vs torch's classic TCPStore server\n", d)
+	trainerRoot(b) // prints the torch version
+	stores := map[string]*store{}
+	for _, kind := range storeKinds {
+		stores[kind] = startStore(b, kind)
+		defer stores[kind].Stop(grace)
+	}
+	cpus := numCPU()
+	defer unpin(b, pin, cpus)
+	for i, n := range points {
+		b.Run(fmt.Sprintf("conns=%d", n), func(b *testing.B) {
+			res := map[string]loadResult{}
+			for _, kind := range alternate(i, storeKinds...) {
+				time.Sleep(time.Second) // the previous point's connections closed
+				where := pinLoad(b, pin, stores[kind].Cmd.Process.Pid, cpus)
+				if i == 0 {
+					fmt.Printf("   %s: %s\n", kind, where)
+				}
+				res[kind] = storeLoad(stores[kind].addr, n, d)
+			}
+			s, t := res["sidecar"], res["torch"]
+			if s.err != nil {
+				b.Fatalf("sidecar's store, %d connections: %v", n, s.err)
+			}
+			b.ReportMetric(s.opsPerSec, "sidecar-ops/s")
+			b.ReportMetric(ms(s.p99), "sidecar-p99-ms")
+			line := fmt.Sprintf("   N=%-5d sidecar %s", n, s)
+			if t.err != nil {
+				fmt.Printf("%s | torch's server failed: %v\n", line, t.err)
+				return
+			}
+			tr, lr := s.opsPerSec/t.opsPerSec, s.p99.Seconds()/t.p99.Seconds()
+			fmt.Printf("%s | torch %s | throughput %.2fx %s (goal ≥ 1.0x), p99 %.2fx %s (goal ≤ 1.0x)\n",
+				line, t, tr, goal(tr >= 1), lr, goal(lr <= 1))
+			b.ReportMetric(t.opsPerSec, "torch-ops/s")
+			b.ReportMetric(ms(t.p99), "torch-p99-ms")
+			b.ReportMetric(tr, "throughput-ratio")
+			b.ReportMetric(lr, "p99-ratio")
+		})
+	}
+	fmt.Println()
+}
+
+// counts parses comma-separated positive whole numbers.
+func counts(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := count(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// BenchmarkC10dRSS: each store's RSS before and after n idle connections, on
+// a fresh store.
+func BenchmarkC10dRSS(b *testing.B) {
+	raiseNoFile(b)
+	n := knob(b, "IDLE_CONNS", 1000, count)
+	fmt.Printf("== c10d store RSS with %d idle connections (each VALIDATE, then one PING answered)\n", n)
+	trainerRoot(b) // prints the torch version
+	for _, kind := range storeKinds {
+		s := startStore(b, kind)
+		pid := s.Cmd.Process.Pid
+		time.Sleep(2 * time.Second) // settle after start
+		before := rssMiB(b, pid)
+		cs, err := dialMany(s.addr, n)
+		if err != nil {
+			s.Stop(grace)
+			if kind == "sidecar" {
+				b.Fatalf("sidecar's store: %v", err)
+			}
+			fmt.Printf("   torch's server failed: %v\n", err)
+			continue
+		}
+		time.Sleep(2 * time.Second)
+		after := rssMiB(b, pid)
+		closeAll(cs)
+		s.Stop(grace)
+		per := (after - before) * 1000 / float64(n)
+		line := fmt.Sprintf("   %-7s RSS %6.1f MiB before, %6.1f MiB with %d connections: %5.1f MiB per 1,000",
+			kind, before, after, n, per)
+		if kind == "sidecar" {
+			line += fmt.Sprintf(" %s (goal ≤ 64 MiB)", goal(per <= 64))
+		}
+		fmt.Println(line)
+		b.ReportMetric(per, kind+"-MiB/1000conns")
+	}
+	fmt.Println()
+}
+
+// taskset puts every thread of process pid on cpus (taskset's list syntax).
+func taskset(b *testing.B, cpus string, pid int) {
+	b.Helper()
+	if out, err := exec.Command("taskset", "-a", "-pc", cpus, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+		b.Fatalf("taskset -a -pc %s %d: %v: %s", cpus, pid, err, out)
+	}
+}
+
+// unpin gives this process every one of n CPUs again (what pinLoad took
+// away).
+func unpin(b *testing.B, pin bool, n int) {
+	if pin && n >= 2 {
+		taskset(b, fmt.Sprintf("0-%d", n-1), os.Getpid())
+	}
+}
+
+// pinLoad puts the process pid (every thread of it) on the last of n CPUs
+// and this process on the others; it returns a description for the report.
+// n is counted before any pinning (nproc counts the CPUs a process may use).
+func pinLoad(b *testing.B, pin bool, pid, n int) string {
+	if !pin || n < 2 {
+		return "not pinned"
+	}
+	last := strconv.Itoa(n - 1)
+	others := fmt.Sprintf("0-%d", n-2)
+	taskset(b, last, pid)
+	taskset(b, others, os.Getpid())
+	return fmt.Sprintf("server on CPU %s, load client on CPUs %s", last, others)
+}
+
+// raiseNoFile raises the open-files limit to 65536 (or at least to the hard
+// limit), for this process and, as it is set explicitly, the servers it
+// starts: 1,024 connections need as many descriptors on both ends.
+func raiseNoFile(b *testing.B) {
+	b.Helper()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatal(err)
+	}
+	want := max(lim.Max, 65536)
+	if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: want, Max: want}) != nil {
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: lim.Max, Max: lim.Max}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// storeClient is one raw TCPStore connection, speaking torch's protocol
+// with internal/tcpstore's encoder.
+type storeClient struct {
+	nc  net.Conn
+	r   *bufio.Reader
+	buf []byte
+}
+
+// dialStore connects to addr and sends VALIDATE (which has no reply) and a
+// PING, whose reply shows that the server has taken the connection.
+func dialStore(addr string) (*storeClient, error) {
+	nc, err := net.DialTimeout("tcp", addr, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := &storeClient{nc: nc, r: bufio.NewReaderSize(nc, 512)}
+	nc.SetDeadline(time.Now().Add(60 * time.Second))
+	err = c.send(&tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic})
+	if err == nil {
+		err = c.send(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed})
+	}
+	if err == nil {
+		err = c.reply(tcpstore.OpPing)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	nc.SetDeadline(time.Time{})
+	return c, nil
+}
+
+func (c *storeClient) send(q *tcpstore.Request) error {
+	c.buf = tcpstore.AppendRequest(c.buf[:0], q)
+	_, err := c.nc.Write(c.buf)
+	return err
+}
+
+// reply reads and checks the reply to a request of op.
+func (c *storeClient) reply(op tcpstore.Op) error {
+	var b [8]byte
+	switch op {
+	case tcpstore.OpGet: // u64 length, the value
+		if _, err := io.ReadFull(c.r, b[:8]); err != nil {
+			return err
+		}
+		_, err := c.r.Discard(int(binary.LittleEndian.Uint64(b[:8])))
+		return err
+	case tcpstore.OpAdd: // i64 the new value
+		_, err := io.ReadFull(c.r, b[:8])
+		return err
+	case tcpstore.OpWait: // u8 STOP_WAITING (0)
+		if _, err := io.ReadFull(c.r, b[:1]); err != nil {
+			return err
+		}
+		if b[0] != 0 {
+			return fmt.Errorf("WAIT answered %d", b[0])
+		}
+	case tcpstore.OpPing: // the nonce
+		if _, err := io.ReadFull(c.r, b[:4]); err != nil {
+			return err
+		}
+		if n := binary.LittleEndian.Uint32(b[:4]); n != 0x5eed {
+			return fmt.Errorf("PING answered 0x%x", n)
+		}
+	}
+	return nil
+}
+
+// do sends q and reads its reply.
+func (c *storeClient) do(q *tcpstore.Request) error {
+	if err := c.send(q); err != nil {
+		return err
+	}
+	return c.reply(q.Op)
+}
+
+// dialMany opens n connections, 32 at a time; on any failure it closes
+// those it opened and says how many it got.
+func dialMany(addr string, n int) ([]*storeClient, error) {
+	cs := make([]*storeClient, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cs[i], errs[i] = dialStore(addr)
+		})
+	}
+	wg.Wait()
+	if err := firstErr(errs); err != nil {
+		ok := closeAll(cs)
+		return nil, fmt.Errorf("%d of %d connections failed (first: %w)", n-ok, n, err)
+	}
+	return cs, nil
+}
+
+// closeAll closes every connection and returns how many there were.
+func closeAll(cs []*storeClient) int {
+	n := 0
+	for _, c := range cs {
+		if c != nil {
+			c.nc.Close()
+			n++
+		}
+	}
+	return n
+}
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The load's keys: the one every WAIT finds, the counter every ADD
+// increments; and the value each connection SETs (and GETs) under its own key.
+const (
+	readyKey   = "bench/ready"
+	counterKey = "bench/counter"
+)
+
+var loadValue = []byte(strings.Repeat("v", 128))
+
+type loadResult struct {
+	opsPerSec float64
+	p50, p99  time.Duration
+	err       error
+}
+
+// storeLoad runs n connections for d, each in a closed loop of rounds: SET
+// of its own key (no reply), GET of it, ADD to a counter all share and WAIT
+// for a key that exists. Every request is an op; the latency is that of
+// each request with a reply (for the GET, the time since its own send).
+func storeLoad(addr string, n int, d time.Duration) loadResult {
+	cs, err := dialMany(addr, n)
+	if err != nil {
+		return loadResult{err: err}
+	}
+	defer closeAll(cs)
+	// The key every WAIT finds: stored once this GET is answered.
+	if err := cs[0].send(&tcpstore.Request{Op: tcpstore.OpSet, Key: readyKey, Value: []byte("1")}); err != nil {
+		return loadResult{err: err}
+	}
+	if err := cs[0].do(&tcpstore.Request{Op: tcpstore.OpGet, Key: readyKey}); err != nil {
+		return loadResult{err: err}
+	}
+	lats := make([][]time.Duration, n)
+	rounds := make([]int, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(d)
+	for i, c := range cs {
+		wg.Go(func() {
+			c.nc.SetDeadline(end.Add(60 * time.Second))
+			key := fmt.Sprintf("bench/load/%d", i)
+			set := &tcpstore.Request{Op: tcpstore.OpSet, Key: key, Value: loadValue}
+			timed := []*tcpstore.Request{{Op: tcpstore.OpGet, Key: key},
+				{Op: tcpstore.OpAdd, Key: counterKey, Delta: 1}, {Op: tcpstore.OpWait, Keys: []string{readyKey}}}
+			for time.Now().Before(end) {
+				if errs[i] = c.send(set); errs[i] != nil {
+					return
+				}
+				for _, q := range timed {
+					t0 := time.Now()
+					if errs[i] = c.do(q); errs[i] != nil {
+						return
+					}
+					lats[i] = append(lats[i], time.Since(t0))
+				}
+				rounds[i]++
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := firstErr(errs); err != nil {
+		return loadResult{err: err}
+	}
+	ops := 0
+	for _, r := range rounds {
+		ops += 4 * r
+	}
+	all := slices.Concat(lats...)
+	return loadResult{opsPerSec: float64(ops) / elapsed.Seconds(), p50: pct(all, 0.5), p99: pct(all, 0.99)}
+}
+
+func (r loadResult) String() string {
+	return fmt.Sprintf("%6.0f ops/s p50 %6.2fms p99 %6.2fms", r.opsPerSec, ms(r.p50), ms(r.p99))
+}
