@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -33,20 +32,10 @@ const v2SnapshotFile = "v2-keys.json"
 // ServeConfig configures serve mode.
 type ServeConfig struct {
 	Options
-	Name                string
-	DataDir             string
-	ListenClientURLs    []url.URL
-	AdvertiseClientURLs []url.URL
-	ListenPeerURLs      []url.URL
-	// Client TLS (all empty = plain HTTP; a certificate makes the client
-	// URLs https).
-	CertFile, KeyFile, TrustedCAFile string
-	ClientCertAuth                   bool
+	// Etcd is the embedded etcd (its Log is Options.Log).
+	Etcd rdzvetcd.Config
 	// MaxDirTTL caps v2 directory TTLs (see v2api's dirttl.go).
-	MaxDirTTL     time.Duration
-	UnsafeNoFsync bool
-	EtcdLogLevel  string
-	ReadyTimeout  time.Duration
+	MaxDirTTL time.Duration
 	// C10dAddr is where torch's c10d TCPStore is served ("" = not at all).
 	C10dAddr string
 	// C10dQuotas bound the c10d store (zero fields: tcpstore's defaults).
@@ -57,17 +46,10 @@ type ServeConfig struct {
 }
 
 func (c ServeConfig) checkTLS() error {
-	if (c.CertFile == "") != (c.KeyFile == "") {
+	if (c.Etcd.CertFile == "") != (c.Etcd.KeyFile == "") {
 		return errors.New("--cert-file and --key-file go together")
 	}
 	return nil
-}
-
-func (c ServeConfig) etcd() rdzvetcd.Config {
-	return rdzvetcd.Config{Name: c.Name, DataDir: c.DataDir, ListenClientURLs: c.ListenClientURLs,
-		AdvertiseClientURLs: c.AdvertiseClientURLs, ListenPeerURLs: c.ListenPeerURLs,
-		CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.TrustedCAFile, ClientCertAuth: c.ClientCertAuth,
-		UnsafeNoFsync: c.UnsafeNoFsync, LogLevel: c.EtcdLogLevel, ReadyTimeout: c.ReadyTimeout, Log: c.Log}
 }
 
 // Serve runs the job's rendezvous until ctx ends (SIGTERM) or etcd fails.
@@ -81,10 +63,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	events, stopEvents := roundEvents(cfg.EventsJob, log)
 	defer stopEvents()
 	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events})
-	etcd := rdzvetcd.New(cfg.etcd())
+	cfg.Etcd.Log = log
+	etcd := rdzvetcd.New(cfg.Etcd)
 	v2 := v2api.New(v2api.Config{ClusterID: etcd.ClusterID, ClientURLs: etcd.ClientURLs, Raft: etcd.Raft,
 		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: view.V2Write, Logger: log})
-	if err := restoreV2(v2, cfg.DataDir, log); err != nil {
+	if err := restoreV2(v2, cfg.Etcd.DataDir, log); err != nil {
 		return err
 	}
 
@@ -139,7 +122,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	cancel()
 	wg.Wait()
 	v2.Close()
-	saveV2(v2, cfg.DataDir, log)
+	saveV2(v2, cfg.Etcd.DataDir, log)
 	etcd.Close()
 	log.Info("rendezvous server stopped")
 	return nil

@@ -110,19 +110,16 @@ func DefaultLimits() Limits {
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
-	if l.MaxKeyLen <= 0 {
-		l.MaxKeyLen = d.MaxKeyLen
+	return Limits{MaxKeyLen: orDefault(l.MaxKeyLen, d.MaxKeyLen), MaxValueLen: orDefault(l.MaxValueLen, d.MaxValueLen),
+		MaxKeys: orDefault(l.MaxKeys, d.MaxKeys), MaxRequestLen: orDefault(l.MaxRequestLen, d.MaxRequestLen)}
+}
+
+// orDefault is v, or def when v is not positive.
+func orDefault[T int | int64](v, def T) T {
+	if v <= 0 {
+		return def
 	}
-	if l.MaxValueLen <= 0 {
-		l.MaxValueLen = d.MaxValueLen
-	}
-	if l.MaxKeys <= 0 {
-		l.MaxKeys = d.MaxKeys
-	}
-	if l.MaxRequestLen <= 0 {
-		l.MaxRequestLen = d.MaxRequestLen
-	}
-	return l
+	return v
 }
 
 // Quotas bound the whole server, whatever its clients send: a write that
@@ -144,16 +141,7 @@ func DefaultQuotas() Quotas {
 
 func (q Quotas) withDefaults() Quotas {
 	d := DefaultQuotas()
-	if q.Keys <= 0 {
-		q.Keys = d.Keys
-	}
-	if q.Bytes <= 0 {
-		q.Bytes = d.Bytes
-	}
-	if q.Connections <= 0 {
-		q.Connections = d.Connections
-	}
-	return q
+	return Quotas{Keys: orDefault(q.Keys, d.Keys), Bytes: orDefault(q.Bytes, d.Bytes), Connections: orDefault(q.Connections, d.Connections)}
 }
 
 // Request is one decoded request. Which fields are set depends on Op (see

@@ -121,7 +121,7 @@ func BenchmarkScale(b *testing.B) {
 	fmt.Printf("   hostfile with all %d members written %s after the last registration\n", n, written.Round(time.Millisecond))
 	// Keep-alives run for a while so the server's steady state is measured.
 	time.Sleep(12 * time.Second)
-	full, peak := rssMiB(b, pid), statusMiB(b, pid, "VmHWM:")
+	full, peak := rssMiB(b, pid), statusMiB(b, pid, "VmHWM")
 	fmt.Printf("   serve RSS: idle %.1f MiB, with %d members kept alive %.1f MiB, peak (VmHWM) %.1f MiB (goal ≤ 64 MiB)\n",
 		idle, n, full, peak)
 	b.ReportMetric(ms(render), "render-ms")

@@ -290,20 +290,14 @@ func waitFile(b *testing.B, path string, ok func(string) bool, timeout time.Dura
 	}
 }
 
-func rssMiB(b *testing.B, pid int) float64 { return statusMiB(b, pid, "VmRSS:") }
+func rssMiB(b *testing.B, pid int) float64 { return statusMiB(b, pid, "VmRSS") }
 
-// statusMiB is field (e.g. "VmRSS:") of /proc/<pid>/status in MiB.
+// statusMiB is field (e.g. "VmRSS") of /proc/<pid>/status in MiB.
 func statusMiB(b *testing.B, pid int, field string) float64 {
 	b.Helper()
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := testenv.StatusBytes(pid, field)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, l := range strings.Split(string(s), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == field {
-			kb, _ := strconv.Atoi(f[1])
-			return float64(kb) / 1024
-		}
-	}
-	return 0
+	return float64(n) / (1 << 20)
 }

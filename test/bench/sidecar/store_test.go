@@ -1,11 +1,7 @@
 package sidecar_test
 
 import (
-	"bufio"
-	"encoding/binary"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -260,87 +256,10 @@ func raiseNoFile(b *testing.B) {
 	}
 }
 
-// storeClient is one raw TCPStore connection, speaking torch's protocol
-// with internal/tcpstore's encoder.
-type storeClient struct {
-	nc  net.Conn
-	r   *bufio.Reader
-	buf []byte
-}
-
-// dialStore connects to addr and sends VALIDATE (which has no reply) and a
-// PING, whose reply shows that the server has taken the connection.
-func dialStore(addr string) (*storeClient, error) {
-	nc, err := net.DialTimeout("tcp", addr, 30*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	c := &storeClient{nc: nc, r: bufio.NewReaderSize(nc, 512)}
-	nc.SetDeadline(time.Now().Add(60 * time.Second))
-	err = c.send(&tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic})
-	if err == nil {
-		err = c.send(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed})
-	}
-	if err == nil {
-		err = c.reply(tcpstore.OpPing)
-	}
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	nc.SetDeadline(time.Time{})
-	return c, nil
-}
-
-func (c *storeClient) send(q *tcpstore.Request) error {
-	c.buf = tcpstore.AppendRequest(c.buf[:0], q)
-	_, err := c.nc.Write(c.buf)
-	return err
-}
-
-// reply reads and checks the reply to a request of op.
-func (c *storeClient) reply(op tcpstore.Op) error {
-	var b [8]byte
-	switch op {
-	case tcpstore.OpGet: // u64 length, the value
-		if _, err := io.ReadFull(c.r, b[:8]); err != nil {
-			return err
-		}
-		_, err := c.r.Discard(int(binary.LittleEndian.Uint64(b[:8])))
-		return err
-	case tcpstore.OpAdd: // i64 the new value
-		_, err := io.ReadFull(c.r, b[:8])
-		return err
-	case tcpstore.OpWait: // u8 STOP_WAITING (0)
-		if _, err := io.ReadFull(c.r, b[:1]); err != nil {
-			return err
-		}
-		if b[0] != 0 {
-			return fmt.Errorf("WAIT answered %d", b[0])
-		}
-	case tcpstore.OpPing: // the nonce
-		if _, err := io.ReadFull(c.r, b[:4]); err != nil {
-			return err
-		}
-		if n := binary.LittleEndian.Uint32(b[:4]); n != 0x5eed {
-			return fmt.Errorf("PING answered 0x%x", n)
-		}
-	}
-	return nil
-}
-
-// do sends q and reads its reply.
-func (c *storeClient) do(q *tcpstore.Request) error {
-	if err := c.send(q); err != nil {
-		return err
-	}
-	return c.reply(q.Op)
-}
-
 // dialMany opens n connections, 32 at a time; on any failure it closes
 // those it opened and says how many it got.
-func dialMany(addr string, n int) ([]*storeClient, error) {
-	cs := make([]*storeClient, n)
+func dialMany(addr string, n int) ([]*tcpstoretest.Client, error) {
+	cs := make([]*tcpstoretest.Client, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
@@ -348,7 +267,7 @@ func dialMany(addr string, n int) ([]*storeClient, error) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			cs[i], errs[i] = dialStore(addr)
+			cs[i], errs[i] = tcpstoretest.Dial(addr)
 		})
 	}
 	wg.Wait()
@@ -360,11 +279,11 @@ func dialMany(addr string, n int) ([]*storeClient, error) {
 }
 
 // closeAll closes every connection and returns how many there were.
-func closeAll(cs []*storeClient) int {
+func closeAll(cs []*tcpstoretest.Client) int {
 	n := 0
 	for _, c := range cs {
 		if c != nil {
-			c.nc.Close()
+			c.Close()
 			n++
 		}
 	}
@@ -406,10 +325,10 @@ func storeLoad(addr string, n int, d time.Duration) loadResult {
 	}
 	defer closeAll(cs)
 	// The key every WAIT finds: stored once this GET is answered.
-	if err := cs[0].send(&tcpstore.Request{Op: tcpstore.OpSet, Key: readyKey, Value: []byte("1")}); err != nil {
+	if err := cs[0].Send(&tcpstore.Request{Op: tcpstore.OpSet, Key: readyKey, Value: []byte("1")}); err != nil {
 		return loadResult{err: err}
 	}
-	if err := cs[0].do(&tcpstore.Request{Op: tcpstore.OpGet, Key: readyKey}); err != nil {
+	if err := cs[0].Do(&tcpstore.Request{Op: tcpstore.OpGet, Key: readyKey}); err != nil {
 		return loadResult{err: err}
 	}
 	lats := make([][]time.Duration, n)
@@ -420,18 +339,18 @@ func storeLoad(addr string, n int, d time.Duration) loadResult {
 	end := start.Add(d)
 	for i, c := range cs {
 		wg.Go(func() {
-			c.nc.SetDeadline(end.Add(60 * time.Second))
+			c.Conn().SetDeadline(end.Add(60 * time.Second))
 			key := fmt.Sprintf("bench/load/%d", i)
 			set := &tcpstore.Request{Op: tcpstore.OpSet, Key: key, Value: loadValue}
 			timed := []*tcpstore.Request{{Op: tcpstore.OpGet, Key: key},
 				{Op: tcpstore.OpAdd, Key: counterKey, Delta: 1}, {Op: tcpstore.OpWait, Keys: []string{readyKey}}}
 			for time.Now().Before(end) {
-				if errs[i] = c.send(set); errs[i] != nil {
+				if errs[i] = c.Send(set); errs[i] != nil {
 					return
 				}
 				for _, q := range timed {
 					t0 := time.Now()
-					if errs[i] = c.do(q); errs[i] != nil {
+					if errs[i] = c.Do(q); errs[i] != nil {
 						return
 					}
 					lats[i] = append(lats[i], time.Since(t0))

@@ -1,7 +1,6 @@
 package sidecar_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/tcpstore/tcpstoretest"
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 // TestHostileClients sends a running sidecar each class of hostile request
@@ -45,13 +45,13 @@ func TestHostileClients(t *testing.T) {
 		c := dialStore(t, s.C10d)
 		// A store of 8 keys of 8 KiB: every LIST_KEYS answers 64 KiB.
 		for i := range 8 {
-			c.do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/%d%s", i, strings.Repeat("k", 8<<10-8)), Value: []byte("v")})
+			require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/%d%s", i, strings.Repeat("k", 8<<10-8)), Value: []byte("v")}))
 		}
 		// 4,096 one-byte LIST_KEYS a packet, 64 packets, never reading the replies.
 		flood := bytes.Repeat([]byte{byte(tcpstore.OpListKeys)}, 4096)
-		c.nc.SetWriteDeadline(time.Now().Add(3 * time.Second))
+		c.Conn().SetWriteDeadline(time.Now().Add(3 * time.Second))
 		for range 64 {
-			if _, err := c.nc.Write(flood); err != nil {
+			if _, err := c.Conn().Write(flood); err != nil {
 				break // the server stopped reading: it waits for us to read
 			}
 		}
@@ -62,16 +62,16 @@ func TestHostileClients(t *testing.T) {
 		v := bytes.Repeat([]byte("x"), 100<<10)
 		var err error
 		for i := 0; i < 10000 && err == nil; i++ {
-			_, err = c.nc.Write(tcpstore.AppendRequest(nil, &tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/big%d", i), Value: v}))
+			_, err = c.Conn().Write(tcpstore.AppendRequest(nil, &tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/big%d", i), Value: v}))
 		}
 		require.Error(t, err, "10,000 values of 100 KiB were all taken")
 		require.Contains(t, s.Output(), "reason=store_full")
 		// Make room again for the steps that follow.
 		d := dialStore(t, s.C10d)
 		for i := range 10000 {
-			d.send(&tcpstore.Request{Op: tcpstore.OpDeleteKey, Key: fmt.Sprintf("/big%d", i)})
+			require.NoError(t, d.Do(&tcpstore.Request{Op: tcpstore.OpDeleteKey, Key: fmt.Sprintf("/big%d", i)}))
 		}
-		d.ping()
+		require.NoError(t, d.Do(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed}))
 	})
 	step("more connections than the cap", func(t *testing.T) {
 		var conns []net.Conn
@@ -98,8 +98,8 @@ func TestHostileClients(t *testing.T) {
 	require.NoError(t, err)
 	forge := func(t *testing.T, run string, state []byte) {
 		c := dialStore(t, s.C10d)
-		c.do(&tcpstore.Request{Op: tcpstore.OpCompareSet, Key: "/torch.rendezvous." + run, Value: []byte(base64.StdEncoding.EncodeToString(state))})
-		c.do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/torch.rendezvous." + run + ".1/MASTER_ADDR", Value: []byte("w-0")})
+		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpCompareSet, Key: "/torch.rendezvous." + run, Value: []byte(base64.StdEncoding.EncodeToString(state))}))
+		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/torch.rendezvous." + run + ".1/MASTER_ADDR", Value: []byte("w-0")}))
 	}
 	view := func(t *testing.T) (int, string, time.Duration) {
 		start := time.Now()
@@ -138,9 +138,9 @@ func TestHostileClients(t *testing.T) {
 		c := dialStore(t, s.C10d)
 		before := strings.Count(s.Output(), "torch rendezvous round")
 		for i := range 2000 {
-			c.do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/torch.rendezvous.forged.%d/MASTER_ADDR", i), Value: []byte("x")})
+			require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/torch.rendezvous.forged.%d/MASTER_ADDR", i), Value: []byte("x")}))
 		}
-		c.ping()
+		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed}))
 		lines := strings.Count(s.Output(), "torch rendezvous round") - before
 		require.LessOrEqual(t, lines, 40, "forged rounds reach the log without bound")
 		t.Logf("2,000 forged rounds: %d log lines", lines)
@@ -179,48 +179,13 @@ func TestHostileClients(t *testing.T) {
 	require.Equal(t, 0, live.errors(), "the well-behaved client lost its connection")
 }
 
-type storeConn struct {
-	t  *testing.T
-	nc net.Conn
-	r  *bufio.Reader
-}
-
-func dialStore(t *testing.T, addr string) *storeConn {
+// dialStore is a raw c10d connection, closed when the test ends.
+func dialStore(t *testing.T, addr string) *tcpstoretest.Client {
 	t.Helper()
-	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := tcpstoretest.Dial(addr)
 	require.NoError(t, err)
-	t.Cleanup(func() { nc.Close() })
-	c := &storeConn{t: t, nc: nc, r: bufio.NewReader(nc)}
-	c.send(&tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic})
+	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-func (c *storeConn) send(q *tcpstore.Request) {
-	_, err := c.nc.Write(tcpstore.AppendRequest(nil, q))
-	require.NoError(c.t, err)
-}
-
-// do sends q and reads its reply, if it has one.
-func (c *storeConn) do(q *tcpstore.Request) {
-	c.send(q)
-	if q.Op == tcpstore.OpCompareSet {
-		var n [8]byte
-		_, err := io.ReadFull(c.r, n[:])
-		require.NoError(c.t, err)
-		_, err = io.CopyN(io.Discard, c.r, int64(binary.LittleEndian.Uint64(n[:])))
-		require.NoError(c.t, err)
-	}
-}
-
-// ping is a round trip: every request sent before it has been served.
-func (c *storeConn) ping() time.Duration {
-	start := time.Now()
-	c.nc.SetDeadline(time.Now().Add(10 * time.Second))
-	c.send(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 7})
-	var b [4]byte
-	_, err := io.ReadFull(c.r, b[:])
-	require.NoError(c.t, err)
-	return time.Since(start)
 }
 
 // liveClient pings every 20 ms until the test ends.
@@ -297,26 +262,17 @@ func (l *liveClient) errors() int { l.mu.Lock(); defer l.mu.Unlock(); return l.e
 // procStats is a process's resident memory (bytes) and CPU time (seconds).
 func procStats(t *testing.T, pid int) (int64, float64) {
 	t.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	rss, err := testenv.StatusBytes(pid, "VmRSS")
 	require.NoError(t, err)
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	pages, _ := strconv.ParseInt(f[21], 10, 64)
-	return pages * int64(os.Getpagesize()), (utime + stime) / 100 // USER_HZ
+	cpu, err := testenv.CPUSeconds(pid)
+	require.NoError(t, err)
+	return rss, cpu
 }
 
-// peakRSS is VmHWM: the most resident memory the process ever had.
+// peakRSS is the most resident memory the process ever had.
 func peakRSS(t *testing.T, pid int) int64 {
 	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := testenv.StatusBytes(pid, "VmHWM")
 	require.NoError(t, err)
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM")
-	return 0
+	return n
 }

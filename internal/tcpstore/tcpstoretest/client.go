@@ -1,0 +1,96 @@
+package tcpstoretest
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+)
+
+// Client is one raw TCPStore connection, speaking torch's protocol with
+// internal/tcpstore's encoder: for tests and benchmarks that send what no
+// torch client would.
+type Client struct {
+	nc  net.Conn
+	r   *bufio.Reader
+	buf []byte
+}
+
+// Dial connects to addr and sends VALIDATE (which has no reply) and a
+// PING, whose reply shows that the server has taken the connection.
+func Dial(addr string) (*Client, error) {
+	nc, err := net.DialTimeout("tcp", addr, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{nc: nc, r: bufio.NewReaderSize(nc, 512)}
+	nc.SetDeadline(time.Now().Add(60 * time.Second))
+	err = c.Send(&tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic})
+	if err == nil {
+		err = c.Send(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed})
+	}
+	if err == nil {
+		err = c.Reply(tcpstore.OpPing)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	nc.SetDeadline(time.Time{})
+	return c, nil
+}
+
+func (c *Client) Send(q *tcpstore.Request) error {
+	c.buf = tcpstore.AppendRequest(c.buf[:0], q)
+	_, err := c.nc.Write(c.buf)
+	return err
+}
+
+// Reply reads and checks the reply to a request of op.
+func (c *Client) Reply(op tcpstore.Op) error {
+	var b [8]byte
+	switch op {
+	case tcpstore.OpGet, tcpstore.OpCompareSet: // u64 length, the value
+		if _, err := io.ReadFull(c.r, b[:8]); err != nil {
+			return err
+		}
+		_, err := c.r.Discard(int(binary.LittleEndian.Uint64(b[:8])))
+		return err
+	case tcpstore.OpAdd, tcpstore.OpDeleteKey: // i64: the new value, whether the key was there
+		_, err := io.ReadFull(c.r, b[:8])
+		return err
+	case tcpstore.OpWait: // u8 STOP_WAITING (0)
+		if _, err := io.ReadFull(c.r, b[:1]); err != nil {
+			return err
+		}
+		if b[0] != 0 {
+			return fmt.Errorf("WAIT answered %d", b[0])
+		}
+	case tcpstore.OpPing: // the nonce
+		if _, err := io.ReadFull(c.r, b[:4]); err != nil {
+			return err
+		}
+		if n := binary.LittleEndian.Uint32(b[:4]); n != 0x5eed {
+			return fmt.Errorf("PING answered 0x%x", n)
+		}
+	}
+	return nil
+}
+
+// Do sends q and reads its reply.
+func (c *Client) Do(q *tcpstore.Request) error {
+	if err := c.Send(q); err != nil {
+		return err
+	}
+	return c.Reply(q.Op)
+}
+
+// Conn is the connection, to send raw bytes or set deadlines.
+func (c *Client) Conn() net.Conn { return c.nc }
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.nc.Close() }
