@@ -2,15 +2,17 @@
 # Installs the Debian packages of one or more sets, when missing (root; nothing to do when all are installed).
 #   cluster  (the default) what the local cluster and `make demo` run on: containerd + runc (container runtime),
 #            containernetworking-plugins (bridge/host-local/portmap/loopback CNI), iptables/iproute2 (kube-proxy,
-#            routes), busybox-static (test image), openssl (pki), curl (health checks), util-linux (flock, setsid),
-#            procps (pgrep), mmdebstrap (the trainer root filesystems, hack/rootfs.sh).
+#            routes), ipset (kube-router's NetworkPolicy controller keeps pod addresses in ipsets), nftables (the
+#            guard that keeps pods' packets on the machine, which kube-router's iptables rules cannot skip), busybox-static
+#            (test image), openssl (pki), curl (health checks), util-linux (flock, setsid), procps (pgrep),
+#            mmdebstrap (the trainer root filesystems, hack/rootfs.sh).
 #   test     everything `make test` needs (.ci/run): the cluster set, and etcd 3.4 (etcd-server, etcd-client: the
 #            conformance reference and etcdctl), Open MPI and MPICH with mpi4py (host MPI places ranks in the
 #            integration tests' fake hosts), shellcheck (actionlint runs it on the release workflow's scripts).
 # Nothing of torch, MPI's pods or sshd: pods and the integration tests run those from the root filesystems.
 # Usage: deps.sh [cluster|test]...
 set -euo pipefail
-cluster_pkgs=(containerd runc containernetworking-plugins iptables iproute2 busybox-static openssl curl util-linux procps mmdebstrap)
+cluster_pkgs=(containerd runc containernetworking-plugins iptables iproute2 ipset nftables busybox-static openssl curl util-linux procps mmdebstrap)
 test_pkgs=("${cluster_pkgs[@]}" etcd-server etcd-client openmpi-bin libopenmpi-dev mpich libmpich-dev python3-mpi4py shellcheck)
 pkgs=()
 for set in "${@:-cluster}"; do

@@ -13,6 +13,7 @@ state() { # the host state that up.sh changes, normalised
   echo "## rules"; ip rule show | sort
   for ipt in iptables ip6tables; do for t in filter nat mangle raw; do
     echo "## $ipt $t"; $ipt -t $t -S 2>/dev/null | grep -v '^-P' | sort; done; done
+  echo "## ipsets"; ipset list -n 2>/dev/null | sort
   echo "## nft tables"; nft list tables 2>/dev/null | grep -v -e 'table ip filter' -e 'table ip nat' -e 'table ip mangle' -e 'table ip raw' \
     -e 'table ip6 filter' -e 'table ip6 nat' -e 'table ip6 mangle' -e 'table ip6 raw' | sort
   echo "## sysctls"; for s in net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables \
@@ -34,6 +35,8 @@ ip -o addr show dev lo | has " $NODE_IP/" && leak "address $NODE_IP on lo"
 ip route show type unreachable | has "$SVC_CIDR" && leak "unreachable route $SVC_CIDR"
 ip rule show pref "$GUARD_TABLE" | has . && leak "ip rule pref $GUARD_TABLE"
 ip route show table "$GUARD_TABLE" 2>/dev/null | has . && leak "routes in table $GUARD_TABLE"
+nft list table ip "$GUARD_NFT" >/dev/null 2>&1 && leak "nftables table ip $GUARD_NFT"
+for s in $(ipset list -n 2>/dev/null | grep -E '^KUBE-'); do leak "ipset $s"; done
 for ipt in iptables ip6tables; do for t in filter nat mangle; do
   $ipt -t $t -S 2>/dev/null | grep -E -e '^-N (KUBE-|CNI-|ET-)' -e '-j (KUBE-|CNI-|ET-)' | while read -r r; do echo "check-clean: LEFT BEHIND: $ipt -t $t $r"; done | grep . && bad=1
 done; done

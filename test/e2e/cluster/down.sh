@@ -1,7 +1,9 @@
 #!/bin/bash
 # Stops everything up.sh started (by pid file only, never by name) and undoes every host change:
-# pods (through CRI, so CNI DEL runs), processes, mounts, kube-proxy/CNI/guard iptables rules, cni0, the node IP
-# on lo, the Service CIDR guard routes, kubelet cgroups and files, sysctls. Safe to run when nothing runs.
+# pods (through CRI, so CNI DEL runs), processes, mounts, kube-proxy/kube-router/CNI/guard iptables rules,
+# kube-router's ipsets, cni0, the node IP on lo, the guard's routes, rules and nftables table, kubelet cgroups and
+# files, sysctls.
+# Safe to run when nothing runs.
 #   down.sh          stop and clean up, keep $RUN (pki, etcd data: a later up.sh restarts faster)
 #   down.sh --purge  also delete $RUN
 set -uo pipefail
@@ -28,7 +30,7 @@ stop kubelet
 if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
   "$BIN/cri-cleanup" -endpoint "unix://$CTR_SOCK" rmall || true
 fi
-stop kube-proxy coredns fake-device-plugin kube-scheduler kube-controller-manager containerd kube-apiserver
+stop kube-router kube-proxy coredns fake-device-plugin kube-scheduler kube-controller-manager containerd kube-apiserver
 stop etcd
 # 2. leftover shims (children of our containerd only: their socket/bundle lives under $RUN)
 for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $CTR_SOCK" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
@@ -39,21 +41,26 @@ grep -F " $RUN/" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read 
 ip link del cni0 2>/dev/null
 iptables -t nat -S POSTROUTING 2>/dev/null | grep -E -- '-j CNI-[0-9a-f]+' | sed 's/^-A/-D/' | while read -r r; do iptables -t nat $r; done
 for c in $(iptables -t nat -S 2>/dev/null | awk '/^-N CNI-/{print $2}'); do iptables -t nat -F "$c"; iptables -t nat -X "$c"; done
-# remaining KUBE-* chains (kubelet canaries/firewall) in iptables + ip6tables
+# remaining KUBE-* chains (kubelet canaries/firewall; kube-router's KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*:
+# it removes nothing when it stops, and its --cleanup-config would flush every IPVS service and ipset of the host)
+# in iptables + ip6tables. eval: `-S` quotes comments with spaces ("kube-router netpol - ...").
 for ipt in iptables ip6tables; do for t in filter nat mangle; do
   chains=$($ipt -t $t -S 2>/dev/null | awk '/^-N KUBE-/{print $2}')
-  for c in $chains; do $ipt -t $t -S | grep -E -- "-j $c( |$)" | sed 's/^-A/-D/' | while read -r r; do $ipt -t $t $r 2>/dev/null; done; done
+  for c in $chains; do $ipt -t $t -S | grep -E -- "-j $c( |$)" | sed 's/^-A/-D/' | while read -r r; do eval "$ipt -t $t $r" 2>/dev/null; done; done
   for c in $chains; do $ipt -t $t -F "$c" 2>/dev/null; done
   for c in $chains; do $ipt -t $t -X "$c" 2>/dev/null; done
 done; done
+# kube-router's ipsets (its NetworkPolicy controller's: KUBE-SRC-*, KUBE-DST-*), now that no rule uses them
+for s in $(ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-'); do ipset destroy "$s" 2>/dev/null; done
 for t in kube-proxy; do nft list table ip $t >/dev/null 2>&1 && nft delete table ip $t; nft list table ip6 $t >/dev/null 2>&1 && nft delete table ip6 $t; done
 ip addr del "$NODE_IP/32" dev lo 2>/dev/null
 # Service CIDR guard (see up.sh)
 while iptables -D OUTPUT -j "$GUARD_CHAIN" 2>/dev/null; do :; done
-while iptables -D FORWARD -j "$GUARD_CHAIN" 2>/dev/null; do :; done
+while iptables -D FORWARD -j "$GUARD_CHAIN" 2>/dev/null; do :; done   # left by an up.sh older than the nftables guard
 iptables -F "$GUARD_CHAIN" 2>/dev/null; iptables -X "$GUARD_CHAIN" 2>/dev/null
 while ip rule del pref "$GUARD_TABLE" 2>/dev/null; do :; done
 ip route flush table "$GUARD_TABLE" 2>/dev/null
+nft list table ip "$GUARD_NFT" >/dev/null 2>&1 && nft delete table ip "$GUARD_NFT"
 ip route del unreachable "$SVC_CIDR" 2>/dev/null
 # 5. netns pins left by CRI, kubelet cgroups
 for n in /var/run/netns/cni-*; do [ -e "$n" ] && { umount "$n" 2>/dev/null; rm -f "$n"; }; done

@@ -18,6 +18,10 @@ export KUBECONFIG=$RUN/admin.kubeconfig
 
 # Pinned versions. The Go versions of the modules are in tools/*/go.mod; these must agree (build.sh checks).
 export K8S_VERSION=v1.36.3 HELM_VERSION=v3.22.0
+# kube-router, only its NetworkPolicy controller (iptables + ipset, no eBPF): what makes the cluster enforce the
+# charts' NetworkPolicies. Built with `go install <module>@<version>` (its own go.mod, not tools/). Its known CVEs
+# do not matter here: it runs only for this throwaway test cluster and listens on no port (up.sh).
+export KUBE_ROUTER_VERSION=v2.1.0
 
 # Images (never pulled: imported into containerd's k8s.io namespace, pods use imagePullPolicy: Never).
 export PAUSE_IMAGE=docker.io/local/pause:1
@@ -56,8 +60,8 @@ export INSTANCE_FILE=/run/elastic-training-cluster.owner
 export LOCK_FILE=/run/lock/elastic-training-cluster.lock
 # The lock e2e test binaries hold while they use the cluster (test/e2e/framework; `make e2e` takes it to stop it).
 export E2E_LOCK=/run/lock/elastic-training-e2e.lock
-# A routing table and an iptables chain of our own, so down.sh removes exactly what up.sh added.
-export GUARD_CHAIN=ET-GUARD GUARD_TABLE=9696
+# A routing table, an iptables chain and an nftables table of our own, so down.sh removes exactly what up.sh added.
+export GUARD_CHAIN=ET-GUARD GUARD_TABLE=9696 GUARD_NFT=et-guard
 export PATH=$BIN:$PATH   # kubectl/helm matching the cluster come first
 
 # has PATTERN: like `grep -q PATTERN` at the end of a pipe, but reads all its input first. With pipefail,

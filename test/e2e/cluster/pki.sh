@@ -1,9 +1,33 @@
 #!/bin/bash
-# Creates CA, apiserver serving cert, apiserver->kubelet client cert, SA keys, static tokens, kubeconfigs.
+# Creates CA, apiserver serving cert, apiserver->kubelet client cert, SA keys, static tokens, kubeconfigs, and
+# kube-router's client certificate (made when missing, also in a pki made before it: the API server trusts every
+# certificate of the CA, so, unlike a new static token, it needs no API server restart).
 set -euo pipefail
 . "$(dirname "$(readlink -f "$0")")/env.sh"
 mkdir -p "$PKI"; cd "$PKI"
-[ -f ca.crt ] && { echo "pki exists"; exit 0; }
+kube_router() {
+  [ -f "$RUN/kube-router.kubeconfig" ] && return
+  printf 'extendedKeyUsage=clientAuth\n' > client.ext
+  openssl genrsa -out kube-router.key 2048 2>/dev/null
+  openssl req -new -key kube-router.key -subj "/CN=system:kube-router" -out kube-router.csr
+  openssl x509 -req -in kube-router.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -extfile client.ext -out kube-router.crt 2>/dev/null
+  cat > "$RUN/kube-router.kubeconfig" <<X
+apiVersion: v1
+kind: Config
+clusters:
+- cluster: {server: "https://127.0.0.1:$APISERVER_PORT", certificate-authority: "$PKI/ca.crt"}
+  name: local
+users:
+- name: kube-router
+  user: {client-certificate: "$PKI/kube-router.crt", client-key: "$PKI/kube-router.key"}
+contexts:
+- context: {cluster: local, user: kube-router}
+  name: local
+current-context: local
+X
+  echo "kube-router client certificate created in $PKI"
+}
+[ -f ca.crt ] && { kube_router; echo "pki exists"; exit 0; }
 openssl genrsa -out ca.key 2048 2>/dev/null
 openssl req -x509 -new -nodes -key ca.key -subj "/CN=elastic-training-e2e-ca" -days 3650 -out ca.crt
 cat > apiserver.ext <<X
@@ -47,4 +71,5 @@ X
 }
 S=https://127.0.0.1:$APISERVER_PORT
 mk admin $ADMIN $S; mk kubelet $KUBELET $S; mk kube-proxy $PROXY $S; mk kcm $KCM $S; mk scheduler $SCHED $S; mk coredns $DNS $S
+kube_router
 echo "pki created in $PKI"

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Starts (or completes) the single-node test cluster: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, containerd (CRI, cgroupfs, bridge CNI), kubelet, kube-proxy (iptables), CoreDNS and the fake
-# device plugin, all as host processes with pid files and logs under $RUN. Idempotent: a second run starts only
+# kube-scheduler, containerd (CRI, cgroupfs, bridge CNI), kubelet, kube-proxy (iptables), kube-router (only its
+# NetworkPolicy controller: the bridge CNI enforces no NetworkPolicy), CoreDNS and the fake device plugin, all as
+# host processes with pid files and logs under $RUN. Idempotent: a second run starts only
 # what is not running. Builds missing binaries first (minutes the first time). down.sh undoes every host change.
 set -euo pipefail
 . "$(dirname "$(readlink -f "$0")")/env.sh"
@@ -65,17 +66,26 @@ ip addr show dev lo | has " $NODE_IP/32" || ip addr add "$NODE_IP/32" dev lo
 ip route show type unreachable | has "^unreachable $SVC_CIDR" || ip route add unreachable "$SVC_CIDR"
 ip route show table "$GUARD_TABLE" 2>/dev/null | has "^$SVC_CIDR dev lo" || ip route add "$SVC_CIDR" dev lo src "$NODE_IP" table "$GUARD_TABLE"
 ip rule show pref "$GUARD_TABLE" | has . || ip rule add pref "$GUARD_TABLE" iif lo to "$SVC_CIDR" lookup "$GUARD_TABLE"
-# The same chain keeps pods' own packets on the machine: forwarded traffic from the pod network to anything but
-# the pod network is rejected (pods reach the host's addresses through INPUT, which this does not touch).
 # An ICMP error for the host's own SYN rejected in OUTPUT never reaches the socket (connect() would hang until
 # its timeout), so TCP gets a RST (connect fails at once with ECONNREFUSED); for UDP the drop already makes
 # send() fail with EPERM.
 iptables -S "$GUARD_CHAIN" >/dev/null 2>&1 || { iptables -N "$GUARD_CHAIN"
   iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -p tcp -j REJECT --reject-with tcp-reset
-  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -j REJECT --reject-with icmp-admin-prohibited
-  iptables -A "$GUARD_CHAIN" -s "$POD_CIDR" ! -d "$POD_CIDR" -j REJECT --reject-with icmp-net-unreachable; }
+  iptables -A "$GUARD_CHAIN" -o lo -d "$SVC_CIDR" -j REJECT --reject-with icmp-admin-prohibited; }
 iptables -C OUTPUT -j "$GUARD_CHAIN" 2>/dev/null || iptables -I OUTPUT -j "$GUARD_CHAIN"
-iptables -C FORWARD -j "$GUARD_CHAIN" 2>/dev/null || iptables -I FORWARD -j "$GUARD_CHAIN"
+# Pods' own packets stay on the machine: forwarded traffic from the pod network to anything but the pod network is
+# rejected (pods reach the host's addresses through INPUT, which this does not touch). In an nftables table of its
+# own, not in iptables' FORWARD: kube-router's NetworkPolicy controller ACCEPTs what a policy lets a pod send in the
+# first rule of FORWARD (and keeps its jump first), which would end that chain before any rule of ours; an accept
+# ends only its own table's chain, so this reject applies whatever iptables says.
+nft list table ip "$GUARD_NFT" >/dev/null 2>&1 || nft -f - <<X
+table ip $GUARD_NFT {
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    ip saddr $POD_CIDR ip daddr != $POD_CIDR reject with icmp type net-unreachable
+  }
+}
+X
 "$CLUSTER_DIR/pki.sh" >/dev/null
 
 # --- etcd
@@ -176,6 +186,21 @@ kind: ClusterRoleBinding
 metadata: {name: "system:coredns"}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
 subjects: [{kind: User, name: "system:coredns", apiGroup: rbac.authorization.k8s.io}]
+---
+# kube-router's NetworkPolicy controller (its informers list and watch all of these)
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:kube-router"}
+rules:
+- {apiGroups: [""], resources: [namespaces, pods, services, endpoints, nodes], verbs: [get, list, watch]}
+- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [get, list, watch]}
+- {apiGroups: [networking.k8s.io], resources: [networkpolicies], verbs: [get, list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:kube-router"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:kube-router"}
+subjects: [{kind: User, name: "system:kube-router", apiGroup: rbac.authorization.k8s.io}]
 X
 # No "forward" plugin: names outside the cluster get an error at once instead of a query leaving the machine.
 # Negative answers are cached 1 s only: a new pod's name (a peer that just started) resolves a moment later.
@@ -258,10 +283,29 @@ waitfor coredns 30 curl -sf "http://127.0.0.1:$COREDNS_READY_PORT/ready"
 waitfor kubelet 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
 waitfor kube-proxy 60 curl -sf "http://127.0.0.1:$PROXY_HEALTHZ_PORT/healthz"
 waitfor "node $NODE_NAME" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
+
+# --- NetworkPolicy: kube-router's controller alone (no routing, no service proxy: the bridge CNI and kube-proxy do
+# those). It reads its node (the InternalIP tells which pods are local) when it starts, so it comes after the node.
+# For every local pod it adds a chain (KUBE-POD-FW-*) behind KUBE-ROUTER-INPUT/FORWARD/OUTPUT, jumped to from the
+# first rule of INPUT, FORWARD and OUTPUT, and ipsets (KUBE-SRC-*, KUBE-DST-*) of the addresses a policy admits.
+# Traffic from this host's own addresses to a pod is always admitted (the kubelet's probes, the API server's proxy
+# and webhook calls). down.sh removes the chains and ipsets. No health or metrics port: kube-router's would listen on
+# every address of the machine, with Go's pprof on it, and its /healthz says OK before anything is synced.
+kr_from=1; alive kube-router || kr_from=$(( $(stat -c %s "$LOGS/kube-router.log" 2>/dev/null || echo 0) + 1 ))
+start kube-router "$BIN/kube-router" --kubeconfig "$RUN/kube-router.kubeconfig" --hostname-override "$NODE_NAME" \
+  --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+  --service-cluster-ip-range "$SVC_CIDR" --health-port 0 --metrics-port 0
+# Ready: this process got to its sync loop (its log since the start says so) and a full sync wrote the final ACCEPT
+# of its top chains.
+kube_router_ready() {
+  tail -c +"$kr_from" "$LOGS/kube-router.log" | has 'Starting network policy controller full sync' &&
+    iptables -S KUBE-ROUTER-FORWARD 2>/dev/null | has 'explicitly ACCEPT'
+}
 waitfor "default serviceaccount" 60 kubectl -n default get serviceaccount default
 gpus() { local r p; for r in $FAKE_DEVICES; do p=$(echo "${r%%=*}" | sed 's/\./\\./g')
   [ "$(kubectl get node "$NODE_NAME" -o jsonpath="{.status.allocatable.$p}")" = "${r#*=}" ] || return 1; done; }
 waitfor "fake devices ($FAKE_DEVICES) allocatable" 60 gpus
+waitfor "kube-router (NetworkPolicy)" 60 kube_router_ready
 for f in "$PIDS"/*.pid; do kill -0 "$(cat "$f")" 2>/dev/null || { echo "up: $(basename "$f" .pid) died, see $LOGS"; exit 1; }; done
 ts "cluster up (state in $RUN)"
 echo "export KUBECONFIG=$KUBECONFIG"
