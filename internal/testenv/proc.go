@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -177,37 +176,4 @@ type prefixWriter struct {
 func (w *prefixWriter) Write(b []byte) (int, error) {
 	fmt.Fprintf(os.Stderr, "[%s] %s", w.prefix, b)
 	return w.p.Write(b)
-}
-
-// StatusBytes is a /proc/<pid>/status field given in kB (VmRSS, VmHWM: the
-// peak), in bytes.
-func StatusBytes(pid int, field string) (int64, error) {
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(s), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == field+":" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status has no %s", pid, field)
-}
-
-// CPUSeconds is the user and system CPU time a process has used.
-func CPUSeconds(pid int) (float64, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command, which may hold spaces: state is field 3,
-	// utime 14 and stime 15.
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100, nil // USER_HZ
 }
