@@ -55,7 +55,6 @@ func TestHostileClients(t *testing.T) {
 				break // the server stopped reading: it waits for us to read
 			}
 		}
-		time.Sleep(500 * time.Millisecond)
 	})
 	step("a store filled past its quota", func(t *testing.T) {
 		c := dialStore(t, s.C10d)
