@@ -13,11 +13,13 @@
 #                       that does not exist yet is skipped with a message.
 # `make images`, `make demo`, the e2e tests (test/e2e/framework) and test/e2e/cluster/up.sh (--base) run it.
 # Real clusters build real images from build/*.Dockerfile instead.
-# Usage: images.sh [--base]   (--base: only pause, busybox and the trainer images)
+# Usage: images.sh [--base | --import-only]   (--base: only pause, busybox and the trainer images; --import-only:
+# build nothing, import what $IMAGES has into the nodes that lack it)
 set -euo pipefail
 . "$(dirname "$(readlink -f "$0")")/../test/e2e/cluster/env.sh"
 mkdir -p "$IMAGES"; cd "$IMAGES"
 exec 9>"$IMAGES/.lock"; flock 9
+if [ "${1:-}" != --import-only ]; then
 mk() { "$HACK_DIR/mkimage.sh" "$@" >/dev/null; echo "images: built $(basename "$3") ($1)"; }
 # Base images only change with this script; rebuild them when it changes.
 base_stamp=$(cat "$HACK_DIR/images.sh" "$HACK_DIR/mkimage.sh" "$TOOLS/pause/pause.c" | sha256sum | cut -c1-16)
@@ -68,13 +70,22 @@ if [ "${1:-}" != --base ]; then
   done
   rm -rf rootfs
 fi
-# Import into the running cluster, if any; skip tarballs already imported unchanged.
-if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
-  mkdir -p "$RUN/imported"
+fi
+# Import into every running node of the cluster (node1's containerd, and each node of node.sh); skip tarballs
+# that node already has unchanged.
+import_into() { # socket stampdir
+  mkdir -p "$2"
   for t in "$IMAGES"/*.tar; do
     s=$(sha256sum "$t" | cut -c1-64); n=$(basename "$t")
-    [ "$(cat "$RUN/imported/$n" 2>/dev/null)" = "$s" ] && continue
-    ctr -a "$CTR_SOCK" -n k8s.io images import "$t" >/dev/null && echo "$s" > "$RUN/imported/$n"
-    echo "images: imported $n"
+    [ "$(cat "$2/$n" 2>/dev/null)" = "$s" ] && continue
+    ctr -a "$1" -n k8s.io images import "$t" >/dev/null && echo "$s" > "$2/$n"
+    echo "images: imported $n${3:+ into $3}"
   done
+}
+if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
+  import_into "$CTR_SOCK" "$RUN/imported"
 fi
+for d in "$RUN"/nodes/*/; do
+  [ -S "$d/containerd/containerd.sock" ] && [ -f "$d/pids/containerd.pid" ] && kill -0 "$(cat "$d/pids/containerd.pid")" 2>/dev/null || continue
+  import_into "$d/containerd/containerd.sock" "$d/imported" "$(basename "$d")"
+done

@@ -44,6 +44,11 @@ ls /var/run/netns/cni-* >/dev/null 2>&1 && leak "netns $(ls /var/run/netns/cni-*
 for ctl in /sys/fs/cgroup/*/; do [ -d "$ctl/kubepods" ] && leak "cgroup ${ctl}kubepods"; done
 [ -e "$DEVICE_PLUGIN_DIR" ] && leak "$DEVICE_PLUGIN_DIR"
 ls /var/log/containers/ 2>/dev/null | has . && for l in /var/log/containers/*; do readlink "$l" | has "^$RUN/" && leak "log link $l"; done
+for n in $(ip netns list 2>/dev/null | awk '/^et-node/{print $1}'); do leak "network namespace $n"; done
+ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^et-node' | while read -r l; do echo "check-clean: LEFT BEHIND: link $l"; done | grep . && bad=1
+for ctl in /sys/fs/cgroup/*/; do for c in "$ctl"et-node*; do [ -d "$c" ] && leak "cgroup $c"; done; done
+nft list tables 2>/dev/null | grep -E 'et-partition' | while read -r t; do echo "check-clean: LEFT BEHIND: nftables $t"; done | grep . && bad=1
+for d in "$RUN"/nodes/*/pids; do for f in "$d"/*.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && leak "process $f"; done; done
 [ -e "$INSTANCE_FILE" ] && leak "instance file $INSTANCE_FILE"
 if [ -f "$SNAP/state" ]; then
   d=$(diff <(cat "$SNAP/state") <(state)) || { leak "host state differs from before the first up (< before, > now):"; echo "$d"; }

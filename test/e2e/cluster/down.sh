@@ -25,6 +25,9 @@ stop() { # name... : SIGTERM all in parallel, wait up to 15s, then SIGKILL
   for n in "$@"; do rm -f "$PIDS/$n.pid"; done
   echo "down: stopped $* ($(( $(date +%s%N)/1000000 - T0 ))ms)"
 }
+# 0. the other nodes (node.sh), while the API server still runs to delete their Node objects
+for d in "$RUN"/nodes/*/; do [ -d "$d" ] && T0=$T0 "$CLUSTER_DIR/node.sh" down "$(basename "$d")"; done
+for n in $(ip netns list 2>/dev/null | awk '/^et-node/{print $1}'); do T0=$T0 "$CLUSTER_DIR/node.sh" down "${n#et-}"; done
 # 1. stop kubelet first so it does not restart what we remove, then tear pods down through CRI (runs CNI DEL)
 stop kubelet
 if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then

@@ -1,4 +1,4 @@
-# Settings of the local single-node test cluster. Source this file (bash).
+# Settings of the local test cluster. Source this file (bash).
 # Everything expensive or stateful lives outside git, under $ET_CACHE:
 #   $ET_CACHE/bin      binaries built from the pinned versions (build.sh), one stamp per binary
 #   $ET_CACHE/images   local image tarballs (hack/images.sh)
@@ -44,6 +44,14 @@ export NODE_POD_CIDR=${NODE_POD_CIDR:-10.244.0.0/24}
 export SVC_CIDR=${SVC_CIDR:-10.96.0.0/16}
 export KUBERNETES_SVC_IP=${KUBERNETES_SVC_IP:-10.96.0.1}
 export CLUSTER_DNS=$NODE_IP                  # CoreDNS runs on the host, bound to $NODE_IP:53
+# More nodes (node.sh): node<N> (N = 2..250) runs its own containerd, kubelet, kube-proxy, kube-router and fake
+# device plugin in network namespace et-node<N> (node IP 10.250.0.<N>, pods 10.244.<N-1>.0/24, both routed from the
+# host through veth et-node<N>), a mount namespace of its own and cgroup /et-node<N>. up.sh starts EXTRA_NODES.
+export EXTRA_NODES=${EXTRA_NODES-node2}
+export NODE_NET=10.250.0.0/24
+node_index() { local i=${1#node}; [[ $1 == node* && $i =~ ^[0-9]+$ && $i -ge 2 && $i -le 250 ]] || { echo "not a node name: $1 (node2..node250)" >&2; return 1; }; echo "$i"; }
+node_ip() { local i; i=$(node_index "$1") && echo "10.250.0.$i"; }
+node_pod_cidr() { local i; i=$(node_index "$1") && echo "10.244.$((i - 1)).0/24"; }
 export CLUSTER_DOMAIN=${CLUSTER_DOMAIN:-cluster.local}
 export ETCD_CLIENT_PORT=${ETCD_CLIENT_PORT:-32379} ETCD_PEER_PORT=${ETCD_PEER_PORT:-32380}
 export APISERVER_PORT=${APISERVER_PORT:-36443}

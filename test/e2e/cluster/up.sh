@@ -1,18 +1,17 @@
 #!/bin/bash
-# Starts (or completes) the single-node test cluster: etcd, kube-apiserver, kube-controller-manager,
+# Starts (or completes) the local test cluster: etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, containerd (CRI, cgroupfs, bridge CNI), kubelet, kube-proxy (iptables), kube-router (only its
 # NetworkPolicy controller: the bridge CNI enforces no NetworkPolicy), CoreDNS and the fake device plugin, all as
-# host processes with pid files and logs under $RUN. Idempotent: a second run starts only
+# host processes with pid files and logs under $RUN: that is node1. Then the nodes of EXTRA_NODES (node.sh: the
+# same node components in namespaces of their own). Idempotent: a second run starts only
 # what is not running. Builds missing binaries first (minutes the first time). down.sh undoes every host change.
 set -euo pipefail
 . "$(dirname "$(readlink -f "$0")")/env.sh"
-T0=$(date +%s.%N)
-ts() { awk -v t0="$T0" -v t1="$(date +%s.%N)" -v m="$*" 'BEGIN{printf "up: [%5.1fs] %s\n", t1-t0, m}'; }
+. "$CLUSTER_DIR/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "up: must run as root (it starts a kubelet, containerd and changes routes/iptables); try: sudo make cluster-up"; exit 1; }
 mkdir -p "$(dirname "$LOCK_FILE")"; exec 8>"$LOCK_FILE"
 flock -n 8 || { echo "up: waiting for another cluster-up/cluster-down on this machine (lock $LOCK_FILE)"; flock 8; }
 
-alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
 # One cluster per machine: the kubelet port, cni0, iptables chains and the device-plugin dir are node-global.
 if [ -f "$INSTANCE_FILE" ] && [ "$(cat "$INSTANCE_FILE")" != "$RUN" ]; then
   other=$(cat "$INSTANCE_FILE")
@@ -32,21 +31,6 @@ done
 "$CLUSTER_DIR/build.sh"
 mkdir -p "$RUN" "$LOGS" "$PIDS" "$RUN/cni/net.d" "$RUN/cni/ipam" "$RUN/kubelet" "$RUN/pod-logs"
 echo "$RUN" > "$INSTANCE_FILE"
-
-start() { # name cmd...  (background, log + pid file)
-  local n=$1; shift
-  if alive "$n"; then ts "$n already running"; return; fi
-  setsid "$@" >>"$LOGS/$n.log" 2>&1 < /dev/null 8>&- &   # 8>&-: daemons must not inherit the lock
-  echo $! > "$PIDS/$n.pid"
-}
-writecfg() { # file <stdin> : replace only when content changes (kube-proxy exits when its config file changes)
-  cat > "$1.new"; if cmp -s "$1.new" "$1"; then rm -f "$1.new"; else mv -f "$1.new" "$1"; fi
-}
-waitfor() { # desc timeout cmd...
-  local d=$1 t=$2; shift 2; local i=0
-  until "$@" >/dev/null 2>&1; do i=$((i+1)); [ $i -gt $((t*5)) ] && { echo "up: TIMEOUT waiting for $d (logs in $LOGS)"; exit 1; }; sleep 0.2; done
-  ts "$d ready"
-}
 
 # --- host changes (originals saved once, restored by down.sh)
 # No saved sysctls means the host is as we found it: record it, for check-clean.sh to compare after down.sh.
@@ -83,6 +67,7 @@ table ip $GUARD_NFT {
   chain forward {
     type filter hook forward priority -10; policy accept;
     ip saddr $POD_CIDR ip daddr != $POD_CIDR reject with icmp type net-unreachable
+    ip saddr $NODE_NET ip daddr != { $POD_CIDR, $NODE_NET } reject with icmp type net-unreachable
   }
 }
 X
@@ -96,50 +81,7 @@ start etcd "$BIN/etcd" --name node1 --data-dir "$RUN/etcd" \
   --quota-backend-bytes 2147483648 --unsafe-no-fsync --log-level warn
 
 # --- containerd (independent of the control plane, start early)
-writecfg "$RUN/containerd.toml" <<X
-version = 2
-root = "$RUN/containerd/root"
-state = "$RUN/containerd/state"
-[grpc]
-  address = "$CTR_SOCK"
-[ttrpc]
-  address = "$RUN/containerd/containerd.sock.ttrpc"
-[debug]
-  level = "warn"
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$RUN/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
-  enable_selinux = false
-  disable_apparmor = true
-  restrict_oom_score_adj = true   # no CAP_SYS_RESOURCE here: cannot lower oom_score_adj below 0
-  max_container_log_line_size = 16384
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN_DIR"
-    conf_dir = "$RUN/cni/net.d"
-    max_conf_num = 1
-X
-writecfg "$RUN/cni/net.d/10-bridge.conflist" <<X
-{
-  "cniVersion": "1.0.0",
-  "name": "k8s-real",
-  "plugins": [
-    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-     "ipam": {"type": "host-local", "dataDir": "$RUN/cni/ipam",
-              "ranges": [[{"subnet": "$NODE_POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-X
+node_configs "$RUN" "$NODE_NAME" "$NODE_IP" "$NODE_POD_CIDR" /
 start containerd containerd --config "$RUN/containerd.toml"
 
 waitfor etcd 30 curl -sf "http://127.0.0.1:$ETCD_CLIENT_PORT/health"
@@ -225,55 +167,10 @@ X
 start coredns "$BIN/coredns" -conf "$RUN/Corefile"
 
 # --- kubelet
-writecfg "$RUN/kubelet-config.yaml" <<X
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-port: $KUBELET_PORT
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: $KUBELET_HEALTHZ_PORT
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: "$PKI/ca.crt"}
-authorization: {mode: Webhook}
-containerRuntimeEndpoint: unix://$CTR_SOCK
-cgroupDriver: cgroupfs
-failCgroupV1: false
-failSwapOn: false
-clusterDomain: $CLUSTER_DOMAIN
-clusterDNS: [$CLUSTER_DNS]
-resolvConf: /etc/resolv.conf
-podLogsDir: $RUN/pod-logs
-serializeImagePulls: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
-protectKernelDefaults: false
-makeIPTablesUtilChains: true
-maxPods: 110
-syncFrequency: 10s
-fileCheckFrequency: 10s
-nodeStatusUpdateFrequency: 2s   # a test cluster: Ready and device-plugin changes show up fast
-X
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet-config.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
   --root-dir "$RUN/kubelet" --cert-dir "$RUN/kubelet/pki" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
 
 # --- kube-proxy
-writecfg "$RUN/kube-proxy-config.yaml" <<X
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: "$RUN/kube-proxy.kubeconfig"}
-mode: iptables
-hostnameOverride: $NODE_NAME
-clusterCIDR: $POD_CIDR
-detectLocalMode: ClusterCIDR
-metricsBindAddress: 127.0.0.1:$PROXY_METRICS_PORT
-healthzBindAddress: 127.0.0.1:$PROXY_HEALTHZ_PORT
-conntrack: {maxPerCore: 0, min: 0}
-iptables: {syncPeriod: 5s, minSyncPeriod: 0s}
-X
 start kube-proxy "$BIN/kube-proxy" --config "$RUN/kube-proxy-config.yaml" --v=1
 
 # --- fake accelerators: a device plugin registered with the kubelet (re-registers when the kubelet restarts)
@@ -307,5 +204,7 @@ gpus() { local r p; for r in $FAKE_DEVICES; do p=$(echo "${r%%=*}" | sed 's/\./\
 waitfor "fake devices ($FAKE_DEVICES) allocatable" 60 gpus
 waitfor "kube-router (NetworkPolicy)" 60 kube_router_ready
 for f in "$PIDS"/*.pid; do kill -0 "$(cat "$f")" 2>/dev/null || { echo "up: $(basename "$f" .pid) died, see $LOGS"; exit 1; }; done
-ts "cluster up (state in $RUN)"
+# --- the other nodes (node.sh): each in network and mount namespaces of its own, routed from here
+for n in $EXTRA_NODES; do T0=$T0 "$CLUSTER_DIR/node.sh" up "$n" | sed 's/^/  /'; done
+ts "cluster up: $NODE_NAME $EXTRA_NODES (state in $RUN)"
 echo "export KUBECONFIG=$KUBECONFIG"
