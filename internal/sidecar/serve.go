@@ -19,6 +19,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
+	"github.com/elastic-training/elastic-training/internal/survivors"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/torchview"
 	"github.com/elastic-training/elastic-training/internal/torchview/jobevents"
@@ -87,9 +88,22 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if cfg.C10dAddr != "" {
 		// After etcd is ready, so that a c10d client never meets a sidecar
 		// that answers but is not ready.
+		// The view and the survivors' restarter see every write of the store; the restarter writes to it, so
+		// it is made once the store exists (before it serves: no write comes earlier).
+		var restart *survivors.Restarter
+		onWrite := func(key string, value []byte) {
+			view.C10dWrite(key, value)
+			restart.C10dWrite(key, value)
+		}
 		c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
-			OnSet: view.C10dWrite, OnCompareSet: view.C10dWrite}
-		if err := serveC10d(rctx, &wg, cfg.C10dAddr, c10d); err != nil {
+			OnSet: onWrite, OnCompareSet: onWrite}
+		srv, err := tcpstore.New(c10d)
+		if err != nil {
+			return err
+		}
+		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
+		restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
+		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err
 		}
 	}
@@ -175,11 +189,7 @@ func saveV2(v2 *v2api.Server, dataDir string, log *slog.Logger) {
 // serveC10d serves torch's c10d TCPStore on addr until ctx ends. Its keys
 // live in memory only: after a restart the agents find an empty store and
 // form a new round, as torch's own store hosted by an agent would make them.
-func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, cfg tcpstore.Config) error {
-	srv, err := tcpstore.New(cfg)
-	if err != nil {
-		return err
-	}
+func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, srv *tcpstore.Server, cfg tcpstore.Config) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("c10d store: %w", err)

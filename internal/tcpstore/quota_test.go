@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,4 +190,35 @@ func TestSlowReaderCutOff(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(srv.m.refused.WithLabelValues(refusedSlowReader)) == 1
 	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// TestServerCompareSet: the in-process COMPARE_SET stores only over the
+// expected value of a key that exists, and is not reported to OnCompareSet.
+func TestServerCompareSet(t *testing.T) {
+	var hooked atomic.Int32
+	srv, err := New(Config{OnCompareSet: func(string, []byte) { hooked.Add(1) }})
+	require.NoError(t, err)
+	nc := rawDial(t, serveLoopback(t, srv))
+
+	stored, err := srv.CompareSet("k", nil, []byte("v"))
+	require.NoError(t, err)
+	require.False(t, stored, "a missing key is never created")
+
+	// A client sets k (its PING's reply says the SET was served).
+	_, err = nc.Write(AppendRequest(AppendRequest(nil, &Request{Op: OpSet, Key: "k", Value: []byte("1")}),
+		&Request{Op: OpPing, Nonce: 7}))
+	require.NoError(t, err)
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadFull(nc, make([]byte, 4))
+	require.NoError(t, err)
+
+	stored, err = srv.CompareSet("k", []byte("0"), []byte("2"))
+	require.NoError(t, err)
+	require.False(t, stored, "expected value differs")
+	stored, err = srv.CompareSet("k", []byte("1"), []byte("2"))
+	require.NoError(t, err)
+	require.True(t, stored)
+	v, _ := srv.Get("k")
+	require.Equal(t, "2", string(v))
+	require.Zero(t, hooked.Load())
 }

@@ -75,6 +75,29 @@ func (s *Server) Get(key string) ([]byte, bool) {
 	return bytes.Clone(v), ok
 }
 
+// CompareSet stores desired under key when key holds expected, as a client's
+// COMPARE_SET does, for a writer in the same process. It never creates key
+// (so no WAIT is waiting for it). It reports whether it stored, and is not
+// reported to OnCompareSet: the writer knows what it wrote.
+func (s *Server) CompareSet(key string, expected, desired []byte) (bool, error) {
+	s.st.mu.Lock()
+	cur, ok := s.st.kv[key]
+	var err error
+	stored := ok && bytes.Equal(cur, expected)
+	if stored {
+		if err = s.st.set(key, bytes.Clone(desired)); err != nil {
+			stored = false
+		}
+	}
+	kicks := s.st.kicks
+	s.st.kicks = nil
+	s.st.mu.Unlock()
+	for _, k := range kicks {
+		go k.flushAsync()
+	}
+	return stored, err
+}
+
 // readBufSize is each connection's read buffer. A connection holds it, its
 // goroutine and, between replies, up to two reply buffers of at most
 // keepReplyBuf bytes each.

@@ -21,12 +21,39 @@ import (
 
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // MaxStateLen bounds what Decode reads. A state holds a few hundred bytes per
 // node; 16 MiB is tens of thousands of nodes, and keeps a bad value from
 // costing more memory than that.
 const MaxStateLen = 16 << 20
+
+// The keys torch's dynamic rendezvous keeps its pickled state under (base64
+// of the pickle): etcd_rendezvous_backend's v2 key and
+// c10d_rendezvous_backend's store key (torch's TCPStore client puts a "/"
+// in front of it on the wire), each followed by the run id. C10dKeyPrefix
+// also begins the keys of each round's store.
+const (
+	V2KeyPrefix   = "/torch/elastic/rendezvous/"
+	C10dKeyPrefix = "torch.rendezvous."
+)
+
+// StateRun says whether key (as torch names it, without the TCPStore's "/")
+// is where backend (constants.BackendEtcdV2 or BackendC10d) keeps a run's
+// state, and which run.
+func StateRun(backend, key string) (string, bool) {
+	prefix := V2KeyPrefix
+	if backend == constants.BackendC10d {
+		prefix = C10dKeyPrefix
+	}
+	run, ok := strings.CutPrefix(key, prefix)
+	if !ok || run == "" || strings.Contains(run, "/") {
+		return "", false
+	}
+	return run, true
+}
 
 // Node is torch's _NodeDesc: one agent (torchrun process).
 type Node struct {
@@ -80,31 +107,41 @@ func Decode(raw []byte) (State, error) {
 	return st, nil
 }
 
-func decode(raw []byte) (st State, err error) {
+func decode(raw []byte) (State, error) {
+	obj, err := load(raw)
+	if err != nil {
+		return State{}, err
+	}
+	return fromObject(obj)
+}
+
+// load unpickles a _RendezvousState into its generic form, which Encode
+// writes back.
+func load(raw []byte) (obj *object, err error) {
 	if len(raw) > MaxStateLen {
-		return State{}, fmt.Errorf("rendezvous state of %d bytes: over the limit of %d", len(raw), MaxStateLen)
+		return nil, fmt.Errorf("rendezvous state of %d bytes: over the limit of %d", len(raw), MaxStateLen)
 	}
 	// gopickle trusts the stack's shape (a malformed pickle can make it index
 	// out of range); a bad value must be an error, never a crash.
 	defer func() {
 		if r := recover(); r != nil {
-			st, err = State{}, fmt.Errorf("malformed pickle: %v", r)
+			obj, err = nil, fmt.Errorf("malformed pickle: %v", r)
 		}
 	}()
 	if err := checkLengths(raw); err != nil {
-		return State{}, fmt.Errorf("unpickle rendezvous state: %w", err)
+		return nil, fmt.Errorf("unpickle rendezvous state: %w", err)
 	}
 	u := pickle.NewUnpickler(bytes.NewReader(raw))
 	u.FindClass = findClass
 	v, err := u.Load()
 	if err != nil {
-		return State{}, fmt.Errorf("unpickle rendezvous state: %w", err)
+		return nil, fmt.Errorf("unpickle rendezvous state: %w", err)
 	}
 	obj, ok := v.(*object)
 	if !ok || obj.class.name != stateClass {
-		return State{}, fmt.Errorf("not a %s: %T", stateClass, v)
+		return nil, fmt.Errorf("not a %s: %T", stateClass, v)
 	}
-	return fromObject(obj)
+	return obj, nil
 }
 
 // maxErrorLen bounds an error's text: gopickle's errors may hold a whole
@@ -168,12 +205,16 @@ func (c *class) PyNew(args ...any) (any, error) {
 type object struct {
 	class *class
 	attrs map[string]any
+	order []string // attribute names in the order the pickle set them
 }
 
 func (o *object) PyDictSet(key, value any) error {
 	k, ok := key.(string)
 	if !ok {
 		return fmt.Errorf("%s: attribute name %T", o.class.name, key)
+	}
+	if _, seen := o.attrs[k]; !seen {
+		o.order = append(o.order, k)
 	}
 	o.attrs[k] = value
 	return nil
@@ -200,16 +241,21 @@ func (datetimeClass) Call(args ...any) (any, error) {
 	}
 	us := int(b[7])<<16 | int(b[8])<<8 | int(b[9])
 	t := time.Date(int(b[0])<<8|int(b[1]), time.Month(b[2]&0x7f), int(b[3]), int(b[4]), int(b[5]), int(b[6]),
-		us*1000, time.UTC)
+		us*1000, naive)
 	if len(args) > 1 { // tzinfo: torch 2.x writes datetime.now(timezone.utc), 1.13 naive UTC
 		tz, ok := args[1].(offset)
 		if !ok {
 			return nil, fmt.Errorf("datetime: tzinfo %T", args[1])
 		}
-		t = t.Add(-time.Duration(tz))
+		t = t.Add(-time.Duration(tz)).In(time.UTC)
 	}
 	return t, nil
 }
+
+// naive is the location of a datetime pickled without tzinfo (UTC, as torch
+// 1.13 wrote them): its instant is UTC's, and Encode writes it back naive, as
+// Python cannot compare a naive datetime with an aware one.
+var naive = time.FixedZone("UTC", 0)
 
 // offset is a datetime.timezone (its UTC offset) or a datetime.timedelta.
 type offset time.Duration

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/torchstate"
 )
 
 // Round is one completed torch rendezvous round, as seen in the v2 or c10d store.
@@ -20,14 +21,8 @@ type Round struct {
 
 var activeVersionRe = regexp.MustCompile(`/run_([^/]+)/rdzv/active_version$`)
 
-// The keys torch's dynamic rendezvous keeps its pickled state under (base64
-// of the pickle): etcd_rendezvous_backend's v2 key and
-// c10d_rendezvous_backend's store key, each followed by the run id.
-const (
-	v2StatePrefix   = "/torch/elastic/rendezvous/"
-	c10dStatePrefix = "torch.rendezvous."
-	v2StorePrefix   = "/torch/elastic/store/"
-)
+// v2StorePrefix is where the etcd-v2 backend keeps each round's store.
+const v2StorePrefix = "/torch/elastic/store/"
 
 // roundFromEvent recognises the v2 writes that complete a torch round:
 //   - `etcd` backend: <prefix>/run_<id>/rdzv/active_version becomes
@@ -66,7 +61,7 @@ func roundFromEvent(key string, value string) (Round, bool) {
 // and c10d) writes once per round, in the rendezvous store: the rank-0
 // agent's MASTER_ADDR under the round's prefix "torch.rendezvous.<id>.<round>/".
 func roundFromStoreKey(backend, key, master string) (Round, bool) {
-	rest, ok := strings.CutPrefix(key, c10dStatePrefix)
+	rest, ok := strings.CutPrefix(key, torchstate.C10dKeyPrefix)
 	if !ok || !strings.HasSuffix(rest, "/MASTER_ADDR") {
 		return Round{}, false
 	}
@@ -76,18 +71,4 @@ func roundFromStoreKey(backend, key, master string) (Round, bool) {
 		return Round{}, false
 	}
 	return Round{Backend: backend, RunID: rest[:i], Round: rest[i+1:], Participants: -1, Master: master}, true
-}
-
-// stateRun says whether key is where a dynamic backend keeps a run's state,
-// and which run.
-func stateRun(backend, key string) (string, bool) {
-	prefix := v2StatePrefix
-	if backend == constants.BackendC10d {
-		prefix = c10dStatePrefix
-	}
-	run, ok := strings.CutPrefix(key, prefix)
-	if !ok || run == "" || strings.Contains(run, "/") {
-		return "", false
-	}
-	return run, true
 }

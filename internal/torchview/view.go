@@ -106,7 +106,7 @@ func New(cfg Config) *Tracker {
 // V2Write is the v2 keys API's v2api.Config.OnWrite: the etcd and etcd-v2
 // backends' writes, keys as clients name them.
 func (t *Tracker) V2Write(key, value string) {
-	if run, ok := stateRun(constants.BackendEtcdV2, key); ok {
+	if run, ok := torchstate.StateRun(constants.BackendEtcdV2, key); ok {
 		t.setState(runKey{constants.BackendEtcdV2, run}, []byte(value))
 		return
 	}
@@ -119,7 +119,7 @@ func (t *Tracker) V2Write(key, value string) {
 // torch's TCPStore client puts "/" in front of every key.
 func (t *Tracker) C10dWrite(key string, value []byte) {
 	key = strings.TrimPrefix(key, "/")
-	if run, ok := stateRun(constants.BackendC10d, key); ok {
+	if run, ok := torchstate.StateRun(constants.BackendC10d, key); ok {
 		t.setState(runKey{constants.BackendC10d, run}, value)
 		return
 	}

@@ -1,0 +1,163 @@
+package survivors
+
+import (
+	"bytes"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/torchstate"
+)
+
+// store is the c10d store as the Restarter sees it: the state key's value,
+// changed by compare-and-set.
+type store struct {
+	mu sync.Mutex
+	kv map[string][]byte
+}
+
+func (s *store) CompareSet(key string, expected, desired []byte) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.kv[key]; !ok || !bytes.Equal(cur, expected) {
+		return false, nil
+	}
+	s.kv[key] = desired
+	return true, nil
+}
+
+const key = "/torch.rendezvous.job"
+
+var t0 = time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+
+func node(i int) torchstate.Node {
+	return torchstate.Node{Addr: "job-worker-" + string(rune('0'+i)), PID: 40 + i}
+}
+
+// state is a round of the given participants (by rank), the waiting nodes after them.
+func state(t *testing.T, round int, complete bool, participants []int, waiting ...torchstate.Node) []byte {
+	st := torchstate.State{Round: round, Complete: complete, Heartbeats: map[torchstate.Node]time.Time{}}
+	for rank, i := range participants {
+		st.Participants = append(st.Participants, torchstate.Participant{Node: node(i), Rank: rank})
+		st.Heartbeats[node(i)] = t0
+	}
+	st.Waiting = waiting
+	b, err := torchstate.EncodeBase64(st)
+	require.NoError(t, err)
+	return b
+}
+
+// harness hands the Restarter each write as the store's hook does, and
+// returns the state as it is afterwards.
+type harness struct {
+	t *testing.T
+	s *store
+	r *Restarter
+}
+
+func newHarness(t *testing.T) *harness {
+	s := &store{kv: map[string][]byte{}}
+	return &harness{t: t, s: s, r: New(Config{Store: s, Name: "job-rdzv", Now: func() time.Time { return t0 }})}
+}
+
+func (h *harness) write(v []byte) torchstate.State {
+	h.s.mu.Lock()
+	h.s.kv[key] = v
+	h.s.mu.Unlock()
+	h.r.C10dWrite(key, v)
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	st, err := torchstate.DecodeBase64(h.s.kv[key])
+	require.NoError(h.t, err)
+	return st
+}
+
+var placeholder = torchstate.Node{Addr: "job-rdzv", LocalID: 3}
+
+func TestRestartsSurvivorsOfALostNode(t *testing.T) {
+	h := newHarness(t)
+	require.Empty(t, h.write(state(t, 3, false, []int{0, 1, 2})).Waiting, "a round forming")
+	require.Empty(t, h.write(state(t, 3, true, []int{0, 1, 2})).Waiting, "the round complete")
+	require.Empty(t, h.write(state(t, 3, true, []int{0, 1, 2})).Waiting, "keep-alives")
+
+	// torch's _sanitize dropped node 1: the placeholder goes on the wait list.
+	st := h.write(state(t, 3, true, []int{0, 2}))
+	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
+	require.Equal(t, t0, st.Heartbeats[placeholder].UTC())
+
+	// The agents' next writes keep it (they write the state they read).
+	cur := h.s.kv[key]
+	require.Equal(t, []torchstate.Node{placeholder}, h.write(cur).Waiting)
+
+	// The survivors leave the round (torch's exit op): same round, still waiting.
+	st = h.write(mustWith(t, state(t, 3, true, []int{2})))
+	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
+	// The last one out starts round 4: the placeholder comes off before round 4 completes.
+	st = h.write(mustWith(t, state(t, 4, false, nil)))
+	require.Empty(t, st.Waiting)
+	require.NotContains(t, st.Heartbeats, placeholder)
+	// Round 4 forms and completes with the survivors: nothing to do.
+	require.Empty(t, h.write(state(t, 4, false, []int{0, 2})).Waiting)
+	require.Empty(t, h.write(state(t, 4, true, []int{0, 2})).Waiting)
+	require.Empty(t, h.write(state(t, 4, true, []int{0, 2})).Waiting)
+}
+
+func mustWith(t *testing.T, b []byte) []byte {
+	b, err := torchstate.WithWaiting(b, placeholder, t0)
+	require.NoError(t, err)
+	return b
+}
+
+func TestLeavesAloneWhatTorchHandles(t *testing.T) {
+	for name, writes := range map[string][][]byte{
+		// A node joining: torch puts it on the wait list and the agents restart by themselves.
+		"scale-up": {state(t, 3, true, []int{0, 1}), state(t, 3, true, []int{0, 1}, node(2)), state(t, 3, true, []int{1}, node(2))},
+		// A round that never completed loses a participant: it is still forming.
+		"forming": {state(t, 3, false, []int{0, 1, 2}), state(t, 3, false, []int{0, 1})},
+		// The last participant gone: torch starts the next round itself.
+		"everyone gone": {state(t, 3, true, []int{0}), state(t, 4, false, nil)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			for i, w := range writes {
+				st := h.write(w)
+				require.False(t, slices.Contains(st.Waiting, torchstate.Node{Addr: "job-rdzv", LocalID: st.Round}), "write %d", i)
+			}
+		})
+	}
+}
+
+// The placeholder's compare-and-set can lose to an agent's write; it is
+// made again on the next write of the same round.
+func TestRetriesAfterALostCompareSet(t *testing.T) {
+	h := newHarness(t)
+	h.write(state(t, 3, true, []int{0, 1, 2}))
+	lost := state(t, 3, true, []int{0, 2})
+	h.s.kv[key] = state(t, 3, true, []int{2, 0}) // an agent wrote in between
+	h.r.C10dWrite(key, lost)
+	st, err := torchstate.DecodeBase64(h.s.kv[key])
+	require.NoError(t, err)
+	require.Empty(t, st.Waiting)
+	require.Equal(t, []torchstate.Node{placeholder}, h.write(state(t, 3, true, []int{0, 2})).Waiting)
+}
+
+// torch drops the placeholder itself when it is not taken off (its heartbeat
+// gets old): the Restarter forgets it and acts on the next loss.
+func TestPlaceholderDroppedByTorch(t *testing.T) {
+	h := newHarness(t)
+	h.write(state(t, 3, true, []int{0, 1, 2}))
+	require.NotEmpty(t, h.write(state(t, 3, true, []int{0, 2})).Waiting)
+	require.Empty(t, h.write(state(t, 3, true, []int{0, 2})).Waiting, "torch's _sanitize dropped it")
+	require.Equal(t, []torchstate.Node{placeholder}, h.write(state(t, 3, true, []int{2})).Waiting)
+}
+
+func TestIgnoresOtherKeysAndValues(t *testing.T) {
+	h := newHarness(t)
+	h.r.C10dWrite("/torch.rendezvous.job.3/MASTER_ADDR", []byte("x"))
+	h.r.C10dWrite(key, []byte("Y2FuaW1hZGFt")) // torch's null sentinel
+	h.r.C10dWrite(key, []byte("not base64!"))
+	require.Empty(t, h.r.runs)
+}
