@@ -103,6 +103,9 @@ const (
 	// AnnotationRdzvEvents names the Job on which the serving sidecar records each torch rendezvous round as an
 	// Event (PyTorch; the chart sets it with the RBAC that allows it). Empty: no Events, no token.
 	AnnotationRdzvEvents = Domain + "/rdzv-events"
+	// AnnotationRdzvRestartSurvivors "false" turns off the serving sidecar's restart of torch's survivors when
+	// torch drops a lost participant (internal/survivors; PyTorch, c10d). Default true.
+	AnnotationRdzvRestartSurvivors = Domain + "/rdzv-restart-survivors"
 	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
 	AnnotationMutated = Domain + "/mutated"
 )
@@ -114,7 +117,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvBackend, AnnotationRdzvHost, AnnotationRdzvService, AnnotationRdzvJoinTimeout,
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
-	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents}
+	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.

@@ -44,6 +44,7 @@ type settings struct {
 	rdzvService                 string
 	tlsSecret                   string // "" = plain HTTP rendezvous
 	eventsJob                   string // "" = the serving sidecar records no Events
+	keepSurvivors               bool   // the serving sidecar leaves torch's survivors alone (AnnotationRdzvRestartSurvivors false)
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -195,6 +196,9 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		}
 	}
 
+	if _, ok := ann[constants.AnnotationRdzvRestartSurvivors]; ok {
+		s.keepSurvivors = !parseBool(&bad, ann, constants.AnnotationRdzvRestartSurvivors)
+	}
 	if v := ann[constants.AnnotationRdzvEvents]; v != "" {
 		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 			bad.add("annotation", constants.AnnotationRdzvEvents, v, "the name of a Job in the pod's namespace (a DNS subdomain)")

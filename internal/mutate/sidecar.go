@@ -61,6 +61,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 			args = append(args, "--events-job="+s.eventsJob)
 			mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
 		}
+		if s.keepSurvivors {
+			args = append(args, "--restart-survivors=false")
+		}
 		if s.tlsSecret != "" {
 			// etcd's flag names; every client must present a certificate from the CA.
 			args = append(args,

@@ -41,6 +41,8 @@ type ServeConfig struct {
 	C10dAddr string
 	// C10dQuotas bound the c10d store (zero fields: tcpstore's defaults).
 	C10dQuotas tcpstore.Quotas
+	// RestartSurvivors: the c10d store's writes go to a survivors.Restarter.
+	RestartSurvivors bool
 	// EventsJob names the Job on which each torch rendezvous round is recorded
 	// as an Event ("" = none), with the in-cluster token in constants.TokenDir.
 	EventsJob string
@@ -102,7 +104,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			return err
 		}
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
-		restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
+		if cfg.RestartSurvivors {
+			restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
+		}
 		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err
 		}

@@ -101,6 +101,9 @@ func New(cfg Config) *Restarter {
 // (key with the TCPStore client's "/"), after the write and outside the
 // store's locks.
 func (r *Restarter) C10dWrite(key string, value []byte) {
+	if r == nil { // turned off (rdzv-sidecar --restart-survivors=false)
+		return
+	}
 	id, ok := torchstate.StateRun(constants.BackendC10d, strings.TrimPrefix(key, "/"))
 	if !ok {
 		return

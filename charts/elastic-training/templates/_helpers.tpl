@@ -163,6 +163,9 @@ elastic-training.io/monitor-interval: {{ $v.rendezvous.monitorInterval | quote }
 {{- with $v.rendezvous.tls.secretName }}
 elastic-training.io/rdzv-tls-secret: {{ . | quote }}
 {{- end }}
+{{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.restartSurvivors false) }}
+elastic-training.io/rdzv-restart-survivors: "false"
+{{- end }}
 {{- with include "elastic-training.eventsJob" (dict "root" .root "plan" $plan) }}
 elastic-training.io/rdzv-events: {{ . | quote }}
 {{- end }}
@@ -288,3 +291,25 @@ PyTorch); empty: none. (dict "root" $ "plan" $plan)
 {{- printf "%s-%s" (include "elastic-training.fullname" .root) .plan.eventsGroup -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+A pod's tolerations: the user's, then the node-loss ones (nodeLossTolerationSeconds) for the keys the user's do
+not name. Input: dict "root" $ "user" <list>. Output: a YAML list.
+*/}}
+{{- define "elastic-training.tolerations" -}}
+{{- $out := list -}}
+{{- $keys := dict -}}
+{{- range .user -}}
+{{- $out = append $out . -}}
+{{- with .key }}{{ $_ := set $keys . true }}{{ end -}}
+{{- end -}}
+{{- $s := .root.Values.nodeLossTolerationSeconds -}}
+{{- if not (kindIs "invalid" $s) -}}
+{{- range list "node.kubernetes.io/not-ready" "node.kubernetes.io/unreachable" -}}
+{{- if not (hasKey $keys .) -}}
+{{- $out = append $out (dict "key" . "operator" "Exists" "effect" "NoExecute" "tolerationSeconds" (int64 $s)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}

@@ -124,7 +124,7 @@ spec:
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with ($gv.tolerations | default $rv.tolerations) }}
+  {{- with (include "elastic-training.tolerations" (dict "root" $root "user" ($gv.tolerations | default $rv.tolerations)) | fromYamlArray) }}
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}

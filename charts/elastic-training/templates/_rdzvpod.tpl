@@ -46,7 +46,7 @@ spec:
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $r.tolerations }}
+  {{- with (include "elastic-training.tolerations" (dict "root" . "user" $r.tolerations) | fromYamlArray) }}
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -74,6 +74,9 @@ spec:
         - --member-host={{ $job }}-rdzv-0.{{ $job }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
         - --member-group=rdzv
         - --member-index=0
+        {{- if and (eq .Values.framework "pytorch") (eq $r.restartSurvivors false) }}
+        - --restart-survivors=false
+        {{- end }}
         {{- with $events }}
         - --events-job={{ . }}
         {{- end }}

@@ -1,0 +1,119 @@
+package helm_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
+)
+
+// podSpecs are the pod templates of every Job and StatefulSet rendered, by object.
+func podSpecs(t *testing.T, r *chartrender.Rendered) map[string]corev1.PodTemplateSpec {
+	out := map[string]corev1.PodTemplateSpec{}
+	for _, o := range r.Objects {
+		switch o.Kind {
+		case "Job", "StatefulSet":
+			out[o.Key()] = servingPodTemplate(t, o)
+		}
+	}
+	return out
+}
+
+func servingPodTemplate(t *testing.T, o chartrender.Object) corev1.PodTemplateSpec {
+	p := servingPod(t, o)
+	return corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
+}
+
+func lossToleration(key string, seconds int64) corev1.Toleration {
+	return corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: &seconds}
+}
+
+// Every pod of every workload kind the chart renders (the ci scenarios and examples: PyTorch Jobs, MPI launcher
+// and worker StatefulSet, MXNet roles, ElasticDL groups, the dedicated rendezvous pod) leaves a lost node after
+// nodeLossTolerationSeconds, not Kubernetes' 300 s.
+func TestNodeLossTolerations(t *testing.T) {
+	ch := loadChart(t)
+	for _, sc := range scenarios(t) {
+		t.Run(sc.name, func(t *testing.T) {
+			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+			require.NoError(t, err)
+			specs := podSpecs(t, r)
+			require.NotEmpty(t, specs)
+			for key, s := range specs {
+				for _, k := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
+					require.Contains(t, s.Spec.Tolerations, lossToleration(k, 10), key)
+				}
+			}
+		})
+	}
+}
+
+func TestNodeLossTolerationsValues(t *testing.T) {
+	ch := loadChart(t)
+	base := merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"}, "rendezvous": map[string]any{"placement": "dedicated"}})
+	mine := map[string]any{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 600}
+	for name, c := range map[string]struct {
+		values map[string]any
+		want   []corev1.Toleration
+	}{
+		"seconds": {map[string]any{"nodeLossTolerationSeconds": 45},
+			[]corev1.Toleration{lossToleration("node.kubernetes.io/not-ready", 45), lossToleration("node.kubernetes.io/unreachable", 45)}},
+		"Kubernetes' default": {map[string]any{"nodeLossTolerationSeconds": nil}, nil},
+		"a toleration of the same key wins": {map[string]any{"tolerations": []any{mine}, "rendezvous": map[string]any{"placement": "dedicated", "tolerations": []any{mine}}},
+			[]corev1.Toleration{lossToleration("node.kubernetes.io/unreachable", 600), lossToleration("node.kubernetes.io/not-ready", 10)}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := render(ch, merge(base, c.values), chartrender.Options{})
+			require.NoError(t, err)
+			specs := podSpecs(t, r)
+			require.Len(t, specs, 2, "the worker Job and the dedicated rendezvous pod")
+			for key, s := range specs {
+				require.Equal(t, c.want, s.Spec.Tolerations, key)
+			}
+		})
+	}
+}
+
+// rendezvous.restartSurvivors false reaches the serving sidecar, injected by the webhook or in the dedicated pod.
+func TestRestartSurvivorsOff(t *testing.T) {
+	ch := loadChart(t)
+	for _, placement := range []string{"auto", "dedicated"} {
+		t.Run(placement, func(t *testing.T) {
+			for _, off := range []bool{false, true} {
+				v := merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"},
+					"rendezvous": map[string]any{"placement": placement, "restartSurvivors": !off}})
+				r, err := render(ch, v, chartrender.Options{})
+				require.NoError(t, err)
+				var flagged []string
+				for _, o := range r.Objects {
+					if o.Kind != "Job" && o.Kind != "StatefulSet" {
+						continue
+					}
+					pod := servingPod(t, o)
+					_, ann := pod.Annotations[constants.AnnotationRdzvRestartSurvivors]
+					require.Equal(t, off, ann, o.Key())
+					sc := pod.Spec.Containers
+					if roleOf(o) == constants.RoleWorker && placement == "auto" { // the worker serves
+						c, _ := injectedSidecar(t, pod, naming.DefaultClusterDomain)
+						sc = []corev1.Container{c}
+					}
+					for _, c := range sc {
+						if c.Name == constants.SidecarContainerName && slices.Contains(c.Args, "--restart-survivors=false") {
+							flagged = append(flagged, o.Key())
+						}
+					}
+				}
+				if off {
+					require.Len(t, flagged, 1, "the one serving sidecar")
+				} else {
+					require.Empty(t, flagged)
+				}
+			}
+		})
+	}
+}
