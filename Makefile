@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs bench bench-sidecar bench-webhook bench-e2e demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs bench bench-sidecar bench-webhook bench-e2e bench-node-loss demo cluster-build cluster-up cluster-down cluster-status images
 
 all: build
 
@@ -73,14 +73,20 @@ demo:
 	hack/demo.sh
 
 ## bench: every performance measurement, each printing ratios against a baseline measured in the same run.
-bench: bench-sidecar bench-webhook bench-e2e
+bench: bench-sidecar bench-webhook bench-e2e bench-node-loss
 
 ## bench-e2e: elastic PyTorch on the local cluster (root): helm install -> first step, scale up/down -> every
 ## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run.
 bench-e2e:
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkScaling -benchtime 1x ./test/e2e/workloads
 
-## Local single-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
+## bench-node-loss: a worker node of an elastic PyTorch job crashes on the two-node local cluster (root): seconds
+## until the survivors train at the smaller size and until the lost pods are replaced, the chart's defaults against
+## torch's own behaviour in the same run.
+bench-node-loss:
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkNodeLoss -benchtime 1x ./test/e2e/workloads
+
+## Local two-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
 ## built goes (ET_CACHE, default ~/.cache/elastic-training; `make ET_CACHE=DIR ...` moves it), are in
 ## test/e2e/cluster/env.sh, which the scripts and test/e2e/framework read.
 CLUSTER := test/e2e/cluster

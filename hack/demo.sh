@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make demo: an elastic PyTorch job on the local single-node cluster, scaled with `helm upgrade`.
+# make demo: an elastic PyTorch job on the local two-node cluster, scaled with `helm upgrade`.
 # Builds what is missing (Kubernetes from the Go module proxy, the trainer image from Debian forky's packages:
 # torch 2.14), starts the cluster, installs the webhook chart and a job that really trains, scales it
 # 2 -> 3 -> 4 -> 2 and prints what happened. Needs nothing installed beforehand but Go and root.
@@ -29,7 +29,11 @@ world() {
         [ "$w" = "world_size=$n" ] || ok=0
       done
     fi
-    [ $ok = 1 ] && { echo "   every worker trains at world size $n after $(since $t0) s"; return; }
+    if [ $ok = 1 ]; then
+      echo "   every worker trains at world size $n after $(since $t0) s, on:" \
+        $(for p in $pods; do echo "${p#"$JOB"-worker-}@$(kubectl -n "$NS" get pod "$p" -o jsonpath='{.spec.nodeName}')"; done)
+      return
+    fi
     [ $(since $t0) -gt 240 ] && { echo "demo: workers did not reach world size $n in 240 s" >&2; kubectl -n "$NS" get pods -o wide >&2; exit 1; }
     sleep 1
   done

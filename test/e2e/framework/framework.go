@@ -161,10 +161,10 @@ func (c *Cluster) Down(t testing.TB) {
 }
 
 // scriptForTest runs a cluster script and logs its output as what, failing the test when it fails.
-func (c *Cluster) scriptForTest(t testing.TB, what, name string) {
+func (c *Cluster) scriptForTest(t testing.TB, what, name string, args ...string) {
 	t.Helper()
 	var out bytes.Buffer
-	if err := c.script(&out, name); err != nil {
+	if err := c.script(&out, name, args...); err != nil {
 		t.Fatalf("%s: %v\n%s", what, err, out.String())
 	}
 	t.Logf("%s:\n%s", what, out.String())

@@ -29,7 +29,7 @@ var (
 	// StockTrainer is the forky image without python-etcd, as a stock torch image is: what the chart's default
 	// backend (c10d) must train with.
 	StockTrainer = Trainer{Image: settings["STOCK_TRAINER_IMAGE"], Torch: trainerTorch["forky"]}
-	// NodeName is the only node.
+	// NodeName is the node of the host itself (node1), where the control plane runs; ExtraNodes are the others.
 	NodeName = settings["NODE_NAME"]
 	// ClusterDomain is the DNS domain of Services and pods.
 	ClusterDomain = settings["CLUSTER_DOMAIN"]
@@ -65,7 +65,7 @@ var trainerTorch = map[string]string{"forky": "2.14.1", "trixie": "2.6.0"}
 var settingNames = []string{
 	"ET_CACHE", "BIN", "RUN", "LOGS", "PIDS", "KUBECONFIG", "HACK_DIR", "E2E_LOCK",
 	"BUSYBOX_IMAGE", "WEBHOOK_IMAGE", "SIDECAR_IMAGE", "TRAINER_IMAGE", "STOCK_TRAINER_IMAGE", "TRAINER_SUITES",
-	"NODE_NAME", "CLUSTER_DOMAIN", "SVC_CIDR", "FAKE_DEVICES", "HELM_VERSION",
+	"NODE_NAME", "EXTRA_NODES", "CLUSTER_DOMAIN", "SVC_CIDR", "FAKE_DEVICES", "HELM_VERSION",
 }
 
 // readSettings sources env.sh of this checkout and returns the variables of settingNames. A test binary that

@@ -101,7 +101,10 @@ func (c *Cluster) PodLogs(t testing.TB, ns, pod, container string) string {
 	return raw
 }
 
+// podLogs gives a read 30 s: the API server's call to the kubelet of a lost node can hang for minutes.
 func (c *Cluster) podLogs(ctx context.Context, ns, pod, container string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	raw, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
 	return string(raw), err
 }

@@ -153,3 +153,44 @@ func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since
 	}
 	return newAgent, workersStart
 }
+
+// BenchmarkNodeLoss measures, on the two-node cluster and in one run, what a crashed worker node costs an elastic
+// PyTorch job (3 workers, worker 0 serving the rendezvous on the node that stays, the others spread): the time from
+// the crash until every survivor trains at the smaller world size, and until every worker trains at the full size
+// again (Kubernetes replaced the lost pods). Once with the chart's defaults, once with torch's own behaviour
+// (rendezvous.restartSurvivors false, last_call and close timeouts 30 s): its survivors wait for the collective
+// timeout (gloo: 30 min), so the wait for them stops at 180 s and reports "> 180". On the default trainer image
+// (torch 2.14). Goals (issue 23): smaller size within 20 s, full size within 90 s. Run it with `make bench-node-loss`.
+func BenchmarkNodeLoss(b *testing.B) {
+	c := framework.Get(b)
+	installWebhook(b, c)
+	const limit = 180 * time.Second
+	img := framework.TrainerImages[0]
+	configs := []struct {
+		name string
+		run  lossRun
+	}{
+		{"chart defaults", lossRun{}},
+		{"torch's own", lossRun{rdzv: map[string]any{"restartSurvivors": false, "lastCallTimeout": 30, "closeTimeout": 30}, smallerLimit: limit}},
+	}
+	got := make([]nodeLoss, len(configs))
+	for i := 0; i < b.N; i++ {
+		for j, cfg := range configs {
+			got[j] = workerNodeLoss(b, c, c.Namespace(b), img, crash, cfg.run)
+		}
+	}
+	secs := func(d time.Duration) string {
+		if d == 0 {
+			return fmt.Sprintf("> %.0f", limit.Seconds())
+		}
+		return fmt.Sprintf("%.1f", d.Seconds())
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nworker node crash, elastic PyTorch 3 workers on 2 nodes (%s, torch %s), seconds after the crash\n", img.Image, img.Torch)
+	fmt.Fprintf(&out, "%-40s %14s %14s\n", "", configs[0].name, configs[1].name)
+	fmt.Fprintf(&out, "%-40s %14s %14s\n", fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors), secs(got[0].trainAgain), secs(got[1].trainAgain))
+	fmt.Fprintf(&out, "%-40s %14s %14s\n", "all 3 train again (lost pods replaced)", secs(got[0].replaced), secs(got[1].replaced))
+	fmt.Print(out.String())
+	b.ReportMetric(got[0].trainAgain.Seconds(), "smaller-size-s")
+	b.ReportMetric(got[0].replaced.Seconds(), "full-size-s")
+}

@@ -32,7 +32,7 @@ func trainerRestarts(p corev1.Pod) int {
 	return 0
 }
 
-func snapshot(t *testing.T, c *framework.Cluster, ns, selector string) map[string]progress {
+func snapshot(t testing.TB, c *framework.Cluster, ns, selector string) map[string]progress {
 	t.Helper()
 	pods, err := livePods(t.Context(), c, ns, selector)
 	if err != nil {

@@ -121,7 +121,7 @@ func workersSelector(job string) string {
 
 // sharedDir mounts a host directory at /data in every pod of the job, as a PVC would on a real cluster, and
 // returns its path on this machine (the test runs on the node). It is removed when the test ends.
-func sharedDir(t *testing.T, v map[string]any, ns string) string {
+func sharedDir(t testing.TB, v map[string]any, ns string) string {
 	t.Helper()
 	dir := filepath.Join(os.TempDir(), "et-e2e-"+ns)
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -157,7 +157,11 @@ func podIndex(p corev1.Pod) int {
 	return i
 }
 
+// tailLogs reads the last lines of a container's log. A pod on a lost node is still listed, and the API server's
+// call to that node's kubelet can hang for minutes: a read gets 15 s.
 func tailLogs(ctx context.Context, c *framework.Cluster, ns, pod, container string, lines int64) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
 	b, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, TailLines: &lines}).DoRaw(ctx)
 	return string(b), err
 }

@@ -1,0 +1,98 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The node-loss faults, as users meet them, on the nodes of test/e2e/cluster/node.sh (every node but NodeName,
+// which is the host itself and holds the control plane). node.sh says exactly what each does.
+
+// ExtraNodes are the nodes beside NodeName (EXTRA_NODES): each can be crashed, partitioned and healed.
+var ExtraNodes = strings.Fields(settings["EXTRA_NODES"])
+
+// CrashNode is a power loss of node: its network cut first (no FIN or RST escapes), then every process of it
+// (kubelet, containerd, shims, containers) SIGKILLed at once. The node comes back only with RestartNode; the
+// test's cleanup restarts it if the test did not.
+func (c *Cluster) CrashNode(t testing.TB, node string) time.Time {
+	t.Helper()
+	c.nodeCleanup(t, node)
+	at := time.Now()
+	c.scriptForTest(t, "crash "+node, "node.sh", "crash", node)
+	return at
+}
+
+// PartitionNode cuts node's network: every packet to or from it is dropped silently, its processes run on. The
+// test's cleanup heals it if the test did not.
+func (c *Cluster) PartitionNode(t testing.TB, node string) time.Time {
+	t.Helper()
+	c.nodeCleanup(t, node)
+	at := time.Now()
+	c.scriptForTest(t, "partition "+node, "node.sh", "partition", node)
+	return at
+}
+
+// HealNode gives a partitioned node its network back.
+func (c *Cluster) HealNode(t testing.TB, node string) {
+	t.Helper()
+	c.scriptForTest(t, "heal "+node, "node.sh", "heal", node)
+}
+
+// RestartNode boots a crashed node again (containerd's root and the kubelet's directory survive, as a disk does)
+// and waits until it is Ready with its devices.
+func (c *Cluster) RestartNode(t testing.TB, node string) {
+	t.Helper()
+	c.scriptForTest(t, "restart "+node, "node.sh", "up", node)
+}
+
+// nodeCleanup makes sure node is up and connected when the test ends, whatever the test did to it.
+func (c *Cluster) nodeCleanup(t testing.TB, node string) {
+	t.Cleanup(func() {
+		if err := c.script(nil, "node.sh", "up", node); err != nil {
+			t.Errorf("bringing %s back after the test: %v", node, err)
+		}
+	})
+}
+
+// Cordon marks node unschedulable (kubectl cordon) until the returned function (or the test's end) undoes it.
+func (c *Cluster) Cordon(t testing.TB, node string) func() {
+	t.Helper()
+	set := func(ctx context.Context, v bool) error {
+		patch := fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, v)
+		_, err := c.Client.CoreV1().Nodes().Patch(ctx, node, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
+		return err
+	}
+	if err := set(t.Context(), true); err != nil {
+		t.Fatalf("cordon %s: %v", node, err)
+	}
+	done := false
+	undo := func() {
+		if done {
+			return
+		}
+		done = true
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := set(ctx, false); err != nil {
+			t.Errorf("uncordon %s: %v", node, err)
+		}
+	}
+	t.Cleanup(undo)
+	return undo
+}
+
+// NodeReady reports whether node's Ready condition is True.
+func NodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

@@ -1,0 +1,231 @@
+package workloads
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
+)
+
+// Node-loss faults: a node of the job vanishes (crash: everything on it SIGKILLed with its network cut first, so
+// no FIN, no RST, no preStop) or is cut off (partition: its processes run on). The figures these tests log are
+// what `make bench-node-loss` compares with torch's own behaviour (docs/failures.md).
+
+type nodeFault string
+
+const (
+	crash     nodeFault = "crash"
+	partition nodeFault = "partition"
+)
+
+// TestNodeLossPyTorch: an elastic PyTorch job with the chart's defaults (c10d served by worker 0's sidecar) loses
+// the node of other workers. The survivors train again at the smaller world size, Kubernetes replaces the lost pods
+// on the node that is left and the job grows back to its replicas by itself, and the lost node's old pods never take
+// part in a round again once it is back. Crash on every torch of the trainer images, partition on the default one.
+func TestNodeLossPyTorch(t *testing.T) {
+	for _, img := range framework.TrainerImages {
+		t.Run(string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testWorkerNodeLoss(t, img, crash) })
+	}
+	t.Run(string(partition)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
+		testWorkerNodeLoss(t, framework.TrainerImages[0], partition)
+	})
+}
+
+// nodeLoss is what one worker-node loss measured.
+type nodeLoss struct {
+	survivors int           // workers left on the other node
+	trainAgain time.Duration // loss -> every survivor's first step at the smaller world size; 0: not within the limit
+	replaced   time.Duration // loss -> every worker (replacements included) at the full world size again
+}
+
+// lossRun says how workerNodeLoss runs: rdzv overrides rendezvous values, and a non-zero smallerLimit is how long
+// to wait for the survivors at the smaller size before giving up on it without failing (torch's own behaviour: they
+// never get there).
+type lossRun struct {
+	rdzv         map[string]any
+	smallerLimit time.Duration
+}
+
+func testWorkerNodeLoss(t *testing.T, img framework.Trainer, fault nodeFault) {
+	c, ns := startTest(t)
+	m := workerNodeLoss(t, c, ns, img, fault, lossRun{})
+	t.Logf("node loss (%s, torch %s): %d survivors train at world %d %.1fs after the loss (goal 20 s); all 3 workers "+
+		"train again %.1fs after it (goal 90 s)", fault, img.Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
+}
+
+// workerNodeLoss runs 3 workers over two nodes, worker 0 (which serves the rendezvous) on NodeName and at least
+// one on the victim, breaks the victim with fault, and measures the recovery. Every wait is generous for a busy
+// machine: the figures are logged, the goals are the bench's.
+func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework.Trainer, fault nodeFault, run lossRun) nodeLoss {
+	const job = "nodeloss"
+	victim := framework.ExtraNodes[0]
+	v := jobValues(t, c, pytorchValues, trainScript)
+	useTrainer(v, img)
+	for k, x := range run.rdzv {
+		set(v, "rendezvous."+k, x)
+	}
+	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
+	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})
+	// One worker per node and then the next: the victim gets at least one. Tainted nodes (cordoned, or lost:
+	// node.kubernetes.io/unreachable) are no domain, so the replacements of lost pods schedule on the node left.
+	set(v, "topologySpreadConstraints", []any{map[string]any{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+		"whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor"}})
+	sharedDir(t, v, ns)
+
+	// Worker 0 first, on NodeName (the victim cordoned), then two more.
+	uncordon := c.Cordon(t, victim)
+	sel := installTraining(t, c, ns, job, v, 1)
+	uncordon()
+	scaleWorkers(t, c, ns, job, 3)
+	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)
+	pods, err := livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost, survivors []string
+	for _, p := range pods {
+		if p.Spec.NodeName == victim {
+			if podIndex(p) == 0 {
+				t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon", victim)
+			}
+			lost = append(lost, p.Name)
+		} else {
+			survivors = append(survivors, p.Name)
+		}
+	}
+	if len(lost) == 0 {
+		t.Fatalf("no worker on %s: the spread constraint did not spread (%v)", victim, podNodes(pods))
+	}
+	t.Logf("workers: %v; %s's loss takes %v", podNodes(pods), victim, lost)
+
+	var at time.Time
+	switch fault {
+	case crash:
+		at = c.CrashNode(t, victim)
+	case partition:
+		at = c.PartitionNode(t, victim)
+	}
+	m := nodeLoss{survivors: len(survivors)}
+	limit := 4 * time.Minute
+	if run.smallerLimit > 0 {
+		limit = run.smallerLimit
+	}
+	d, err := waitTrainingAgain(t.Context(), c, ns, survivors, len(survivors), at, limit)
+	switch {
+	case err == nil:
+		m.trainAgain = d
+		t.Logf("%d survivors train at world %d %.1fs after the %s", len(survivors), len(survivors), d.Seconds(), fault)
+	case run.smallerLimit > 0:
+		t.Logf("the %d survivors did not train at world %d within %v of the %s: %v", len(survivors), len(survivors), limit, fault, err)
+	default:
+		t.Fatalf("waiting for the survivors at world %d: %v", len(survivors), err)
+	}
+
+	// Kubernetes catches up: the lost pods are evicted (the node's grace period, then nodeLossTolerationSeconds),
+	// replaced on the node left, and the job grows back to 3 by itself.
+	waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
+	pods, err = livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range pods {
+		if p.Spec.NodeName == victim {
+			t.Errorf("%s trains on the lost node %s", p.Name, victim)
+		}
+		names = append(names, p.Name)
+	}
+	if m.replaced, err = waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("all 3 workers train again %.1fs after the %s: %v", m.replaced.Seconds(), fault, podNodes(pods))
+
+	// The node comes back. Its old pods, deleted while it was away, are killed by its kubelet and never join a
+	// round: the workers' rendezvous count stays as it is and the job stays at 3.
+	joined := snapshot(t, c, ns, sel)
+	switch fault {
+	case crash:
+		c.RestartNode(t, victim)
+	case partition:
+		c.HealNode(t, victim)
+	}
+	c.WaitFor(t, 3*time.Minute, "the lost node's old pods gone", func(ctx context.Context) (bool, error) {
+		all, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			return false, err
+		}
+		var left []string
+		for _, p := range all.Items {
+			if slices.Contains(lost, p.Name) && p.Spec.NodeName == victim {
+				left = append(left, p.Name)
+			}
+		}
+		if len(left) > 0 {
+			return false, fmt.Errorf("still there: %v", left)
+		}
+		return true, nil
+	})
+	// A stale agent that reached the store before its kubelet killed it would have put itself on the wait list, and
+	// the workers would re-join within seconds: a window to see that happen, not a wait for something.
+	time.Sleep(20 * time.Second)
+	after := snapshot(t, c, ns, sel)
+	for name, p := range after {
+		if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
+			t.Errorf("%s re-joined after the node came back (joins %d -> %d): a stale agent took part in a round", name, b.joins, p.joins)
+		}
+	}
+	waitWorld(t, c, ns, sel, 3, 1, time.Minute)
+	uninstallJob(t, c, ns, job)
+	return m
+}
+
+// waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at`, and returns
+// the time from `at` to the last of their first steps at that size, read from the timestamps of their logs.
+func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pods []string, world int, at time.Time, timeout time.Duration) (time.Duration, error) {
+	want := fmt.Sprintf("world_size=%d ", world)
+	var last time.Time
+	err := testenv.Poll(ctx, timeout, framework.PollInterval, func(ctx context.Context) (bool, error) {
+		last = time.Time{}
+		for _, name := range pods {
+			raw, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: trainer, Timestamps: true, SinceTime: &metav1.Time{Time: at}}).DoRaw(ctx)
+			if err != nil {
+				return false, err
+			}
+			first := time.Time{}
+			for _, line := range strings.Split(string(raw), "\n") {
+				ts, text, ok := strings.Cut(line, " ")
+				tm, err := time.Parse(time.RFC3339Nano, ts)
+				if ok && err == nil && tm.After(at) && stepLine.MatchString(text) && strings.Contains(text, want) {
+					first = tm
+					break
+				}
+			}
+			if first.IsZero() {
+				step, w := lastStep(string(raw))
+				return false, fmt.Errorf("%s: no step at world %d since the loss (last since: step %d world %d)", name, world, step, w)
+			}
+			if first.After(last) {
+				last = first
+			}
+		}
+		return true, nil
+	})
+	return last.Sub(at), err
+}
+
+// podNodes says where each pod runs.
+func podNodes(pods []corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Name+"@"+p.Spec.NodeName)
+	}
+	return out
+}
