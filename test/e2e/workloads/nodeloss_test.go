@@ -41,7 +41,7 @@ func TestNodeLossPyTorch(t *testing.T) {
 
 // nodeLoss is what one worker-node loss measured.
 type nodeLoss struct {
-	survivors int           // workers left on the other node
+	survivors  int           // workers left on the other node
 	trainAgain time.Duration // loss -> every survivor's first step at the smaller world size; 0: not within the limit
 	replaced   time.Duration // loss -> every worker (replacements included) at the full world size again
 }
