@@ -30,6 +30,9 @@ type MemberConfig struct {
 	// runs `rdzv-sidecar wait|hosts`.
 	InstallHelper bool
 	Resync        time.Duration
+	// OnChange, if not nil, is told the hosts that joined and left at each
+	// change of the membership after the first listing.
+	OnChange func(joined, left []string)
 }
 
 // active says whether this process is a member at all (serve without
@@ -110,6 +113,9 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 		default:
 			log.Info("membership changed", "joined", strings.Join(joined, ","), "left", strings.Join(left, ","), "summary", membership.Describe(ms))
 			m.membershipChanges.Inc()
+			if cfg.OnChange != nil {
+				cfg.OnChange(joined, left)
+			}
 		}
 		first = false
 		before = ms

@@ -106,6 +106,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
 		if cfg.RestartSurvivors {
 			restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
+			cfg.Member.OnChange = restart.MembersChanged
 		}
 		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err

@@ -1,6 +1,6 @@
 // Package survivors restarts torch's agents when a participant of their
 // round is gone, so that a lost node costs the survivors seconds instead of
-// the collective timeout.
+// the collective timeout (docs/failures.md).
 //
 // torch's dynamic rendezvous drops a participant whose keep-alives stopped
 // (_sanitize) but leaves the round as it is: no agent restarts until its
@@ -16,9 +16,14 @@
 // _sanitize drops it for want of heartbeats, which its own heartbeat bounds
 // if the sidecar is gone).
 //
-// This reads no clock and assumes no keep-alive interval: torch decides who
-// is dead, so it holds for torch 2.6 (which ignores the keep-alive settings)
-// and 2.14 alike. See docs/failures.md.
+// torch judges a node dead only after keep-alive interval x attempts: 6 s
+// with the webhook's settings on torch 2.14, 15 s on torch 2.6, which ignores
+// them. The job's own membership knows sooner: each pod's sidecar keeps a
+// lease-bound registration, which ends a lease TTL (5 s) after its node is
+// gone. A participant whose host left the membership is dropped from the round
+// by the restarter itself, in the same compare-and-set as the placeholder.
+// A healthy pod whose sidecar is away for a whole lease costs one restart of
+// everyone; nothing is lost. See docs/failures.md.
 package survivors
 
 import (
@@ -61,11 +66,16 @@ type Restarter struct {
 
 	mu   sync.Mutex
 	runs map[string]*run
+	// gone are the member hosts that left the membership (and have not come
+	// back): a participant at one of them is lost.
+	gone map[string]bool
 }
 
 // run is what a Restarter keeps of one rendezvous run.
 type run struct {
-	prev *torchstate.State
+	key   string // the store key of its state
+	value []byte // the state as last written
+	prev  *torchstate.State
 	// lost is the round that lost a participant and has no placeholder yet
 	// (a compare-and-set that lost to an agent's write is tried again on the
 	// next write); -1 when none.
@@ -79,7 +89,7 @@ const maxRuns = 16
 
 // New returns a Restarter writing to cfg.Store.
 func New(cfg Config) *Restarter {
-	r := &Restarter{store: cfg.Store, name: cfg.Name, log: cfg.Log, now: cfg.Now, runs: map[string]*run{},
+	r := &Restarter{store: cfg.Store, name: cfg.Name, log: cfg.Log, now: cfg.Now, runs: map[string]*run{}, gone: map[string]bool{},
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "survivor_restarts_total",
 			Help: "Rounds whose survivors were asked to restart after torch dropped a participant."})}
 	if r.log == nil {
@@ -116,7 +126,10 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 	defer r.mu.Unlock()
 	ru := r.runLocked(id)
 	prev := ru.prev
-	ru.prev = &st
+	ru.prev, ru.key, ru.value = &st, key, value
+	if r.dropGoneLocked(ru) {
+		return
+	}
 
 	if p := ru.placeholder; p != nil {
 		switch {
@@ -146,6 +159,57 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 		r.restarts.Inc()
 		ru.lost, ru.placeholder = -1, &p
 	})
+}
+
+// MembersChanged is told which member hosts joined and left the job's
+// membership (the sidecars' lease-bound registrations; a host is a pod's
+// stable DNS name, which is also the address torch's agent gives its node).
+func (r *Restarter) MembersChanged(joined, left []string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range joined {
+		delete(r.gone, h)
+	}
+	for _, h := range left {
+		r.gone[h] = true
+	}
+	if len(left) == 0 {
+		return
+	}
+	for _, ru := range r.runs {
+		r.dropGoneLocked(ru)
+	}
+}
+
+// dropGoneLocked takes the participants at gone hosts out of ru's completed
+// round, with the placeholder on the wait list, and reports whether it wrote.
+// A compare-and-set that loses to an agent's write is tried again on the next
+// write: the host stays gone until it comes back.
+func (r *Restarter) dropGoneLocked(ru *run) bool {
+	st := ru.prev
+	if len(r.gone) == 0 || st == nil || !st.Complete || st.Closed ||
+		!slices.ContainsFunc(st.Participants, func(p torchstate.Participant) bool { return r.gone[p.Addr] }) {
+		return false
+	}
+	p := torchstate.Node{Addr: r.name, LocalID: st.Round}
+	var dropped []torchstate.Node
+	wrote := false
+	r.compareSet(ru.key, ru.value, func() ([]byte, error) {
+		out, d, err := torchstate.WithoutParticipants(ru.value, func(addr string) bool { return r.gone[addr] }, p, r.now())
+		dropped = d
+		return out, err
+	}, func() {
+		wrote = true
+		r.restarts.Inc()
+		ru.lost, ru.placeholder = -1, &p
+		ru.prev = nil // the next write is compared with the state as written
+		r.log.Info("a participant's pod left the job's membership; dropped it from the round and asked the survivors to restart",
+			"round", st.Round, "dropped", dropped, "survivors", len(st.Participants)-len(dropped))
+	})
+	return wrote
 }
 
 // compareSet writes what edit makes of the state, if the state is still

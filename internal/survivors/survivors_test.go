@@ -161,3 +161,38 @@ func TestIgnoresOtherKeysAndValues(t *testing.T) {
 	h.r.C10dWrite(key, []byte("not base64!"))
 	require.Empty(t, h.r.runs)
 }
+
+// A participant whose pod left the job's membership is dropped at once, long
+// before torch's own judgement, with the placeholder in the same write; a
+// host that comes back is not dropped again.
+func TestDropsParticipantsOfGoneMembers(t *testing.T) {
+	h := newHarness(t)
+	h.write(state(t, 3, true, []int{0, 1, 2}))
+	h.r.MembersChanged(nil, []string{node(1).Addr})
+	st, err := torchstate.DecodeBase64(h.s.kv[key])
+	require.NoError(t, err)
+	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
+	require.Equal(t, []torchstate.Participant{{Node: node(0), Rank: 0}, {Node: node(2), Rank: 2}}, st.Participants)
+	require.NotContains(t, st.Heartbeats, node(1))
+
+	// The round rises: the placeholder comes off as before.
+	require.Empty(t, h.write(mustWith(t, state(t, 4, false, nil))).Waiting)
+
+	// The host's replacement registers, then joins round 4: it stays.
+	h.r.MembersChanged([]string{node(1).Addr}, nil)
+	st = h.write(state(t, 4, true, []int{0, 1, 2}))
+	require.Len(t, st.Participants, 3)
+	require.Empty(t, st.Waiting)
+}
+
+// A member that leaves while the round is still forming, or between writes
+// whose compare-and-set fails, is dropped at the next write of a completed round.
+func TestDropsGoneMembersOnTheNextWrite(t *testing.T) {
+	h := newHarness(t)
+	h.write(state(t, 3, false, []int{0, 1, 2}))
+	h.r.MembersChanged(nil, []string{node(2).Addr})
+	require.Empty(t, h.write(state(t, 3, false, []int{0, 1, 2})).Waiting, "forming: torch's business")
+	st := h.write(state(t, 3, true, []int{0, 1, 2}))
+	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
+	require.Len(t, st.Participants, 2)
+}

@@ -48,6 +48,41 @@ func WithWaiting(b []byte, n Node, at time.Time) ([]byte, error) {
 	})
 }
 
+// WithoutParticipants returns the base64 state b without the participants
+// whose address lost says is lost (and their heartbeats), as torch's
+// _sanitize drops a dead node, and with n on the wait list as WithWaiting
+// puts it; dropped are the nodes taken out (none: b unchanged).
+func WithoutParticipants(b []byte, lost func(addr string) bool, n Node, at time.Time) (out []byte, dropped []Node, err error) {
+	out, err = edit(b, func(o *object) error {
+		parts, err := dictAttr(o, "participants")
+		if err != nil {
+			return err
+		}
+		hb, err := dictAttr(o, "last_heartbeats")
+		if err != nil {
+			return err
+		}
+		*parts = slices.DeleteFunc(*parts, func(e types.DictEntry) bool {
+			k, err := node(e.Key)
+			if err == nil && lost(k.Addr) {
+				dropped = append(dropped, k)
+				return true
+			}
+			return false
+		})
+		*hb = slices.DeleteFunc(*hb, func(e types.DictEntry) bool {
+			k, err := node(e.Key)
+			return err == nil && slices.Contains(dropped, k)
+		})
+		return nil
+	})
+	if err != nil || len(dropped) == 0 {
+		return b, nil, err
+	}
+	out, err = WithWaiting(out, n, at)
+	return out, dropped, err
+}
+
 // WithoutWaiting returns the base64 state b with n neither on the wait list
 // nor among the heartbeats.
 func WithoutWaiting(b []byte, n Node) ([]byte, error) {

@@ -150,3 +150,37 @@ func TestEncodeBase64(t *testing.T) {
 		t.Fatalf("(-want +got):\n%s", d)
 	}
 }
+
+func TestWithoutParticipants(t *testing.T) {
+	raw, err := os.ReadFile("testdata/torch-2.14.pickle")
+	require.NoError(t, err)
+	b := []byte(base64.StdEncoding.EncodeToString(raw))
+	before, err := DecodeBase64(b)
+	require.NoError(t, err)
+	ph := Node{Addr: "sidecar", LocalID: 3}
+	at := time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+	lost := before.Participants[1].Node // rank 1
+
+	out, dropped, err := WithoutParticipants(b, func(addr string) bool { return addr == lost.Addr }, ph, at)
+	require.NoError(t, err)
+	require.Equal(t, []Node{lost}, dropped)
+	got, err := DecodeBase64(out)
+	require.NoError(t, err)
+	want := before
+	want.Participants = []Participant{before.Participants[0], before.Participants[2]}
+	want.Waiting = append(slices.Clone(before.Waiting), ph)
+	want.Heartbeats = map[Node]time.Time{ph: at}
+	for n, hb := range before.Heartbeats {
+		if n != lost {
+			want.Heartbeats[n] = hb
+		}
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("(-want +got):\n%s", d)
+	}
+
+	same, dropped, err := WithoutParticipants(b, func(string) bool { return false }, ph, at)
+	require.NoError(t, err)
+	require.Empty(t, dropped)
+	require.Equal(t, b, same)
+}
