@@ -203,11 +203,18 @@ func (r *Restarter) dropGoneLocked(ru *run) bool {
 		return out, err
 	}, func() {
 		wrote = true
-		r.restarts.Inc()
-		ru.lost, ru.placeholder = -1, &p
 		ru.prev = nil // the next write is compared with the state as written
+		ru.lost = -1
+		survivors := len(st.Participants) - len(dropped)
+		if survivors == 0 {
+			r.log.Info("the last participants' pods left the job's membership; dropped them, the next round begins",
+				"round", st.Round, "dropped", dropped)
+			return
+		}
+		r.restarts.Inc()
+		ru.placeholder = &p
 		r.log.Info("a participant's pod left the job's membership; dropped it from the round and asked the survivors to restart",
-			"round", st.Round, "dropped", dropped, "survivors", len(st.Participants)-len(dropped))
+			"round", st.Round, "dropped", dropped, "survivors", survivors)
 	})
 	return wrote
 }

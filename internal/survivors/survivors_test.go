@@ -196,3 +196,22 @@ func TestDropsGoneMembersOnTheNextWrite(t *testing.T) {
 	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
 	require.Len(t, st.Participants, 2)
 }
+
+// The survivors left the round (restarting) while a lost member was still a
+// participant: dropping it ends the round as torch would, and the agents on
+// the wait list go on to the next one.
+func TestDropsTheLastParticipant(t *testing.T) {
+	h := newHarness(t)
+	h.write(state(t, 1, true, []int{0, 1, 2}))
+	h.r.MembersChanged(nil, []string{node(2).Addr})
+	// Node 0 restarted: out of the round, on the wait list; node 1 is lost too.
+	st := h.write(state(t, 1, true, []int{1}, node(0)))
+	require.Equal(t, 1, st.Round, "node 1's member is still registered")
+	h.r.MembersChanged(nil, []string{node(1).Addr})
+	st, err := torchstate.DecodeBase64(h.s.kv[key])
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Round)
+	require.False(t, st.Complete)
+	require.Empty(t, st.Participants)
+	require.Equal(t, []torchstate.Node{node(0)}, st.Waiting)
+}

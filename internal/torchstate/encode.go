@@ -48,11 +48,15 @@ func WithWaiting(b []byte, n Node, at time.Time) ([]byte, error) {
 	})
 }
 
-// WithoutParticipants returns the base64 state b without the participants
-// whose address lost says is lost (and their heartbeats), as torch's
-// _sanitize drops a dead node, and with n on the wait list as WithWaiting
-// puts it; dropped are the nodes taken out (none: b unchanged).
+// WithoutParticipants returns the base64 state b of a completed round without
+// the participants whose address lost says is lost (and their heartbeats), as
+// torch's _sanitize drops a dead node; dropped are the nodes taken out (none:
+// b unchanged). The survivors are asked to restart with n on the wait list, as
+// WithWaiting puts it. With no participant left, the round ends as torch's
+// _remove_participant_epilogue ends it (the next round, not complete) and the
+// agents waiting join that.
 func WithoutParticipants(b []byte, lost func(addr string) bool, n Node, at time.Time) (out []byte, dropped []Node, err error) {
+	left := 0
 	out, err = edit(b, func(o *object) error {
 		parts, err := dictAttr(o, "participants")
 		if err != nil {
@@ -74,12 +78,21 @@ func WithoutParticipants(b []byte, lost func(addr string) bool, n Node, at time.
 			k, err := node(e.Key)
 			return err == nil && slices.Contains(dropped, k)
 		})
+		if left = len(*parts); left == 0 && len(dropped) > 0 {
+			round, err := intAttr(o, "round")
+			if err != nil {
+				return err
+			}
+			o.attrs["complete"], o.attrs["round"] = false, round+1
+		}
 		return nil
 	})
 	if err != nil || len(dropped) == 0 {
 		return b, nil, err
 	}
-	out, err = WithWaiting(out, n, at)
+	if left > 0 {
+		out, err = WithWaiting(out, n, at)
+	}
 	return out, dropped, err
 }
 

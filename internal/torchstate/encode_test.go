@@ -134,6 +134,13 @@ func FuzzWithWaiting(f *testing.F) {
 		if _, err := WithoutWaiting(with, Node{Addr: "p"}); err != nil {
 			t.Fatal(err)
 		}
+		out, _, err := WithoutParticipants(b, func(a string) bool { return len(a)%2 == 0 }, Node{Addr: "p"}, time.Unix(1e9, 0))
+		if err != nil {
+			t.Fatalf("WithoutParticipants failed where WithWaiting did not: %v", err)
+		}
+		if _, err := DecodeBase64(out); err != nil {
+			t.Fatalf("our own encoding does not decode: %v", err)
+		}
 	})
 }
 
@@ -183,4 +190,23 @@ func TestWithoutParticipants(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, dropped)
 	require.Equal(t, b, same)
+}
+
+// The last participant dropped ends the round as torch does: the next round,
+// not complete, and no placeholder (nobody is left to restart).
+func TestWithoutTheLastParticipants(t *testing.T) {
+	raw, err := os.ReadFile("testdata/torch-2.14.pickle")
+	require.NoError(t, err)
+	b := []byte(base64.StdEncoding.EncodeToString(raw))
+	before, err := DecodeBase64(b)
+	require.NoError(t, err)
+	out, dropped, err := WithoutParticipants(b, func(string) bool { return true }, Node{Addr: "sidecar"}, time.Now())
+	require.NoError(t, err)
+	require.Len(t, dropped, 3)
+	got, err := DecodeBase64(out)
+	require.NoError(t, err)
+	require.Equal(t, before.Round+1, got.Round)
+	require.False(t, got.Complete)
+	require.Empty(t, got.Participants)
+	require.Equal(t, before.Waiting, got.Waiting, "the waiting node stays to join the next round")
 }
