@@ -219,7 +219,7 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Etcd.LogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
-	fs.BoolVar(&cfg.RestartSurvivors, "restart-survivors", true, "when torch drops a lost participant of a completed c10d round, or its pod leaves the membership (lease ended), put a placeholder on the wait list so that the survivors restart at once (torch itself waits for the collective timeout)")
+	fs.BoolVar(&cfg.RestartSurvivors, "restart-survivors", true, "when a participant's pod leaves the membership (its lease ended: its node is lost), drop it from torch's c10d round and put a placeholder on the wait list, so that the survivors restart at once (torch itself leaves them in the collective until its timeout)")
 	q := tcpstore.DefaultQuotas()
 	cfg.C10dQuotas = q
 	fs.IntVar(&cfg.C10dQuotas.Keys, "c10d-max-keys", q.Keys, "most keys (and queued elements) the c10d store holds; a write past it closes the writer's connection")

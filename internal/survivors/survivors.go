@@ -1,29 +1,29 @@
 // Package survivors restarts torch's agents when a participant of their
-// round is gone, so that a lost node costs the survivors seconds instead of
-// the collective timeout (docs/failures.md).
+// round is lost with its node, so that it costs the survivors seconds instead
+// of the collective timeout (docs/failures.md).
 //
 // torch's dynamic rendezvous drops a participant whose keep-alives stopped
-// (_sanitize) but leaves the round as it is: no agent restarts until its
-// workers fail, and workers blocked in a collective with the lost peer wait
-// for gloo's timeout (30 min) or NCCL's watchdog (10 min)
+// (_sanitize: after 6 s with the webhook's settings on torch 2.14, 15 s on
+// torch 2.6, which ignores them) but leaves the round as it is: no agent
+// restarts until its workers fail, and workers blocked in a collective with
+// the lost peer wait for gloo's timeout (30 min) or NCCL's watchdog (10 min)
 // (pytorch/pytorch#111646). An agent restarts its healthy workers for one
-// reason only: a node on the rendezvous' wait list. So when a state write
-// shows a completed round that lost a participant, the serving sidecar puts a
-// placeholder node on the wait list (compare-and-set, as torch writes the
-// state). Every survivor restarts and a smaller round forms; the placeholder
-// is taken off the moment the round number rises, before that round
-// completes (left there, it would restart every agent again until torch's
-// _sanitize drops it for want of heartbeats, which its own heartbeat bounds
-// if the sidecar is gone).
+// reason only: a node on the rendezvous' wait list.
 //
-// torch judges a node dead only after keep-alive interval x attempts: 6 s
-// with the webhook's settings on torch 2.14, 15 s on torch 2.6, which ignores
-// them. The job's own membership knows sooner: each pod's sidecar keeps a
+// The job's membership knows of the loss first: each pod's sidecar keeps a
 // lease-bound registration, which ends a lease TTL (5 s) after its node is
-// gone. A participant whose host left the membership is dropped from the round
-// by the restarter itself, in the same compare-and-set as the placeholder.
-// A healthy pod whose sidecar is away for a whole lease costs one restart of
-// everyone; nothing is lost. See docs/failures.md.
+// gone. When a participant's host leaves the membership, the serving sidecar
+// writes torch's state back (compare-and-set, as torch writes it) without that
+// participant and with a placeholder node on the wait list. Every survivor
+// restarts and a smaller round forms; the placeholder is taken off the moment
+// the round number rises, before that round completes (left there, it would
+// restart every agent again until torch's _sanitize drops it for want of
+// heartbeats, which its own heartbeat bounds if the sidecar is gone).
+//
+// A participant that leaves by itself (the preStop script, or torch's own
+// restart) is torch's business: its agent, alive, would take the placeholder
+// for a new round and join it. A healthy pod whose sidecar is away for a whole
+// lease costs one restart of everyone; nothing is lost.
 package survivors
 
 import (
@@ -76,10 +76,6 @@ type run struct {
 	key   string // the store key of its state
 	value []byte // the state as last written
 	prev  *torchstate.State
-	// lost is the round that lost a participant and has no placeholder yet
-	// (a compare-and-set that lost to an agent's write is tried again on the
-	// next write); -1 when none.
-	lost int
 	// placeholder is on the wait list, for the round placeholder.LocalID.
 	placeholder *torchstate.Node
 }
@@ -125,7 +121,6 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ru := r.runLocked(id)
-	prev := ru.prev
 	ru.prev, ru.key, ru.value = &st, key, value
 	if r.dropGoneLocked(ru) {
 		return
@@ -141,24 +136,7 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 				ru.placeholder = nil
 			})
 		}
-		return
 	}
-	if prev != nil && prev.Round == st.Round && prev.Complete && st.Complete && !st.Closed {
-		if gone := missing(prev.Participants, st.Participants); len(gone) > 0 && len(st.Participants) > 0 {
-			ru.lost = st.Round
-			r.log.Info("a participant of the round is gone; asking the survivors to restart", "run", id,
-				"round", st.Round, "gone", gone, "survivors", len(st.Participants))
-		}
-	}
-	if ru.lost != st.Round || !st.Complete || st.Closed || len(st.Waiting) > 0 {
-		ru.lost = -1 // a new round, or torch has a node waiting: the agents restart anyway
-		return
-	}
-	p := torchstate.Node{Addr: r.name, LocalID: st.Round}
-	r.compareSet(key, value, func() ([]byte, error) { return torchstate.WithWaiting(value, p, r.now()) }, func() {
-		r.restarts.Inc()
-		ru.lost, ru.placeholder = -1, &p
-	})
 }
 
 // MembersChanged is told which member hosts joined and left the job's
@@ -203,8 +181,6 @@ func (r *Restarter) dropGoneLocked(ru *run) bool {
 		return out, err
 	}, func() {
 		wrote = true
-		ru.prev = nil // the next write is compared with the state as written
-		ru.lost = -1
 		survivors := len(st.Participants) - len(dropped)
 		if survivors == 0 {
 			r.log.Info("the last participants' pods left the job's membership; dropped them, the next round begins",
@@ -248,18 +224,7 @@ func (r *Restarter) runLocked(id string) *run {
 			break
 		}
 	}
-	ru := &run{lost: -1}
+	ru := &run{}
 	r.runs[id] = ru
 	return ru
-}
-
-// missing returns the nodes of before that after lacks.
-func missing(before, after []torchstate.Participant) []string {
-	var gone []string
-	for _, p := range before {
-		if !slices.ContainsFunc(after, func(q torchstate.Participant) bool { return q.Node == p.Node }) {
-			gone = append(gone, p.Node.String())
-		}
-	}
-	return gone
 }

@@ -77,30 +77,29 @@ func (h *harness) write(v []byte) torchstate.State {
 
 var placeholder = torchstate.Node{Addr: "job-rdzv", LocalID: 3}
 
+// A lost node's participant: its member leaves, the restarter drops it with
+// the placeholder; the agents' writes keep the placeholder until the round
+// rises, and then it comes off before the smaller round completes.
 func TestRestartsSurvivorsOfALostNode(t *testing.T) {
 	h := newHarness(t)
 	require.Empty(t, h.write(state(t, 3, false, []int{0, 1, 2})).Waiting, "a round forming")
 	require.Empty(t, h.write(state(t, 3, true, []int{0, 1, 2})).Waiting, "the round complete")
+	h.r.MembersChanged([]string{node(0).Addr, node(1).Addr, node(2).Addr}, nil)
 	require.Empty(t, h.write(state(t, 3, true, []int{0, 1, 2})).Waiting, "keep-alives")
 
-	// torch's _sanitize dropped node 1: the placeholder goes on the wait list.
-	st := h.write(state(t, 3, true, []int{0, 2}))
+	h.r.MembersChanged(nil, []string{node(1).Addr})
+	cur := h.s.kv[key]
+	st := h.write(cur) // the agents write the state they read
 	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
 	require.Equal(t, t0, st.Heartbeats[placeholder].UTC())
-
-	// The agents' next writes keep it (they write the state they read).
-	cur := h.s.kv[key]
-	require.Equal(t, []torchstate.Node{placeholder}, h.write(cur).Waiting)
+	require.Len(t, st.Participants, 2)
 
 	// The survivors leave the round (torch's exit op): same round, still waiting.
-	st = h.write(mustWith(t, state(t, 3, true, []int{2})))
-	require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
+	require.Equal(t, []torchstate.Node{placeholder}, h.write(mustWith(t, state(t, 3, true, []int{2}))).Waiting)
 	// The last one out starts round 4: the placeholder comes off before round 4 completes.
 	st = h.write(mustWith(t, state(t, 4, false, nil)))
 	require.Empty(t, st.Waiting)
 	require.NotContains(t, st.Heartbeats, placeholder)
-	// Round 4 forms and completes with the survivors: nothing to do.
-	require.Empty(t, h.write(state(t, 4, false, []int{0, 2})).Waiting)
 	require.Empty(t, h.write(state(t, 4, true, []int{0, 2})).Waiting)
 	require.Empty(t, h.write(state(t, 4, true, []int{0, 2})).Waiting)
 }
@@ -113,10 +112,11 @@ func mustWith(t *testing.T, b []byte) []byte {
 
 func TestLeavesAloneWhatTorchHandles(t *testing.T) {
 	for name, writes := range map[string][][]byte{
+		// A participant leaves by itself (the preStop script, or its own restart): its agent is alive and
+		// would take a placeholder for a new round to join.
+		"a participant leaves": {state(t, 3, true, []int{0, 1, 2}), state(t, 3, true, []int{0, 2})},
 		// A node joining: torch puts it on the wait list and the agents restart by themselves.
 		"scale-up": {state(t, 3, true, []int{0, 1}), state(t, 3, true, []int{0, 1}, node(2)), state(t, 3, true, []int{1}, node(2))},
-		// A round that never completed loses a participant: it is still forming.
-		"forming": {state(t, 3, false, []int{0, 1, 2}), state(t, 3, false, []int{0, 1})},
 		// The last participant gone: torch starts the next round itself.
 		"everyone gone": {state(t, 3, true, []int{0}), state(t, 4, false, nil)},
 	} {
@@ -130,18 +130,17 @@ func TestLeavesAloneWhatTorchHandles(t *testing.T) {
 	}
 }
 
-// The placeholder's compare-and-set can lose to an agent's write; it is
-// made again on the next write of the same round.
+// The compare-and-set can lose to an agent's write; it is made again on the
+// next write, as long as the member is gone.
 func TestRetriesAfterALostCompareSet(t *testing.T) {
 	h := newHarness(t)
 	h.write(state(t, 3, true, []int{0, 1, 2}))
-	lost := state(t, 3, true, []int{0, 2})
-	h.s.kv[key] = state(t, 3, true, []int{2, 0}) // an agent wrote in between
-	h.r.C10dWrite(key, lost)
+	h.s.kv[key] = state(t, 3, true, []int{2, 0, 1}) // an agent wrote in between
+	h.r.MembersChanged(nil, []string{node(1).Addr})
 	st, err := torchstate.DecodeBase64(h.s.kv[key])
 	require.NoError(t, err)
 	require.Empty(t, st.Waiting)
-	require.Equal(t, []torchstate.Node{placeholder}, h.write(state(t, 3, true, []int{0, 2})).Waiting)
+	require.Equal(t, []torchstate.Node{placeholder}, h.write(state(t, 3, true, []int{0, 1, 2})).Waiting)
 }
 
 // torch drops the placeholder itself when it is not taken off (its heartbeat
@@ -149,9 +148,12 @@ func TestRetriesAfterALostCompareSet(t *testing.T) {
 func TestPlaceholderDroppedByTorch(t *testing.T) {
 	h := newHarness(t)
 	h.write(state(t, 3, true, []int{0, 1, 2}))
-	require.NotEmpty(t, h.write(state(t, 3, true, []int{0, 2})).Waiting)
+	h.r.MembersChanged(nil, []string{node(1).Addr})
+	require.NotEmpty(t, h.write(h.s.kv[key]).Waiting)
 	require.Empty(t, h.write(state(t, 3, true, []int{0, 2})).Waiting, "torch's _sanitize dropped it")
-	require.Equal(t, []torchstate.Node{placeholder}, h.write(state(t, 3, true, []int{2})).Waiting)
+	require.Nil(t, h.r.runs["job"].placeholder)
+	h.r.MembersChanged(nil, []string{node(0).Addr})
+	require.Equal(t, []torchstate.Node{placeholder}, h.write(h.s.kv[key]).Waiting)
 }
 
 func TestIgnoresOtherKeysAndValues(t *testing.T) {
