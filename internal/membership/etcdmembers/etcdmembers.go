@@ -89,8 +89,18 @@ func (r *Registration) register(ctx context.Context, key string, ttl int64) (cli
 	if err != nil {
 		return 0, fmt.Errorf("grant lease: %w", err)
 	}
-	if _, err := r.Client.Put(cctx, key, membership.Encode(r.Member), clientv3.WithLease(g.ID)); err != nil {
+	// Only where nobody is registered: a pod whose node was cut off, and whose lease ended meanwhile, must not take
+	// the name back from its replacement when the node returns (its deregistration would then remove the live
+	// replacement). A restarted sidecar of the same pod waits for its old lease to end (the TTL).
+	resp, err := r.Client.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, membership.Encode(r.Member), clientv3.WithLease(g.ID))).Commit()
+	if err != nil {
+		r.Client.Revoke(context.Background(), g.ID) //nolint:errcheck // it expires anyway
 		return 0, fmt.Errorf("put %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		r.Client.Revoke(context.Background(), g.ID) //nolint:errcheck // it expires anyway
+		return 0, fmt.Errorf("%s is registered by another pod (or this one's previous lease, which ends within the TTL)", key)
 	}
 	return g.ID, nil
 }
@@ -121,9 +131,9 @@ func (r *Registration) keepAlive(ctx context.Context, lease clientv3.LeaseID) er
 func (r *Registration) deregister(lease clientv3.LeaseID, key string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	_, err := r.Client.Revoke(ctx, lease) // deletes the key with the lease
+	_, err := r.Client.Revoke(ctx, lease) // deletes the key with the lease, and never a key another pod holds
 	if err != nil {
-		_, err = r.Client.Delete(ctx, key)
+		_, err = r.Client.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).Then(clientv3.OpDelete(key)).Commit()
 	}
 	if err != nil {
 		log.Warn("member deregistration failed; it will expire with its lease", "member", r.Member.Host, "err", err)

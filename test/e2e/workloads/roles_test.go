@@ -51,6 +51,10 @@ func TestRolesAndPriorities(t *testing.T) {
 	set(v, "workerGroups", map[string]any{"burst": map[string]any{"replicas": 2, "minReplicas": 0, "maxReplicas": 2, "gpus": 1,
 		"preemptible": true, "priorityClassName": "e2e-burst"}})
 	set(v, "rendezvous.priorityClassName", "e2e-core")
+	// One node's GPUs are what the hog below takes: on the other node it would find them free and preempt nothing.
+	onNode := map[string]any{"kubernetes.io/hostname": framework.NodeName}
+	set(v, "nodeSelector", onNode)
+	set(v, "rendezvous.nodeSelector", onNode)
 	installJob(t, c, ns, job, v)
 
 	// The StatefulSet controller creates the pod a moment after the install returns.
@@ -70,6 +74,7 @@ func TestRolesAndPriorities(t *testing.T) {
 	hog := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu-hog"},
 		Spec: corev1.PodSpec{
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": framework.NodeName},
 			PriorityClassName:             "e2e-hog",
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{Name: "hog", Image: framework.BusyboxImage, ImagePullPolicy: corev1.PullNever,
