@@ -26,11 +26,7 @@ import (
 // there). The heartbeat is naive or aware as the state's other times are.
 func WithWaiting(b []byte, n Node, at time.Time) ([]byte, error) {
 	return edit(b, func(o *object) error {
-		hb, err := dictAttr(o, "last_heartbeats")
-		if err != nil {
-			return err
-		}
-		wait, err := setAttr(o, "wait_list")
+		hb, wait, err := waitAttrs(o)
 		if err != nil {
 			return err
 		}
@@ -100,11 +96,7 @@ func WithoutParticipants(b []byte, lost func(addr string) bool, n Node, at time.
 // nor among the heartbeats.
 func WithoutWaiting(b []byte, n Node) ([]byte, error) {
 	return edit(b, func(o *object) error {
-		hb, err := dictAttr(o, "last_heartbeats")
-		if err != nil {
-			return err
-		}
-		wait, err := setAttr(o, "wait_list")
+		hb, wait, err := waitAttrs(o)
 		if err != nil {
 			return err
 		}
@@ -157,6 +149,17 @@ func edit(b []byte, change func(*object) error) ([]byte, error) {
 		return nil, err
 	}
 	return base64.StdEncoding.AppendEncode(nil, out), nil
+}
+
+// waitAttrs are the state's heartbeats and wait list, which a node on the
+// wait list is in both of.
+func waitAttrs(o *object) (*types.Dict, *types.Set, error) {
+	hb, err := dictAttr(o, "last_heartbeats")
+	if err != nil {
+		return nil, nil, err
+	}
+	wait, err := setAttr(o, "wait_list")
+	return hb, wait, err
 }
 
 func dictAttr(o *object, name string) (*types.Dict, error) {
