@@ -14,10 +14,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/incluster"
+	"github.com/elastic-training/elastic-training/internal/lostpods"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
 	"github.com/elastic-training/elastic-training/internal/survivors"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
@@ -46,6 +49,10 @@ type ServeConfig struct {
 	// EventsJob names the Job on which each torch rendezvous round is recorded
 	// as an Event ("" = none), with the in-cluster token in constants.TokenDir.
 	EventsJob string
+	// ForceDeleteLostOf names the job's member StatefulSets whose pods, once
+	// Kubernetes evicts them from a lost node, are force-deleted so that they
+	// are replaced (internal/lostpods), with the in-cluster token.
+	ForceDeleteLostOf []string
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -86,6 +93,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	// Who hears of the membership's changes (a member that left: its node may be lost).
+	var onChange []func(joined, left []string)
+	if reaper := lostPods(rctx, cfg.ForceDeleteLostOf, log); reaper != nil {
+		defer func() { cancel(); reaper.Wait() }()
+		onChange = append(onChange, reaper.MembersChanged)
+	}
 	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
 		// After etcd is ready, so that a c10d client never meets a sidecar
@@ -106,10 +119,15 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
 		if cfg.RestartSurvivors {
 			restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
-			cfg.Member.OnChange = restart.MembersChanged
+			onChange = append(onChange, restart.MembersChanged)
 		}
 		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err
+		}
+	}
+	cfg.Member.OnChange = func(joined, left []string) {
+		for _, f := range onChange {
+			f(joined, left)
 		}
 	}
 	st := &memberState{}
@@ -150,6 +168,22 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // roundEvents is where the view records rounds: Events on job, when the pod
 // may create them. The rendezvous matters more than its Events: without
 // them it still serves.
+// lostPods is the reaper of the StatefulSets' pods lost with their node; nil
+// when there are none to watch or no token (logged: the pods wait for someone
+// to delete them, as Kubernetes leaves them).
+func lostPods(ctx context.Context, statefulSets []string, log *slog.Logger) *lostpods.Reaper {
+	if len(statefulSets) == 0 {
+		return nil
+	}
+	log = log.With("component", "lost-pods")
+	kc, err := incluster.CoreV1()
+	if err != nil {
+		log.Warn("cannot force-delete pods lost with their node: no API access", "statefulsets", strings.Join(statefulSets, ","), "err", err)
+		return nil
+	}
+	return lostpods.New(ctx, lostpods.Config{API: lostpods.NewAPI(kc), StatefulSets: statefulSets, Log: log})
+}
+
 func roundEvents(job string, log *slog.Logger) (torchview.Recorder, func()) {
 	if job == "" {
 		return nil, func() {}

@@ -11,19 +11,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/incluster"
 )
 
 // ReasonRound is the reason of the Event recorded for each torch rendezvous round.
@@ -45,28 +41,11 @@ type Recorder struct {
 // New connects with the pod's in-cluster config. Messages are recorded in
 // order, off the caller's path, by one goroutine until Stop.
 func New(job string, log *slog.Logger) (*Recorder, error) {
-	rc, err := rest.InClusterConfig()
+	kc, err := incluster.CoreV1()
 	if err != nil {
 		return nil, fmt.Errorf("events on Job %s: %w", job, err)
 	}
-	ns, err := os.ReadFile(filepath.Join(constants.TokenDir, "namespace"))
-	if err != nil {
-		return nil, fmt.Errorf("events on Job %s: the pod's namespace: %w", job, err)
-	}
-	// A REST client of core/v1 only: client-go's typed clients register every
-	// API group, which doubles this binary (35 to 70 MB) for two requests.
-	sch := runtime.NewScheme()
-	if err := corev1.AddToScheme(sch); err != nil {
-		return nil, err
-	}
-	rc.GroupVersion = &corev1.SchemeGroupVersion
-	rc.APIPath = "/api"
-	rc.NegotiatedSerializer = serializer.NewCodecFactory(sch).WithoutConversion()
-	api, err := rest.RESTClientFor(rc)
-	if err != nil {
-		return nil, fmt.Errorf("events on Job %s: %w", job, err)
-	}
-	namespace := strings.TrimSpace(string(ns))
+	api, namespace, sch := kc.API, kc.Namespace, kc.Scheme
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(eventSink{api})
 	host, _ := os.Hostname()
