@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
@@ -36,6 +37,8 @@ Usage:
   rdzv-sidecar join  [flags]   register this pod with a lease, keep hostfile and discover_hosts.sh current
   rdzv-sidecar wait  [flags]   wait until --members=N members are registered
   rdzv-sidecar hosts [flags]   print the registered hosts as a hostfile
+  rdzv-sidecar supervise [flags] -- mpirun ...
+                               run an MPI launcher; stop it (exit status 75) when a member it started with leaves
   rdzv-sidecar progress [flags] wait until a torch round of --nodes=N holds (helm test of a PyTorch job)
 Run "rdzv-sidecar <command> --help" for a command's flags.
 `
@@ -54,6 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
 		"serve": serveCmd, "join": joinCmd, "wait": waitCmd, "hosts": hostsCmd, "progress": progressCmd,
+		"supervise": superviseCmd,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
@@ -64,6 +68,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		if code, ok := err.(exitCode); ok {
+			return int(code)
+		}
 		fmt.Fprintf(stderr, "rdzv-sidecar %s: %v\n", args[0], err)
 		if errors.As(err, new(usageError)) {
 			return 2
@@ -72,6 +79,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// exitCode is a command's own exit status, passed on (supervise).
+type exitCode int
+
+func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
 
 // usageError is a command line the flags do not parse (exit status 2).
 type usageError struct{ error }
@@ -220,6 +232,15 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
 	fs.BoolVar(&cfg.RestartSurvivors, "restart-survivors", true, "when a participant's pod leaves the membership (its lease ended: its node is lost), drop it from torch's c10d round and put a placeholder on the wait list, so that the survivors restart at once (torch itself leaves them in the collective until its timeout)")
+	fs.Func("force-delete-lost-pods-of", "comma-separated StatefulSets of the job's members: when such a member leaves the membership and Kubernetes then evicts its pod from a lost node, force-delete the pod so that the StatefulSet replaces it (needs the pod's token in "+constants.TokenDir+" and RBAC: get and delete those pods)", func(v string) error {
+		for _, name := range strings.Split(v, ",") {
+			if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+				return fmt.Errorf("%q is not a StatefulSet name: %s", name, strings.Join(errs, "; "))
+			}
+			cfg.ForceDeleteLostOf = append(cfg.ForceDeleteLostOf, name)
+		}
+		return nil
+	})
 	q := tcpstore.DefaultQuotas()
 	cfg.C10dQuotas = q
 	fs.IntVar(&cfg.C10dQuotas.Keys, "c10d-max-keys", q.Keys, "most keys (and queued elements) the c10d store holds; a write past it closes the writer's connection")
@@ -250,6 +271,30 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signalContext()
 	defer stop()
 	return sidecar.Wait(ctx, cfg, stdout, stderr)
+}
+
+func superviseCmd(args []string, _, stderr io.Writer) error {
+	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), stop the command's process group and exit with status "+fmt.Sprint(sidecar.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
+	var cfg sidecar.SuperviseConfig
+	addQueryFlags(fs, &cfg.QueryConfig, 30*time.Second, "timeout of the first listing of the members")
+	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg.Command = fs.Args()
+	if len(cfg.Command) == 0 {
+		return usageError{errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	code, err := sidecar.Supervise(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitCode(code)
+	}
+	return nil
 }
 
 func progressCmd(args []string, stdout, stderr io.Writer) error {

@@ -106,6 +106,10 @@ const (
 	// AnnotationRdzvRestartSurvivors "false" turns off the serving sidecar's restart of torch's survivors when
 	// torch drops a lost participant (internal/survivors; PyTorch, c10d). Default true.
 	AnnotationRdzvRestartSurvivors = Domain + "/rdzv-restart-survivors"
+	// AnnotationForceDeleteLostPods names the job's member StatefulSets (comma-separated) whose pods the serving
+	// sidecar force-deletes once Kubernetes evicts them from a lost node (internal/lostpods; the chart sets it with
+	// the RBAC that allows it). Empty: none, no token for it.
+	AnnotationForceDeleteLostPods = Domain + "/force-delete-lost-pods"
 	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
 	AnnotationMutated = Domain + "/mutated"
 )
@@ -117,7 +121,8 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvBackend, AnnotationRdzvHost, AnnotationRdzvService, AnnotationRdzvJoinTimeout,
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
-	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors}
+	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
+	AnnotationForceDeleteLostPods}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.

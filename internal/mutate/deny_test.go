@@ -85,6 +85,8 @@ func TestDenied(t *testing.T) {
 		}, []string{`container "trainer" declares port 2381, which is the rendezvous sidecar's health port`}},
 		{"tls secret not a DNS subdomain", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "Rdzv_Certs" },
 			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
+		{"force-delete-lost-pods not StatefulSet names", func(p *corev1.Pod) { p.Annotations[constants.AnnotationForceDeleteLostPods] = "hvd-worker,,Hvd" },
+			[]string{`annotation elastic-training.io/force-delete-lost-pods="hvd-worker,,Hvd" is invalid: want comma-separated names of the job's StatefulSets (DNS labels)`}},
 		{"restart-survivors not a bool", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvRestartSurvivors] = "no" },
 			[]string{`annotation elastic-training.io/rdzv-restart-survivors="no" is invalid: want "true" or "false"`}},
 		{"tls secret with a slash", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "ns/certs" },

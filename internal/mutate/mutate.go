@@ -131,8 +131,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 			return err
 		}
 	}
-	events := serving && s.framework == constants.FrameworkPyTorch && s.eventsJob != ""
-	if events {
+	if serving && s.needsToken() {
 		if err := setTokenVolume(e); err != nil {
 			return err
 		}

@@ -45,6 +45,7 @@ type settings struct {
 	tlsSecret                   string // "" = plain HTTP rendezvous
 	eventsJob                   string // "" = the serving sidecar records no Events
 	keepSurvivors               bool   // the serving sidecar leaves torch's survivors alone (AnnotationRdzvRestartSurvivors false)
+	forceDeleteLostOf           string // StatefulSets whose lost pods the serving sidecar force-deletes (AnnotationForceDeleteLostPods)
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -207,6 +208,20 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		}
 	}
 
+	if v := ann[constants.AnnotationForceDeleteLostPods]; v != "" {
+		ok := true
+		for _, name := range strings.Split(v, ",") {
+			if len(validation.IsDNS1123Label(name)) > 0 {
+				ok = false
+			}
+		}
+		if ok {
+			s.forceDeleteLostOf = v
+		} else {
+			bad.add("annotation", constants.AnnotationForceDeleteLostPods, v, "comma-separated names of the job's StatefulSets (DNS labels)")
+		}
+	}
+
 	d := cfg.Defaults
 	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend, constants.Backends)
 	s.joinTimeout = parseInt(&bad, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
@@ -337,4 +352,10 @@ func requireInt(bad *invalid, ann map[string]string, key string, lo, hi int) int
 		return 0
 	}
 	return parseInt(bad, ann, key, 0, lo, hi, "")
+}
+
+// needsToken says whether the serving sidecar talks to the API server: for
+// the rounds' Events (PyTorch) or to force-delete lost pods.
+func (s *settings) needsToken() bool {
+	return (s.framework == constants.FrameworkPyTorch && s.eventsJob != "") || s.forceDeleteLostOf != ""
 }

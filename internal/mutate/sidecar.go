@@ -59,6 +59,11 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 			corev1.ContainerPort{Name: "c10d", ContainerPort: constants.C10dPort, Protocol: corev1.ProtocolTCP})
 		if s.framework == constants.FrameworkPyTorch && s.eventsJob != "" {
 			args = append(args, "--events-job="+s.eventsJob)
+		}
+		if s.forceDeleteLostOf != "" {
+			args = append(args, "--force-delete-lost-pods-of="+s.forceDeleteLostOf)
+		}
+		if s.needsToken() {
 			mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
 		}
 		if s.keepSurvivors {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
@@ -116,4 +117,75 @@ func TestRestartSurvivorsOff(t *testing.T) {
 			}
 		})
 	}
+}
+
+// forceDeleteLostPods (default true) reaches the serving sidecar of a job with member StatefulSets (MPI workers):
+// the annotation naming them, the flag and token on the sidecar the webhook injects into the launcher, and a Role
+// that may get and delete exactly those pods, bound to the launcher's service account. Jobs whose members are Jobs
+// (PyTorch) need none of it.
+func TestForceDeleteLostPods(t *testing.T) {
+	ch := loadChart(t)
+	mpi := func(on bool) map[string]any {
+		return merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI, "forceDeleteLostPods": on,
+			"mpi":          map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}, "serviceAccountName": "launcher-sa"}},
+			"workers":      map[string]any{"replicas": 1, "maxReplicas": 2},
+			"workerGroups": map[string]any{"wide": map[string]any{"replicas": 1}}})
+	}
+	job := release
+	for name, c := range map[string]struct {
+		values map[string]any
+		sets   string   // the annotation; "": none
+		pods   []string // the Role's resourceNames
+	}{
+		"mpi":     {mpi(true), job + "-worker," + job + "-wide", []string{job + "-worker-0", job + "-worker-1", job + "-wide-0"}},
+		"mpi off": {mpi(false), "", nil},
+		"pytorch": {merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"}}), "", nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := render(ch, c.values, chartrender.Options{})
+			require.NoError(t, err)
+			for key, s := range podSpecs(t, r) {
+				require.Equal(t, c.sets, s.Annotations[constants.AnnotationForceDeleteLostPods], key)
+			}
+			role := r.Find("Role", job+"-lost-pods")
+			if c.sets == "" {
+				require.Nil(t, role)
+				require.Nil(t, r.Find("RoleBinding", job+"-lost-pods"))
+				return
+			}
+			require.NotNil(t, role)
+			rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+			require.Equal(t, []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"},
+				"verbs": []any{"get", "delete"}, "resourceNames": toAny(c.pods)}}, rules)
+			binding := r.Find("RoleBinding", job+"-lost-pods")
+			require.NotNil(t, binding)
+			subjects, _, _ := unstructured.NestedSlice(binding.Object, "subjects")
+			require.Equal(t, []any{map[string]any{"kind": "ServiceAccount", "name": "launcher-sa", "namespace": namespace}}, subjects)
+
+			launcher := servingPod(t, *findObject(t, r, "Job", job+"-launcher"))
+			sc, volumes := injectedSidecar(t, launcher, naming.DefaultClusterDomain)
+			require.Contains(t, sc.Args, "--force-delete-lost-pods-of="+c.sets)
+			require.Contains(t, sc.VolumeMounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
+			require.True(t, slices.ContainsFunc(volumes, func(v corev1.Volume) bool { return v.Name == constants.TokenVolumeName }))
+		})
+	}
+}
+
+func findObject(t *testing.T, r *chartrender.Rendered, kind, name string) *chartrender.Object {
+	t.Helper()
+	for i, o := range r.Objects {
+		if o.Kind == kind && o.Name == name {
+			return &r.Objects[i]
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }

@@ -45,7 +45,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/num-workers",
     "elastic-training.io/ps-port",
     "elastic-training.io/rdzv-events",
-    "elastic-training.io/rdzv-restart-survivors"
+    "elastic-training.io/rdzv-restart-survivors",
+    "elastic-training.io/force-delete-lost-pods"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "accelerators": {

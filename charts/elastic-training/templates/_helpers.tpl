@@ -169,6 +169,9 @@ elastic-training.io/rdzv-restart-survivors: "false"
 {{- with include "elastic-training.eventsJob" (dict "root" .root "plan" $plan) }}
 elastic-training.io/rdzv-events: {{ . | quote }}
 {{- end }}
+{{- with include "elastic-training.lostPodSets" (dict "root" .root "plan" $plan) }}
+elastic-training.io/force-delete-lost-pods: {{ . | quote }}
+{{- end }}
 {{- if eq $v.framework "mpi" }}
 elastic-training.io/mpi-flavour: {{ $v.mpi.flavour | quote }}
 {{- end }}
@@ -290,6 +293,34 @@ PyTorch); empty: none. (dict "root" $ "plan" $plan)
 {{- if and (eq $v.framework "pytorch") $v.rendezvous.events .plan.eventsGroup -}}
 {{- printf "%s-%s" (include "elastic-training.fullname" .root) .plan.eventsGroup -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+The member StatefulSets whose pods the serving sidecar force-deletes once Kubernetes evicts them from a lost node
+(forceDeleteLostPods; MPI workers), comma-separated; "" when none. Input: dict "root" $ "plan" <plan>.
+*/}}
+{{- define "elastic-training.lostPodSets" -}}
+{{- $names := list -}}
+{{- if .root.Values.forceDeleteLostPods -}}
+{{- range .plan.groups -}}
+{{- if and .member (eq .kind "StatefulSet") -}}
+{{- $names = append $names (printf "%s-%s" (include "elastic-training.fullname" $.root) .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end }}
+
+{{/* The serving pod's service account: the rdzv-host group's, else the job's, else `default` (the dedicated
+rendezvous pod runs as `default`). Input: dict "root" $ "plan" <plan>. */}}
+{{- define "elastic-training.servingServiceAccount" -}}
+{{- $sa := "default" -}}
+{{- if not .plan.dedicated -}}
+{{- range .plan.groups -}}
+{{- if .rdzvHost -}}{{- $sa = .values.serviceAccountName | default $.root.Values.serviceAccountName | default "default" -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $sa -}}
 {{- end }}
 
 {{/*

@@ -8,6 +8,8 @@
 {{- $scheme := ternary "https" "http" (not (empty $tls)) -}}
 {{- $svc := printf "%s-rdzv.%s.svc.%s" $job .Release.Namespace .Values.clusterDomain -}}
 {{- $events := include "elastic-training.eventsJob" (dict "root" . "plan" $plan) -}}
+{{- $lostPodSets := include "elastic-training.lostPodSets" (dict "root" . "plan" $plan) -}}
+{{- $token := or $events $lostPodSets -}}
 metadata:
   labels:
     {{- with .Values.podLabels }}
@@ -80,6 +82,9 @@ spec:
         {{- with $events }}
         - --events-job={{ . }}
         {{- end }}
+        {{- with $lostPodSets }}
+        - --force-delete-lost-pods-of={{ . }}
+        {{- end }}
         {{- if $tls }}
         - --cert-file=/etc/elastic-training-tls/tls.crt
         - --key-file=/etc/elastic-training-tls/tls.key
@@ -137,8 +142,8 @@ spec:
           mountPath: /etc/elastic-training-tls
           readOnly: true
         {{- end }}
-        {{- if $events }}
-        # The sidecar's API token for its Events (rbac.yaml); the pod's own token stays unmounted.
+        {{- if $token }}
+        # The sidecar's API token for its Events and lost pods (rbac.yaml); the pod's own token stays unmounted.
         - name: elastic-training-token
           mountPath: /var/run/secrets/kubernetes.io/serviceaccount
           readOnly: true
@@ -148,7 +153,7 @@ spec:
       emptyDir: {}
     - name: elastic-training
       emptyDir: {}
-    {{- if $events }}
+    {{- if $token }}
     - name: elastic-training-token
       projected:
         defaultMode: 0644
