@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,4 +149,65 @@ func TestMPIHostfilesPlaceRanks(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "job-worker-0.job.ns.svc.cluster.local slots=2\njob-worker-1.job.ns.svc.cluster.local slots=1\njob-worker-2.job.ns.svc.cluster.local slots=3\n", string(out))
 	})
+}
+
+// supervise runs a real Open MPI mpirun over two members' hostfile and stops it, every rank included, when one
+// member's sidecar dies (kill -9: its lease ends, as when its node is lost), with exit status 75; a command that
+// ends by itself passes its exit status on.
+func TestSupervise(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
+	}
+	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
+	s := startServe(t)
+	a := startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0")
+	startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
+	dir := t.TempDir()
+	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
+	hf := filepath.Join(dir, "hostfile")
+	testenv.Eventually(t, 10*time.Second, "hostfile with 2 hosts", func() error {
+		if n := strings.Count(readFile(hf), "\n"); n != 2 {
+			return fmt.Errorf("%d lines: %q", n, readFile(hf))
+		}
+		return nil
+	})
+	agent, err := filepath.Abs("testdata/fake-ssh.sh")
+	require.NoError(t, err)
+	pids := filepath.Join(t.TempDir(), "pids")
+	supervise := func(args ...string) *testenv.Proc {
+		return testenv.Start(t, "supervise", exec.Command(sidecarBin, append([]string{"supervise", "--endpoints=" + s.URL, "--grace=2s", "--"}, args...)...))
+	}
+
+	p := supervise("/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
+		"--mca", "orte_keep_fqdn_hostnames", "true", "-np", "2", "sh", "-c", "echo $$ >> "+pids+"; exec sleep 600")
+	testenv.Eventually(t, 30*time.Second, "both ranks running", func() error {
+		if n := len(strings.Fields(readFile(pids))); n != 2 {
+			return fmt.Errorf("%d ranks", n)
+		}
+		return nil
+	})
+	start := time.Now()
+	a.Signal(syscall.SIGKILL)
+	err = p.Wait(t, leaseTTL+15*time.Second)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "supervise must stop mpirun:\n%s", p.Output())
+	require.Equal(t, 75, ee.ExitCode(), "%s", p.Output())
+	require.Contains(t, p.Output(), "job-worker-0.job.ns.svc.cluster.local left the membership")
+	t.Logf("member's sidecar killed → supervise stopped mpirun (exit status 75): %s (lease TTL %s)", time.Since(start).Round(time.Millisecond), leaseTTL)
+	// mpirun stops the ranks through its daemons, which may run in sessions of their own (as on real hosts).
+	testenv.Eventually(t, 10*time.Second, "every rank stopped", func() error {
+		for _, pid := range strings.Fields(readFile(pids)) {
+			if _, err := os.Stat("/proc/" + pid); err == nil {
+				cmdline, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+				return fmt.Errorf("rank %s still runs: %q", pid, cmdline)
+			}
+		}
+		return nil
+	})
+	t.Logf("every rank stopped %s after the kill", time.Since(start).Round(time.Millisecond))
+
+	p = supervise("sh", "-c", "exit 3")
+	err = p.Wait(t, 30*time.Second)
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 3, ee.ExitCode(), "%s", p.Output())
 }

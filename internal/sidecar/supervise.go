@@ -1,0 +1,112 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/membership/etcdmembers"
+)
+
+// ExitMemberLost is supervise's exit status when it stopped its command
+// because a member left (EX_TEMPFAIL: run it again on the hosts that remain).
+const ExitMemberLost = 75
+
+// SuperviseConfig configures supervise mode.
+type SuperviseConfig struct {
+	QueryConfig
+	Command []string
+	// Grace is how long the command has after SIGTERM before SIGKILL.
+	Grace time.Duration
+}
+
+// Supervise runs cfg.Command (an MPI launcher: mpirun, mpiexec) in a process
+// group of its own and returns its exit status, unless a member registered
+// when it started leaves first: then it stops the whole group (SIGTERM, then
+// SIGKILL after cfg.Grace) and returns ExitMemberLost. mpirun has no way to
+// learn that a host is gone when its node vanishes (no FIN, no RST: its ranks
+// wait in a collective for ever); the membership knows within the lease TTL.
+// ctx ending (SIGTERM to supervise) stops the command the same way.
+func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int, error) {
+	if len(cfg.Command) == 0 {
+		return 0, errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")
+	}
+	cli, err := cfg.connect()
+	if err != nil {
+		return 0, err
+	}
+	defer cli.Close()
+	lctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	start, _, err := etcdmembers.List(lctx, cli, cfg.Prefix)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("listing the members: %w", err)
+	}
+	fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s; stops %s if one of them leaves\n", membership.Describe(start), cfg.Command[0])
+
+	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	lost := make(chan []string, 1)
+	go etcdmembers.Watch(wctx, cli, cfg.Prefix, 2*time.Second, nil, func(ms []membership.Member) {
+		if _, left := membership.Diff(start, ms); len(left) > 0 {
+			select {
+			case lost <- left:
+			default:
+			}
+		}
+	})
+
+	var stopped int // the exit status when supervise stopped the command
+	select {
+	case err := <-exited:
+		return exitStatus(err)
+	case left := <-lost:
+		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s left the membership; stopping %s (exit status %d: run it again on the hosts that remain)\n",
+			strings.Join(left, ","), cfg.Command[0], ExitMemberLost)
+		stopped = ExitMemberLost
+	case <-ctx.Done():
+		stopped = 128 + int(syscall.SIGTERM)
+	}
+	pgid := -cmd.Process.Pid
+	_ = syscall.Kill(pgid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(cfg.Grace):
+		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s still runs %s after SIGTERM; SIGKILL\n", cfg.Command[0], cfg.Grace)
+		_ = syscall.Kill(pgid, syscall.SIGKILL)
+		<-exited
+	}
+	_ = syscall.Kill(pgid, syscall.SIGKILL) // whatever of the group outlived its leader
+	return stopped, nil
+}
+
+// exitStatus is the exit status a shell would report for the command.
+func exitStatus(err error) (int, error) {
+	if err == nil {
+		return 0, nil
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return 0, err
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), nil
+	}
+	return ee.ExitCode(), nil
+}
