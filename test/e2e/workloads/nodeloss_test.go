@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
@@ -228,4 +230,92 @@ func podNodes(pods []corev1.Pod) []string {
 		out = append(out, p.Name+"@"+p.Spec.NodeName)
 	}
 	return out
+}
+
+// TestNodeLossMPI: an MPI job (Open MPI; the launcher, which serves the rendezvous, on NodeName; one worker per
+// node) loses the other node while mpirun runs a loop of allreduces. The lost worker leaves the launcher's hostfile
+// and discover_hosts.sh (its lease ends); `rdzv-sidecar supervise` stops the hung mpirun and the launcher runs the
+// round again on the worker that remains, whose ranks complete an allreduce; and the lost worker, a StatefulSet pod
+// that Kubernetes never replaces by itself, is force-deleted by the serving sidecar once evicted and comes back on
+// the node that is left.
+func TestNodeLossMPI(t *testing.T) {
+	c, ns := startTest(t)
+	const job = "mpiloss"
+	victim := framework.ExtraNodes[0]
+	v := jobValues(t, c, mpiValues, "")
+	set(v, "mpi.launcher.args", []any{"2"})
+	set(v, "mpi.launcher.backoffLimit", 0)
+	set(v, "mpi.launcher.nodeSelector", map[string]any{"kubernetes.io/hostname": framework.NodeName})
+	// Allreduces every half second for as long as the test runs: the job is busy when the node is lost.
+	env, _ := v["env"].([]any)
+	set(v, "env", append(env, map[string]any{"name": "ALLREDUCE_ITERS", "value": "100000"}))
+	set(v, "workers", map[string]any{"replicas": 2, "minReplicas": 1, "maxReplicas": 2, "gpus": 1})
+	set(v, "workerGroups.wide.enabled", false)
+	set(v, "topologySpreadConstraints", []any{map[string]any{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+		"whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor"}})
+	installJob(t, c, ns, job, v)
+	launcher := launcherPod(t, c, ns, job)
+	waitLauncherLog(t, c, ns, launcher, "round=1 rank=1 size=2", 4*time.Minute)
+
+	sel := groupSelector(job, constants.GroupWorker)
+	pods, err := livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost string
+	for _, p := range pods {
+		if p.Spec.NodeName == victim {
+			lost = p.Name
+		}
+	}
+	if lost == "" {
+		t.Fatalf("no worker on %s: the spread constraint did not spread (%v)", victim, podNodes(pods))
+	}
+	lostHost := naming.PodFQDN(lost, job, ns, framework.ClusterDomain)
+	t.Logf("workers: %v; %s's loss takes %s", podNodes(pods), victim, lost)
+	hostfile := func(ctx context.Context) (string, error) {
+		return c.Kubectl(ctx, "-n", ns, "exec", launcher, "-c", trainer, "--", "/bin/sh", "-c",
+			fmt.Sprintf("cat %[1]s/%[2]s; %[1]s/%[3]s", constants.FilesDir, constants.HostfileName, constants.DiscoverHostsName))
+	}
+
+	at := c.CrashNode(t, victim)
+	c.WaitFor(t, time.Minute, lost+" gone from the launcher's hostfile and discover_hosts.sh", func(ctx context.Context) (bool, error) {
+		out, err := hostfile(ctx)
+		if err != nil || strings.Contains(out, lostHost) {
+			return false, fmt.Errorf("files: %q (%v)", out, err)
+		}
+		return true, nil
+	})
+	t.Logf("%s left the hostfile and discover_hosts.sh %.1fs after the crash (goal 10 s)", lost, time.Since(at).Seconds())
+	log := waitLauncherLog(t, c, ns, launcher, "round=1 rank=0 size=1", 2*time.Minute)
+	if !strings.Contains(log, "again on the hosts that remain") {
+		t.Fatalf("the launcher ran its round on one host without having been stopped:\n%s", log)
+	}
+	t.Logf("mpirun stopped and run again on the worker left, its ranks' allreduce done %.1fs after the crash", time.Since(at).Seconds())
+
+	// Kubernetes evicts the lost pod; the serving sidecar force-deletes it and the StatefulSet starts it on the
+	// node that is left, where it registers again.
+	c.WaitFor(t, 5*time.Minute, lost+" replaced on "+framework.NodeName+" and back in the hostfile", func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, lost, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Spec.NodeName != framework.NodeName || p.DeletionTimestamp != nil {
+			return false, fmt.Errorf("%s on %s (deleting: %v)", lost, p.Spec.NodeName, p.DeletionTimestamp != nil)
+		}
+		out, err := hostfile(ctx)
+		if err != nil || !strings.Contains(out, lostHost) {
+			return false, fmt.Errorf("files: %q (%v)", out, err)
+		}
+		return true, nil
+	})
+	t.Logf("%s replaced on %s and listed again %.1fs after the crash (goal 90 s)", lost, framework.NodeName, time.Since(at).Seconds())
+	sidecarLog, err := tailLogs(t.Context(), c, ns, launcher, constants.SidecarContainerName, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sidecarLog, "force-deleted a pod lost with its node") {
+		t.Errorf("the launcher's sidecar did not log the force delete:\n%s", sidecarLog)
+	}
+	uninstallJob(t, c, ns, job)
 }
