@@ -64,7 +64,7 @@ integration: rootfs
 ## the lock of the e2e test binaries (E2E_LOCK in test/e2e/cluster/env.sh): another run may still use the cluster.
 e2e:
 	@set -e; started=0; $(CLUSTER)/status.sh >/dev/null || { started=1; $(CLUSTER)/up.sh; }; \
-	rc=0; $(GO) test -p 1 -count=1 -timeout 40m ./test/e2e/... || rc=$$?; \
+	rc=0; $(GO) test -p 1 -parallel 4 -count=1 -timeout 55m ./test/e2e/... || rc=$$?; \
 	if [ $$started = 1 ]; then (. $(CLUSTER)/env.sh; flock "$$E2E_LOCK" $(CLUSTER)/down.sh); fi; exit $$rc
 
 ## demo: an elastic PyTorch job on the local cluster, scaled 2 -> 3 -> 4 -> 2 with helm upgrade (root; the first
@@ -82,7 +82,7 @@ bench-e2e:
 
 ## bench-node-loss: a worker node of an elastic PyTorch job crashes on the two-node local cluster (root): seconds
 ## until the survivors train at the smaller size and until the lost pods are replaced, the chart's defaults against
-## torch's own behaviour in the same run.
+## torch's own behaviour in the same run; and the crash of the node that serves the rendezvous (worker 0's).
 bench-node-loss:
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkNodeLoss -benchtime 1x ./test/e2e/workloads
 

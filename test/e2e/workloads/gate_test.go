@@ -25,6 +25,7 @@ const noWebhookNamespace = "e2e-no-webhook"
 // The chart's scheduling gate, which only the webhook removes, keeps every pod SchedulingGated: nothing starts,
 // and `kubectl get pods` says why. The same job in a namespace the webhook serves runs (every other test).
 func TestWithoutWebhookPodsStayGated(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
 	c := framework.Get(t)
 	installWebhook(t, c)
 	ctx := t.Context()
@@ -99,6 +100,7 @@ func gated(p corev1.Pod) bool {
 // denial (here a misspelt annotation of ours) as a PodDenied Warning Event on the Job, not only as the Job
 // controller's FailedCreate, and a warning (which the Job controller drops) as an AdmissionWarning Event.
 func TestWebhookEventsOnTheJob(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
 	job := func(name string, edit func(*corev1.PodTemplateSpec)) {
 		one := int32(1)
@@ -153,6 +155,7 @@ func eventsSection(out string) string {
 // escalation, no capabilities, the RuntimeDefault seccomp profile (the chart's podSecurityContext and
 // securityContext values).
 func TestRestrictedPodSecurity(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
 	nsObj, err := c.Client.CoreV1().Namespaces().Get(t.Context(), ns, metav1.GetOptions{})
 	if err != nil {

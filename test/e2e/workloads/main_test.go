@@ -23,6 +23,13 @@ import (
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
+// Tests that measure something (scaling, faults, node loss, preemption, MPI's hostfile latency) run one at a time:
+// the cluster and the machine's 2 cores are theirs alone, so their figures stay honest. Those whose outcome does not
+// depend on timing (the scheduling gate, Events, Pod Security, a crash-looping job's helm test, the script and MXNet
+// jobs) call t.Parallel: Go runs them together once the others are done, up to -parallel at a time (make e2e: 4),
+// each in its own namespace. Not TestNetworkPolicyEnforced: run beside others, node2's kube-router had not yet
+// enforced the job's policy on a pod created a minute before (it syncs on events, slower on a busy machine), and
+// the test probes at once.
 func TestMain(m *testing.M) { framework.Main(m) }
 
 const trainer = "trainer" // the chart's training container

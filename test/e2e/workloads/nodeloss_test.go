@@ -50,10 +50,12 @@ type nodeLoss struct {
 
 // lossRun says how workerNodeLoss runs: rdzv overrides rendezvous values, and a non-zero smallerLimit is how long
 // to wait for the survivors at the smaller size before giving up on it without failing (torch's own behaviour: they
-// never get there).
+// never get there). storeNode puts worker 0, which serves the rendezvous, on the lost node: the survivors then
+// count as training again at their first step at any world size.
 type lossRun struct {
 	rdzv         map[string]any
 	smallerLimit time.Duration
+	storeNode    bool
 }
 
 func testWorkerNodeLoss(t *testing.T, img framework.Trainer, fault nodeFault) {
@@ -82,8 +84,12 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 		"whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor"}})
 	sharedDir(t, v, ns)
 
-	// Worker 0 first, on NodeName (the victim cordoned), then two more.
-	uncordon := c.Cordon(t, victim)
+	// Worker 0 first, on NodeName (the victim cordoned; with storeNode the other way round), then two more.
+	cordoned := victim
+	if run.storeNode {
+		cordoned = framework.NodeName
+	}
+	uncordon := c.Cordon(t, cordoned)
 	sel := installTraining(t, c, ns, job, v, 1)
 	uncordon()
 	scaleWorkers(t, c, ns, job, 3)
@@ -94,10 +100,10 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	}
 	var lost, survivors []string
 	for _, p := range pods {
+		if podIndex(p) == 0 && (p.Spec.NodeName == victim) != run.storeNode {
+			t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon of %s", p.Spec.NodeName, cordoned)
+		}
 		if p.Spec.NodeName == victim {
-			if podIndex(p) == 0 {
-				t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon", victim)
-			}
 			lost = append(lost, p.Name)
 		} else {
 			survivors = append(survivors, p.Name)
@@ -120,7 +126,11 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	if run.smallerLimit > 0 {
 		limit = run.smallerLimit
 	}
-	d, err := waitTrainingAgain(t.Context(), c, ns, survivors, len(survivors), at, limit)
+	world := len(survivors)
+	if run.storeNode {
+		world = 0 // the store comes back with worker 0's replacement, which may join the survivors' first round
+	}
+	d, err := waitTrainingAgain(t.Context(), c, ns, survivors, world, at, limit)
 	switch {
 	case err == nil:
 		m.trainAgain = d
@@ -153,6 +163,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	// The node comes back. Its old pods, deleted while it was away, are killed by its kubelet and never join a
 	// round: the workers' rendezvous count stays as it is and the job stays at 3.
 	joined := snapshot(t, c, ns, sel)
+	before, _ := rdzvView(t, c, ns, job)
 	switch fault {
 	case crash:
 		c.RestartNode(t, victim)
@@ -175,9 +186,12 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 		}
 		return true, nil
 	})
-	// A stale agent that reached the store before its kubelet killed it would have put itself on the wait list, and
-	// the workers would re-join within seconds: a window to see that happen, not a wait for something.
-	time.Sleep(20 * time.Second)
+	// A stale agent that reached the store before its kubelet killed it (the network is back first) would have put
+	// itself on the wait list or into a new round by now: the round is the one of before, nobody waits, and no
+	// worker joined again.
+	if now, raw := rdzvView(t, c, ns, job); now.RunID != before.RunID || now.Round != before.Round || !now.Complete || len(now.Waiting) > 0 {
+		t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", before.Round, raw)
+	}
 	after := snapshot(t, c, ns, sel)
 	for name, p := range after {
 		if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
@@ -189,7 +203,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	return m
 }
 
-// waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at`, and returns
+// waitTrainingAgain waits until every one of pods trains at world size world (0: any) after the loss at `at`, and returns
 // the time from `at` to the last of their first steps at that size, read from the timestamps of their logs.
 func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pods []string, world int, at time.Time, timeout time.Duration) (time.Duration, error) {
 	want := fmt.Sprintf("world_size=%d ", world)
@@ -205,7 +219,7 @@ func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pod
 			for _, line := range strings.Split(string(raw), "\n") {
 				ts, text, ok := strings.Cut(line, " ")
 				tm, err := time.Parse(time.RFC3339Nano, ts)
-				if ok && err == nil && tm.After(at) && stepLine.MatchString(text) && strings.Contains(text, want) {
+				if ok && err == nil && tm.After(at) && stepLine.MatchString(text) && (world == 0 || strings.Contains(text, want)) {
 					first = tm
 					break
 				}

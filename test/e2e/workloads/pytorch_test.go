@@ -68,13 +68,9 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	t.Logf("helm test passed: %.1fs", time.Since(start).Seconds())
 	// The job's view of the rendezvous, as `kubectl get --raw .../services/<job>-rdzv:health/proxy/rendezvous`
 	// shows it through the API server.
-	raw, err := c.Client.CoreV1().Services(ns).ProxyGet("http", job+"-rdzv", "health", "/rendezvous", nil).DoRaw(t.Context())
-	if err != nil {
-		t.Fatalf("GET /rendezvous through the API server's service proxy: %v", err)
-	}
-	var view torchview.View
-	if err := json.Unmarshal(raw, &view); err != nil || view.WorldSize != 2 || !view.Complete {
-		t.Fatalf("the rendezvous view says %s (%v), want a complete round of 2", raw, err)
+	view, raw := rdzvView(t, c, ns, job)
+	if view.WorldSize != 2 || !view.Complete {
+		t.Fatalf("the rendezvous view says %s, want a complete round of 2", raw)
 	}
 	t.Logf("kubectl get --raw .../%s-rdzv:health/proxy/rendezvous: %s", job, raw)
 	// And as Events on the Job: the serving sidecar records each round there (rendezvous.events).
@@ -118,6 +114,21 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	}
 
 	uninstallJob(t, c, ns, job)
+}
+
+// rdzvView is the job's view of torch's rendezvous (GET /rendezvous on the serving sidecar), through the API
+// server's service proxy as kubectl shows it, decoded and raw.
+func rdzvView(t testing.TB, c *framework.Cluster, ns, job string) (torchview.View, []byte) {
+	t.Helper()
+	raw, err := c.Client.CoreV1().Services(ns).ProxyGet("http", job+"-rdzv", "health", "/rendezvous", nil).DoRaw(t.Context())
+	if err != nil {
+		t.Fatalf("GET /rendezvous through the API server's service proxy: %v", err)
+	}
+	var view torchview.View
+	if err := json.Unmarshal(raw, &view); err != nil {
+		t.Fatalf("GET /rendezvous: %s: %v", raw, err)
+	}
+	return view, raw
 }
 
 // useTrainer makes the job run in a trainer image.
@@ -241,6 +252,7 @@ func TestElasticPyTorchTLS(t *testing.T) {
 // new rounds and then restarts itself: the test fails, and its log says why from torch's own rendezvous state.
 // TestElasticPyTorch runs the same test on healthy jobs (every torch, every backend), where it passes.
 func TestHelmTestFailsOnCrashLoop(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
 	const job = "crashloop"
 	v := jobValues(t, c, pytorchValues, "")

@@ -118,6 +118,7 @@ func TestRolesAndPriorities(t *testing.T) {
 // image (the host runtime image), with a shared directory (hostPath here, a PVC on a real cluster) where the
 // job writes its checkpoints.
 func TestScriptRun(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
 	const job = "script"
 
@@ -156,6 +157,7 @@ var dmlcLine = regexp.MustCompile(`(?m)^dmlc (.*)$`)
 // only when the servers and workers that registered with it over the network match the counts it was given,
 // and the test checks every pod's values against the chart's settings.
 func TestMXNetParameterServer(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
 	const job, servers, workers, port = "ps", 2, 3, 9091
 	installJob(t, c, ns, job, jobValues(t, c, "examples/local/mxnet-ps.yaml", "examples/scripts/dmlc_roles.py"))
