@@ -99,6 +99,8 @@ func TestHostileClients(t *testing.T) {
 		c := dialStore(t, s.C10d)
 		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpCompareSet, Key: "/torch.rendezvous." + run, Value: []byte(base64.StdEncoding.EncodeToString(state))}))
 		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/torch.rendezvous." + run + ".1/MASTER_ADDR", Value: []byte("w-0")}))
+		// A set has no reply: a get on the same connection returns once the server (and its view) took the set.
+		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpGet, Key: "/torch.rendezvous." + run + ".1/MASTER_ADDR"}))
 	}
 	view := func(t *testing.T) (int, string, time.Duration) {
 		start := time.Now()
