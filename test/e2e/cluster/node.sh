@@ -135,7 +135,9 @@ up() {
   node_start fake-device-plugin "$BIN/fake-device-plugin" -dir "$DEVICE_PLUGIN_DIR" $(for r in $FAKE_DEVICES; do echo "-resource $r"; done)
   waitfor "node $node" 120 kubectl wait --for=condition=Ready "node/$node" --timeout=1s
   local kr_from=1; alive kube-router "$NPIDS" || kr_from=$(( $(stat -c %s "$NLOGS/kube-router.log" 2>/dev/null || echo 0) + 1 ))
-  node_start kube-router "$BIN/kube-router" --kubeconfig "$NDIR/kube-router.kubeconfig" --hostname-override "$node" \
+  # NODE_NAME first: kube-router takes its node from that variable before --hostname-override, and env.sh exports
+  # node1's; with it, node2's kube-router enforced the policies of node1's pods and left its own pods open.
+  node_start kube-router env NODE_NAME="$node" "$BIN/kube-router" --kubeconfig "$NDIR/kube-router.kubeconfig" --hostname-override "$node" \
     --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
     --service-cluster-ip-range "$SVC_CIDR" --health-port 0 --metrics-port 0
   gpus() { local r p; for r in $FAKE_DEVICES; do p=$(echo "${r%%=*}" | sed 's/\./\\./g')

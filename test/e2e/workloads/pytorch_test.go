@@ -286,13 +286,22 @@ func TestHelmTestFailsOnCrashLoop(t *testing.T) {
 // etcd. A busybox pod of the same namespace outside the job cannot connect to either, while the same probe reaches
 // the health port, where GET /healthz, /readyz and /rendezvous answer and a POST gets 405; the API server's service
 // proxy reads /rendezvous too. Once the NetworkPolicy is deleted the outside pod connects to the store: the refusal
-// was the policy's.
+// was the policy's. Once with the rendezvous pod on each node, the worker and the outside pod on the other: every
+// node's policy controller enforces it, and the job's own traffic crosses nodes.
 func TestNetworkPolicyEnforced(t *testing.T) {
+	nodes := append([]string{framework.NodeName}, framework.ExtraNodes[0])
+	t.Run("rendezvous on "+nodes[0], func(t *testing.T) { testNetworkPolicyEnforced(t, nodes[0], nodes[1]) })
+	t.Run("rendezvous on "+nodes[1], func(t *testing.T) { testNetworkPolicyEnforced(t, nodes[1], nodes[0]) })
+}
+
+func testNetworkPolicyEnforced(t *testing.T, rdzvNode, otherNode string) {
 	c, ns := startTest(t)
 	const job = "fenced"
 	v := jobValues(t, c, pytorchValues, trainScript)
 	set(v, "workers.replicas", 1)
 	set(v, "rendezvous.placement", "dedicated") // chart defaults otherwise: c10d, networkPolicy.enabled
+	set(v, "rendezvous.nodeSelector", map[string]any{"kubernetes.io/hostname": rdzvNode})
+	set(v, "workers.nodeSelector", map[string]any{"kubernetes.io/hostname": otherNode})
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
 	start := time.Now()
 	sel := installTraining(t, c, ns, job, v, 1)
@@ -310,7 +319,11 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 		t.Fatalf("want the chart's one NetworkPolicy: %d, %v", len(policies.Items), err)
 	}
 	policy := policies.Items[0].Name
-	t.Logf("rendezvous pod %s at %s, worker %s at %s, NetworkPolicy %s", rdzv.Name, ip, worker.Name, worker.Status.PodIP, policy)
+	t.Logf("rendezvous pod %s at %s on %s, worker %s at %s on %s, NetworkPolicy %s", rdzv.Name, ip, rdzv.Spec.NodeName,
+		worker.Name, worker.Status.PodIP, worker.Spec.NodeName, policy)
+	if rdzv.Spec.NodeName != rdzvNode || worker.Spec.NodeName != otherNode {
+		t.Fatalf("placed on %s and %s, want %s and %s", rdzv.Spec.NodeName, worker.Spec.NodeName, rdzvNode, otherNode)
+	}
 
 	// Inside the job: the worker's trainer container connects to every port of the rendezvous pod.
 	out, err := c.Kubectl(t.Context(), "-n", ns, "exec", worker.Name, "-c", trainer, "--", "python3", "-c", `import socket, sys, time
@@ -337,6 +350,7 @@ for port in sys.argv[2:]:
 		ObjectMeta: metav1.ObjectMeta{Name: "outsider", Labels: map[string]string{"app": "outsider"}},
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: new(int64),
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": otherNode},
 			Containers: []corev1.Container{{Name: "c", Image: framework.BusyboxImage, ImagePullPolicy: corev1.PullNever,
 				Command: []string{"sleep", "3600"}}},
 		},
