@@ -82,7 +82,7 @@ bench-e2e:
 
 ## bench-node-loss: a worker node of an elastic PyTorch job crashes on the two-node local cluster (root): seconds
 ## until the survivors train at the smaller size and until the lost pods are replaced, the chart's defaults against
-## torch's own behaviour in the same run; and the crash of the node that serves the rendezvous (worker 0's).
+## torch's own behaviour in the same run.
 bench-node-loss:
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkNodeLoss -benchtime 1x ./test/e2e/workloads
 

@@ -50,12 +50,10 @@ type nodeLoss struct {
 
 // lossRun says how workerNodeLoss runs: rdzv overrides rendezvous values, and a non-zero smallerLimit is how long
 // to wait for the survivors at the smaller size before giving up on it without failing (torch's own behaviour: they
-// never get there). storeNode puts worker 0, which serves the rendezvous, on the lost node: the survivors then
-// count as training again at their first step at any world size.
+// never get there).
 type lossRun struct {
 	rdzv         map[string]any
 	smallerLimit time.Duration
-	storeNode    bool
 }
 
 func testWorkerNodeLoss(t *testing.T, img framework.Trainer, fault nodeFault) {
@@ -84,12 +82,8 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 		"whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor"}})
 	sharedDir(t, v, ns)
 
-	// Worker 0 first, on NodeName (the victim cordoned; with storeNode the other way round), then two more.
-	cordoned := victim
-	if run.storeNode {
-		cordoned = framework.NodeName
-	}
-	uncordon := c.Cordon(t, cordoned)
+	// Worker 0 first, on NodeName (the victim cordoned), then two more.
+	uncordon := c.Cordon(t, victim)
 	sel := installTraining(t, c, ns, job, v, 1)
 	uncordon()
 	scaleWorkers(t, c, ns, job, 3)
@@ -100,8 +94,8 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	}
 	var lost, survivors []string
 	for _, p := range pods {
-		if podIndex(p) == 0 && (p.Spec.NodeName == victim) != run.storeNode {
-			t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon of %s", p.Spec.NodeName, cordoned)
+		if podIndex(p) == 0 && p.Spec.NodeName == victim {
+			t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon", victim)
 		}
 		if p.Spec.NodeName == victim {
 			lost = append(lost, p.Name)
@@ -126,11 +120,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	if run.smallerLimit > 0 {
 		limit = run.smallerLimit
 	}
-	world := len(survivors)
-	if run.storeNode {
-		world = 0 // the store comes back with worker 0's replacement, which may join the survivors' first round
-	}
-	d, err := waitTrainingAgain(t.Context(), c, ns, survivors, world, at, limit)
+	d, err := waitTrainingAgain(t.Context(), c, ns, survivors, len(survivors), at, limit)
 	switch {
 	case err == nil:
 		m.trainAgain = d
@@ -203,7 +193,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	return m
 }
 
-// waitTrainingAgain waits until every one of pods trains at world size world (0: any) after the loss at `at`, and returns
+// waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at`, and returns
 // the time from `at` to the last of their first steps at that size, read from the timestamps of their logs.
 func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pods []string, world int, at time.Time, timeout time.Duration) (time.Duration, error) {
 	want := fmt.Sprintf("world_size=%d ", world)
@@ -219,7 +209,7 @@ func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pod
 			for _, line := range strings.Split(string(raw), "\n") {
 				ts, text, ok := strings.Cut(line, " ")
 				tm, err := time.Parse(time.RFC3339Nano, ts)
-				if ok && err == nil && tm.After(at) && stepLine.MatchString(text) && (world == 0 || strings.Contains(text, want)) {
+				if ok && err == nil && tm.After(at) && stepLine.MatchString(text) && strings.Contains(text, want) {
 					first = tm
 					break
 				}
