@@ -21,10 +21,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
+	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 )
@@ -233,13 +233,9 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
 	fs.BoolVar(&cfg.RestartSurvivors, "restart-survivors", true, "when a participant's pod leaves the membership (its lease ended: its node is lost), drop it from torch's c10d round and put a placeholder on the wait list, so that the survivors restart at once (torch itself leaves them in the collective until its timeout)")
 	fs.Func("force-delete-lost-pods-of", "comma-separated StatefulSets of the job's members: when such a member leaves the membership and Kubernetes then evicts its pod from a lost node, force-delete the pod so that the StatefulSet replaces it (needs the pod's token in "+constants.TokenDir+" and RBAC: get and delete those pods)", func(v string) error {
-		for _, name := range strings.Split(v, ",") {
-			if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
-				return fmt.Errorf("%q is not a StatefulSet name: %s", name, strings.Join(errs, "; "))
-			}
-			cfg.ForceDeleteLostOf = append(cfg.ForceDeleteLostOf, name)
-		}
-		return nil
+		names, err := naming.StatefulSets(v)
+		cfg.ForceDeleteLostOf = names
+		return err
 	})
 	q := tcpstore.DefaultQuotas()
 	cfg.C10dQuotas = q

@@ -209,16 +209,10 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	}
 
 	if v := ann[constants.AnnotationForceDeleteLostPods]; v != "" {
-		ok := true
-		for _, name := range strings.Split(v, ",") {
-			if len(validation.IsDNS1123Label(name)) > 0 {
-				ok = false
-			}
-		}
-		if ok {
-			s.forceDeleteLostOf = v
-		} else {
+		if _, err := naming.StatefulSets(v); err != nil {
 			bad.add("annotation", constants.AnnotationForceDeleteLostPods, v, "comma-separated names of the job's StatefulSets (DNS labels)")
+		} else {
+			s.forceDeleteLostOf = v
 		}
 	}
 

@@ -3,7 +3,12 @@
 // another part resolves.
 package naming
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
 
 // DefaultClusterDomain is Kubernetes' default cluster DNS domain.
 const DefaultClusterDomain = "cluster.local"
@@ -36,4 +41,17 @@ func ServiceFQDN(service, namespace, clusterDomain string) string {
 // RendezvousEndpoint is host:port of the job's rendezvous as torchrun's --rdzv-endpoint wants it.
 func RendezvousEndpoint(job, namespace, clusterDomain string, port int) string {
 	return fmt.Sprintf("%s:%d", ServiceFQDN(RendezvousService(job), namespace, clusterDomain), port)
+}
+
+// StatefulSets parses a comma-separated list of StatefulSet names (the
+// force-delete-lost-pods annotation and the sidecar's flag of the same value):
+// every name a DNS label.
+func StatefulSets(v string) ([]string, error) {
+	names := strings.Split(v, ",")
+	for _, name := range names {
+		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a StatefulSet name: %s", name, strings.Join(errs, "; "))
+		}
+	}
+	return names, nil
 }
