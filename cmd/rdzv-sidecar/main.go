@@ -251,6 +251,10 @@ func joinCmd(args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("join", "Register this pod (lease-bound, deregistered at once on SIGTERM) and keep the hostfile and discover_hosts.sh in --files-dir current.", stderr)
 	var cfg sidecar.JoinConfig
 	addClientFlags(fs, &cfg.Client)
+	fs.StringVar(&cfg.C10d.Addr, "c10d-addr", "", `where the trainer reaches the job's c10d store (e.g. 127.0.0.1:29400): this sidecar carries those connections to --c10d-upstream while this pod is registered, and closes them when its registration ends, so that a store lost with its node fails torch's agent at once instead of leaving it blocked on a silent connection; "" = off`)
+	fs.StringVar(&cfg.C10d.Upstream, "c10d-upstream", "", "the job's c10d store (host:port of the rendezvous Service), for --c10d-addr")
+	fs.DurationVar(&cfg.C10d.Wait, "c10d-wait", time.Minute, "how long a new store connection waits for this pod to be registered and the store to answer (torch's own store timeout is 60 s)")
+	fs.IntVar(&cfg.C10d.MaxConns, "c10d-max-connections", 64, "most store connections carried at once; more are closed as they come")
 	d := addDaemonFlags(fs, &cfg.Options)
 	return d.run(fs, args, stderr, func(ctx context.Context) error { return sidecar.Join(ctx, cfg) })
 }

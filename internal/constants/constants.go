@@ -149,7 +149,7 @@ const (
 const (
 	RdzvClientPort    = 2379  // sidecar serve: etcd v3 + v2 keys API
 	SidecarHealthPort = 2381  // sidecar (both modes): /healthz /readyz /metrics
-	C10dPort          = 29400 // sidecar serve: torch's c10d TCPStore
+	C10dPort          = 29400 // sidecar serve: torch's c10d TCPStore; join: its proxy on loopback
 	DefaultPSPort     = 9091  // MXNet scheduler
 )
 
@@ -169,7 +169,9 @@ type ReservedPort struct {
 var ReservedPorts = []ReservedPort{
 	{Port: SidecarHealthPort, What: "the rendezvous sidecar's health port"},
 	{Port: RdzvClientPort, What: "the rendezvous client port", ServeOnly: true},
-	{Port: C10dPort, What: "the c10d store's port", ServeOnly: true},
+	// Every PyTorch trainer reaches the c10d store on its own pod's loopback
+	// (the joining sidecar carries it there), so no pod may declare it.
+	{Port: C10dPort, What: "the c10d store's port"},
 }
 
 // Shared volume between the sidecar and the training containers.

@@ -83,6 +83,9 @@ func TestDenied(t *testing.T) {
 		{"port taken by the trainer", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: constants.SidecarHealthPort}}
 		}, []string{`container "trainer" declares port 2381, which is the rendezvous sidecar's health port`}},
+		{"c10d port taken in a pod that does not serve", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: constants.C10dPort}}
+		}, []string{`container "trainer" declares port 29400, which is the c10d store's port`}},
 		{"tls secret not a DNS subdomain", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "Rdzv_Certs" },
 			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
 		{"force-delete-lost-pods not StatefulSet names", func(p *corev1.Pod) { p.Annotations[constants.AnnotationForceDeleteLostPods] = "hvd-worker,,Hvd" },

@@ -16,7 +16,7 @@ import (
 // on torch >= 2.2, getfqdn() before, which the hostname + subdomain make
 // resolvable through the job's headless Service).
 func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
-	port := rdzvClientPort
+	endpoint := rdzvHost + ":" + rdzvClientPort
 	conf := map[string]string{}
 	switch s.backend {
 	case constants.BackendEtcd:
@@ -31,9 +31,12 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 	}
 	if s.backend == constants.BackendC10d {
 		// The TCPStore is the serving sidecar's (rdzv-sidecar serve
-		// --c10d-addr), reached through the rendezvous Service: no agent hosts
-		// one, so the rendezvous outlives every worker.
-		port = c10dPort
+		// --c10d-addr): no agent hosts one, so the rendezvous outlives every
+		// worker. Every trainer reaches it through its own pod's sidecar
+		// (c10dLocal), so that the store's connections end with the pod's
+		// membership: torch's client would wait for a lost store's answer
+		// until the kernel gives the connection up (internal/storeproxy).
+		endpoint = c10dLocal
 		conf["is_host"] = "false"
 	}
 	if s.tlsSecret != "" {
@@ -51,7 +54,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 	}
 	return []corev1.EnvVar{
 		{Name: "PET_RDZV_BACKEND", Value: s.backend},
-		{Name: "PET_RDZV_ENDPOINT", Value: rdzvHost + ":" + port},
+		{Name: "PET_RDZV_ENDPOINT", Value: endpoint},
 		{Name: "PET_RDZV_ID", Value: s.runID},
 		{Name: "PET_NNODES", Value: strconv.Itoa(s.minNodes) + ":" + strconv.Itoa(s.maxNodes)},
 		{Name: "PET_NPROC_PER_NODE", Value: strconv.Itoa(s.slots)},

@@ -163,7 +163,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 
 	// The native sidecar, first among the init containers so that everything
 	// after it (user init containers, then the trainer) starts once it is ready.
-	setSidecar(e, sidecar(cfg, s, mode, register, fqdn, rdzvURL))
+	setSidecar(e, sidecar(cfg, s, mode, register, fqdn, rdzvHost, rdzvURL))
 
 	// Last: the pod may be scheduled only once everything above is in it.
 	openGate(e)

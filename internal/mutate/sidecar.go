@@ -40,7 +40,7 @@ func setSidecar(e *editor, sc corev1.Container) {
 }
 
 // sidecar builds the rdzv-sidecar native sidecar with the command line of docs/contract.md.
-func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL string) corev1.Container {
+func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost, rdzvURL string) corev1.Container {
 	var args []string
 	res := cfg.Defaults.SidecarResources.Join
 	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
@@ -80,6 +80,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvURL 
 		}
 	} else {
 		args = append(args, modeJoin, "--endpoints="+rdzvURL, "--health-addr="+sidecarHealthAddr)
+		if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d {
+			args = append(args, "--c10d-addr="+c10dLocal, "--c10d-upstream="+rdzvHost+":"+c10dPort)
+		}
 		if s.tlsSecret != "" {
 			// etcdctl's flag names: verify the server, authenticate with the same certificate.
 			args = append(args,

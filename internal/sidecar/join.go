@@ -2,20 +2,44 @@ package sidecar
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/elastic-training/elastic-training/internal/storeproxy"
 )
 
 // JoinConfig configures join mode.
 type JoinConfig struct {
 	Options
 	Client ClientConfig
+	C10d   C10dProxyConfig
+}
+
+// C10dProxyConfig: the trainer reaches the job's c10d store through this
+// pod's sidecar (storeproxy), which cuts its connections when the pod's
+// registration ends.
+type C10dProxyConfig struct {
+	Addr     string // where the trainer connects (loopback); "" = no proxy
+	Upstream string // the store: the rendezvous Service's host:port
+	Wait     time.Duration
+	MaxConns int
 }
 
 // Join registers this pod and keeps its files current until ctx ends; then
 // it deregisters at once.
 func Join(ctx context.Context, cfg JoinConfig) error {
 	var eps []string
-	mets, err := cfg.begin(true, func() (err error) { eps, err = cfg.Client.endpoints(); return err })
+	mets, err := cfg.begin(true, func() (err error) {
+		if cfg.C10d.Addr != "" && cfg.C10d.Upstream == "" {
+			return errors.New("--c10d-upstream is required with --c10d-addr")
+		}
+		eps, err = cfg.Client.endpoints()
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -24,6 +48,30 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		return err
 	}
 	defer cli.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if cfg.C10d.Addr != "" {
+		ln, err := net.Listen("tcp", cfg.C10d.Addr)
+		if err != nil {
+			return fmt.Errorf("--c10d-addr: %w", err)
+		}
+		proxy := storeproxy.New(cfg.C10d.Upstream, cfg.C10d.Wait, cfg.C10d.MaxConns, cfg.Log.With("component", "c10d-proxy"))
+		if cfg.Member.Register {
+			cfg.Member.OnRegistered = func() { proxy.SetOpen(true) }
+			cfg.Member.OnLost = func() { proxy.SetOpen(false) }
+		} else {
+			proxy.SetOpen(true)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := proxy.Serve(ctx, ln); err != nil {
+				cfg.Log.Error("c10d store proxy stopped", "err", err)
+			}
+		}()
+	}
 	st := &memberState{}
 	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) { return st.ready(cfg.Member.Register) }, cfg.Metrics, nil, cfg.Log)
 	if err != nil {
@@ -31,7 +79,7 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 	}
 	defer stopHealth()
 	cfg.Log.Info("joining rendezvous", "endpoints", strings.Join(eps, ","), "register", cfg.Member.Register,
-		"member", cfg.Member.Member.Host, "files_dir", cfg.Member.FilesDir)
+		"member", cfg.Member.Member.Host, "files_dir", cfg.Member.FilesDir, "c10d_proxy", cfg.C10d.Addr)
 	runMember(ctx, cli, cfg.Member, cfg.Log, st, mets)
 	return nil
 }

@@ -33,6 +33,9 @@ type MemberConfig struct {
 	// OnChange, if not nil, is told the hosts that joined and left at each
 	// change of the membership after the first listing.
 	OnChange func(joined, left []string)
+	// OnRegistered and OnLost, if not nil, are told when this pod's
+	// registration starts and ends (see etcdmembers.Registration).
+	OnRegistered, OnLost func()
 }
 
 // active says whether this process is a member at all (serve without
@@ -97,7 +100,13 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 	if cfg.Register {
 		reg := &etcdmembers.Registration{
 			Client: cli, Prefix: cfg.Prefix, Member: cfg.Member, TTL: cfg.LeaseTTL, Log: log,
-			OnRegistered: func() { st.set(func(s *memberState) { s.registered = true }) },
+			OnRegistered: func() {
+				st.set(func(s *memberState) { s.registered = true })
+				if cfg.OnRegistered != nil {
+					cfg.OnRegistered()
+				}
+			},
+			OnLost: cfg.OnLost,
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); reg.Run(ctx) }()

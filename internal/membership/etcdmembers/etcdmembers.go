@@ -25,8 +25,9 @@ type Registration struct {
 	// (kill -9, node loss) stays listed.
 	TTL time.Duration
 	Log *slog.Logger
-	// OnRegistered is called after each (re-)registration (tests, metrics).
-	OnRegistered func()
+	// OnRegistered is called after each (re-)registration; OnLost when that
+	// registration ends (its lease lost, or ctx ended).
+	OnRegistered, OnLost func()
 }
 
 // Run registers the member and keeps it registered until ctx ends; then it
@@ -74,6 +75,9 @@ func (r *Registration) Run(ctx context.Context) error {
 		}
 		if err := r.keepAlive(ctx, lease); err != nil && ctx.Err() == nil {
 			log.Warn("member lease lost", "member", r.Member.Host, "err", err)
+		}
+		if r.OnLost != nil {
+			r.OnLost()
 		}
 		if ctx.Err() != nil {
 			r.deregister(lease, key, log)
