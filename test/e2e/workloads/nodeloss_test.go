@@ -39,6 +39,9 @@ func TestNodeLossPyTorch(t *testing.T) {
 	t.Run(string(partition)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
 		testWorkerNodeLoss(t, framework.TrainerImages[0], partition)
 	})
+	for _, img := range framework.TrainerImages {
+		t.Run("store/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testStoreNodeLoss(t, img) })
+	}
 }
 
 // nodeLoss is what one worker-node loss measured.
@@ -191,6 +194,76 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	waitWorld(t, c, ns, sel, 3, 1, time.Minute)
 	uninstallJob(t, c, ns, job)
 	return m
+}
+
+// testStoreNodeLoss: the node of worker 0, whose sidecar serves the rendezvous store (the chart's default
+// placement), crashes; two workers on the other node survive. Their agents' store connections go through their own
+// pods' sidecars, which close them when their leases end with the store (internal/storeproxy): the agents fail,
+// the kubelet restarts them, and they wait for the next store, which comes with worker 0's replacement once
+// Kubernetes evicts it. Without that their agents blocked for minutes on a silent connection (docs/failures.md).
+func testStoreNodeLoss(t *testing.T, img framework.Trainer) {
+	c, ns := startTest(t)
+	const job = "storeloss"
+	victim := framework.ExtraNodes[0]
+	v := jobValues(t, c, pytorchValues, trainScript)
+	useTrainer(v, img)
+	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
+	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})
+	sharedDir(t, v, ns)
+
+	// Worker 0 on the victim (the first node cordoned), then the other two beside the first node's (the victim
+	// cordoned).
+	uncordon := c.Cordon(t, framework.NodeName)
+	sel := installTraining(t, c, ns, job, v, 1)
+	uncordon()
+	uncordon = c.Cordon(t, victim)
+	scaleWorkers(t, c, ns, job, 3)
+	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)
+	uncordon()
+	pods, err := livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var survivors []string
+	restarts := map[string]int{}
+	for _, p := range pods {
+		if (podIndex(p) == 0) != (p.Spec.NodeName == victim) {
+			t.Fatalf("want worker 0 alone on %s: %v", victim, podNodes(pods))
+		}
+		if p.Spec.NodeName != victim {
+			survivors = append(survivors, p.Name)
+			restarts[p.Name] = trainerRestarts(p)
+		}
+	}
+	t.Logf("workers: %v; %s's loss takes the store", podNodes(pods), victim)
+
+	at := c.CrashNode(t, victim)
+	// Kubernetes replaces worker 0 (and with it the store) on the node left; the survivors, restarted, join the new
+	// store's first round with it. Training resumes when that round's first step comes (the replacement's, which
+	// logs no step before it; the survivors' logs still hold the steps they took before the loss).
+	waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
+	pods, err = livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range pods {
+		if p.Spec.NodeName == victim {
+			t.Errorf("%s trains on the lost node %s", p.Name, victim)
+		}
+		if r, ok := restarts[p.Name]; ok && trainerRestarts(p) == r {
+			t.Errorf("%s's trainer was not restarted: its agent never left the lost store's rendezvous", p.Name)
+		}
+		names = append(names, p.Name)
+	}
+	resumed, err := waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("store node loss (crash, torch %s): training resumes at world 3 %.1fs after the loss (goal 60 s), the "+
+		"survivors restarted, worker 0 replaced: %v", img.Torch, resumed.Seconds(), podNodes(pods))
+	c.RestartNode(t, victim)
+	uninstallJob(t, c, ns, job)
 }
 
 // waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at`, and returns
