@@ -20,7 +20,7 @@ var (
 	// c10dLocal is where a PyTorch trainer reaches the c10d store: its own
 	// pod's sidecar, which serves the store (serve) or carries the connections
 	// to it while the pod is a member (join --c10d-addr, internal/storeproxy).
-	c10dLocal = "127.0.0.1:" + c10dPort
+	c10dLocal         = "127.0.0.1:" + c10dPort
 	sidecarHealthAddr = ":" + strconv.Itoa(constants.SidecarHealthPort)
 )
 
