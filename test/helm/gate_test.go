@@ -25,7 +25,7 @@ func TestPodsGatedUntilMutated(t *testing.T) {
 		}
 		n := 0
 		for _, o := range r.Objects {
-			if o.Kind != "Job" && o.Kind != "StatefulSet" {
+			if o.Kind != "Job" && o.Kind != "StatefulSet" && o.Kind != "Deployment" {
 				continue
 			}
 			raw, _, _ := unstructured.NestedMap(o.Obj, "spec", "template", "spec")

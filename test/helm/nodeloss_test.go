@@ -13,12 +13,12 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
-// podSpecs are the pod templates of every Job and StatefulSet rendered, by object.
+// podSpecs are the pod templates of every Job, StatefulSet and Deployment rendered, by object.
 func podSpecs(t *testing.T, r *chartrender.Rendered) map[string]corev1.PodTemplateSpec {
 	out := map[string]corev1.PodTemplateSpec{}
 	for _, o := range r.Objects {
 		switch o.Kind {
-		case "Job", "StatefulSet":
+		case "Job", "StatefulSet", "Deployment":
 			out[o.Key()] = servingPodTemplate(t, o)
 		}
 	}
@@ -92,7 +92,7 @@ func TestRestartSurvivorsOff(t *testing.T) {
 				require.NoError(t, err)
 				var flagged []string
 				for _, o := range r.Objects {
-					if o.Kind != "Job" && o.Kind != "StatefulSet" {
+					if o.Kind != "Job" && o.Kind != "StatefulSet" && o.Kind != "Deployment" {
 						continue
 					}
 					pod := servingPod(t, o)

@@ -46,8 +46,8 @@ type sidecarView struct {
 	Mounts []map[string]any
 	// Restart is when the kubelet restarts the container. The injected sidecar is a native sidecar (an init
 	// container with restartPolicy Always): restarted whenever it exits, whatever the pod's restartPolicy. The
-	// dedicated pod's container is the main container of a StatefulSet pod, whose restartPolicy is Always (the only
-	// one a StatefulSet accepts): restarted whenever it exits too. Both must come out "Always".
+	// dedicated pod's container is the main container of a Deployment's pod, whose restartPolicy is Always (the only
+	// one a Deployment accepts): restarted whenever it exits too. Both must come out "Always".
 	Restart string
 	// Container is everything else: name, ports (sorted by number), probes, securityContext,
 	// terminationMessagePolicy, env, lifecycle, ... Cleared because they may differ: image and imagePullPolicy
@@ -92,15 +92,15 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r, err := render(ch, c.values, chartrender.Options{})
 			require.NoError(t, err)
-			var rdzv *appsv1.StatefulSet
+			var rdzv *appsv1.Deployment
 			var member *corev1.Pod
 			for _, o := range r.Objects {
-				if o.Kind != "StatefulSet" && o.Kind != "Job" {
+				if o.Kind != "StatefulSet" && o.Kind != "Job" && o.Kind != "Deployment" {
 					continue
 				}
 				switch role := roleOf(o); {
-				case role == constants.RoleRdzv && o.Kind == "StatefulSet":
-					rdzv = decode[appsv1.StatefulSet](t, o)
+				case role == constants.RoleRdzv && o.Kind == "Deployment":
+					rdzv = decode[appsv1.Deployment](t, o)
 				case role == constants.RoleWorker && member == nil:
 					member = servingPod(t, o)
 				}
@@ -109,7 +109,7 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 				if c.scenario {
 					t.Skip("no dedicated rendezvous pod in this scenario")
 				}
-				t.Fatal("no dedicated rendezvous StatefulSet rendered")
+				t.Fatal("no dedicated rendezvous Deployment rendered")
 			}
 			require.NotNil(t, member, "no worker group rendered")
 
@@ -131,7 +131,9 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 					"(-webhook +chart):\n%s", constants.SidecarContainerName, diff)
 			}
 
-			fqdn := naming.PodFQDN(rdzv.Name+"-0", rdzv.Spec.ServiceName, namespace, domain)
+			// The pod's own DNS name (hostname and subdomain of its template).
+			require.Equal(t, rdzv.Name+"-0", spec.Hostname, "the dedicated rendezvous pod's hostname")
+			fqdn := naming.PodFQDN(spec.Hostname, spec.Subdomain, namespace, domain)
 			wantMember := map[string]string{"--register": "false", "--member-host": fqdn, "--member-group": constants.GroupRdzv, "--member-index": "0"}
 			_, flags := parseSidecarArgs(t, spec.Containers[i].Args)
 			gotMember := map[string]string{}
@@ -175,6 +177,8 @@ func servingPod(t *testing.T, o chartrender.Object) *corev1.Pod {
 		tmpl = decode[batchv1.Job](t, o).Spec.Template
 	case "StatefulSet":
 		tmpl = decode[appsv1.StatefulSet](t, o).Spec.Template
+	case "Deployment":
+		tmpl = decode[appsv1.Deployment](t, o).Spec.Template
 	}
 	pod := &corev1.Pod{ObjectMeta: tmpl.ObjectMeta, Spec: tmpl.Spec}
 	pod.Name, pod.Namespace, pod.Spec.Hostname = o.Name+"-0", namespace, o.Name+"-0"

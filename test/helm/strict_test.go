@@ -16,7 +16,7 @@ import (
 func TestObjectsDecodeStrictly(t *testing.T) {
 	ch := loadChart(t)
 	allowed := map[string]bool{
-		"ConfigMap": true, "Secret": true, "Service": true, "Job": true, "StatefulSet": true, "Pod": true,
+		"ConfigMap": true, "Secret": true, "Service": true, "Job": true, "StatefulSet": true, "Deployment": true, "Pod": true,
 		"NetworkPolicy": true, "PodDisruptionBudget": true, "PersistentVolumeClaim": true,
 		"Role": true, "RoleBinding": true, // rendezvous.events: the serving sidecar's Events, in the namespace
 	}

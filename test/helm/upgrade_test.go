@@ -134,13 +134,13 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 						t.Errorf("%s: parallelism %d != completions %d (elastic Indexed Jobs scale both together)", o1.Key(), p, c)
 					}
 					a, b = scaleLine.ReplaceAllString(a, "  $1: N"), scaleLine.ReplaceAllString(b, "  $1: N")
-				case "StatefulSet":
+				case "StatefulSet", "Deployment":
 					a, b = scaleLine.ReplaceAllString(a, "  $1: N"), scaleLine.ReplaceAllString(b, "  $1: N")
 				}
 				if diff := cmp.Diff(a, b); diff != "" {
 					t.Errorf("%s changed beyond its scale fields after --set %s (-rev1 +rev2):\n%s", o1.Key(), strings.Join(sets, " "), diff)
 				}
-				if o1.Kind == "Job" || o1.Kind == "StatefulSet" {
+				if o1.Kind == "Job" || o1.Kind == "StatefulSet" || o1.Kind == "Deployment" {
 					t1, t2 := template(t, o1), template(t, o2)
 					if t1 != t2 {
 						t.Errorf("%s: pod template not byte-identical across the upgrade", o1.Key())
@@ -216,7 +216,7 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 		{"two values", "ci/pytorch-values.yaml", []string{"workers.gpus=2", "env[0].name=X", "env[0].value=1"}, "(values changed since the running revision: env, workers.gpus)"},
 		{"the advice", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "A running job changes only its size (helm upgrade --reuse-values --set workers.replicas=N); to change it, start a new run that resumes from your checkpoints: helm uninstall demo"},
 		{"the run id to keep", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "then helm install demo with the new values and --set runId=demo-"},
-		{"the dedicated rendezvous pod", "ci/elasticdl-values.yaml", []string{"rendezvous.resources.limits.memory=1Gi"}, "StatefulSet demo-rdzv's pod template would change (values changed since the running revision: rendezvous.resources)"},
+		{"the dedicated rendezvous pod", "ci/elasticdl-values.yaml", []string{"rendezvous.resources.limits.memory=1Gi"}, "Deployment demo-rdzv's pod template would change (values changed since the running revision: rendezvous.resources)"},
 		{"MXNet workers", "ci/mxnet-values.yaml", []string{"workers.replicas=3"}, "workers.replicas: MXNet jobs are not elastic"},
 		{"MXNet servers", "ci/mxnet-values.yaml", []string{"mxnet.servers.replicas=3"}, "mxnet.servers.replicas: MXNet jobs are not elastic"},
 	}

@@ -30,6 +30,8 @@ metadata:
     {{- include "elastic-training.jobAnnotations" (dict "root" . "plan" $plan) | nindent 4 }}
     elastic-training.io/rdzv-host: "true"
 spec:
+  {{- /* The name a StatefulSet would give it: resolvable through the headless Service, the sidecar's identity. */}}
+  hostname: {{ $job }}-rdzv-0
   subdomain: {{ $job }}
   enableServiceLinks: false
   automountServiceAccountToken: false

@@ -255,7 +255,7 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 		}
 		t.Logf("c10d: recovered from deleting worker 0 (%s) in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 	}
-	rdzvPod := naming.Workload(job, constants.GroupRdzv) + "-0"
+	rdzvPod := c.WaitPodsReady(t, ns, groupSelector(job, constants.GroupRdzv), 1, time.Minute)[0].Name
 	if rdzv := c.PodLogs(t, ns, rdzvPod, constants.SidecarContainerName); !strings.Contains(rdzv, "backend=c10d") {
 		t.Errorf("no c10d round in the rendezvous pod's log:\n%s", rdzv)
 	}

@@ -40,8 +40,11 @@ func TestNodeLossPyTorch(t *testing.T) {
 		testWorkerNodeLoss(t, framework.TrainerImages[0], partition)
 	})
 	for _, img := range framework.TrainerImages {
-		t.Run("store/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testStoreNodeLoss(t, img) })
+		t.Run("store/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testStoreNodeLoss(t, img, "auto") })
 	}
+	t.Run("store/dedicated/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
+		testStoreNodeLoss(t, framework.TrainerImages[0], "dedicated")
+	})
 }
 
 // nodeLoss is what one worker-node loss measured.
@@ -196,12 +199,14 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	return m
 }
 
-// testStoreNodeLoss: the node of worker 0, whose sidecar serves the rendezvous store (the chart's default
-// placement), crashes; two workers on the other node survive. Their agents' store connections go through their own
-// pods' sidecars, which close them when their leases end with the store (internal/storeproxy): the agents fail,
-// the kubelet restarts them, and they wait for the next store, which comes with worker 0's replacement once
-// Kubernetes evicts it. Without that their agents blocked for minutes on a silent connection (docs/failures.md).
-func testStoreNodeLoss(t *testing.T, img framework.Trainer) {
+// testStoreNodeLoss: the node that serves the rendezvous store crashes: worker 0's (placement auto, the chart's
+// default: two workers on the other node survive) or the dedicated rendezvous pod's (every worker, on the other
+// node, survives). The survivors' agents reach the store through their own pods' sidecars, which close those
+// connections when their leases end with the store (internal/storeproxy): the agents fail, the kubelet restarts
+// them, and they wait for the next store, which comes once Kubernetes evicts the lost pod and replaces it (a Job's
+// pod, or the dedicated pod's Deployment). Without that their agents blocked for minutes on a silent connection
+// (docs/failures.md).
+func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string) {
 	c, ns := startTest(t)
 	const job = "storeloss"
 	victim := framework.ExtraNodes[0]
@@ -209,38 +214,76 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer) {
 	useTrainer(v, img)
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})
+	set(v, "rendezvous.placement", placement)
 	sharedDir(t, v, ns)
 
-	// Worker 0 on the victim (the first node cordoned), then the other two beside the first node's (the victim
-	// cordoned).
-	uncordon := c.Cordon(t, framework.NodeName)
-	sel := installTraining(t, c, ns, job, v, 1)
-	uncordon()
-	uncordon = c.Cordon(t, victim)
-	scaleWorkers(t, c, ns, job, 3)
+	var sel string
+	if placement == "dedicated" {
+		// The rendezvous pod prefers the victim (and is replaced on the node left), the workers stay off it.
+		set(v, "rendezvous.affinity", map[string]any{"nodeAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{
+			map[string]any{"weight": 100, "preference": map[string]any{"matchExpressions": []any{map[string]any{
+				"key": "kubernetes.io/hostname", "operator": "In", "values": []any{victim}}}}}}}})
+		set(v, "workers.nodeSelector", map[string]any{"kubernetes.io/hostname": framework.NodeName})
+		sel = installTraining(t, c, ns, job, v, 1)
+		scaleWorkers(t, c, ns, job, 3)
+		rdzv := c.WaitPodsReady(t, ns, groupSelector(job, constants.GroupRdzv), 1, time.Minute)[0]
+		if rdzv.Spec.NodeName != victim {
+			t.Fatalf("the rendezvous pod %s runs on %s, not %s", rdzv.Name, rdzv.Spec.NodeName, victim)
+		}
+	} else {
+		// Worker 0 on the victim (the first node cordoned), then the other two beside the first node's (the
+		// victim cordoned).
+		uncordon := c.Cordon(t, framework.NodeName)
+		sel = installTraining(t, c, ns, job, v, 1)
+		uncordon()
+		uncordon = c.Cordon(t, victim)
+		scaleWorkers(t, c, ns, job, 3)
+		defer uncordon()
+	}
 	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)
-	uncordon()
 	pods, err := livePods(t.Context(), c, ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var survivors []string
 	restarts := map[string]int{}
 	for _, p := range pods {
-		if (podIndex(p) == 0) != (p.Spec.NodeName == victim) {
+		if placement != "dedicated" && (podIndex(p) == 0) != (p.Spec.NodeName == victim) {
 			t.Fatalf("want worker 0 alone on %s: %v", victim, podNodes(pods))
 		}
 		if p.Spec.NodeName != victim {
-			survivors = append(survivors, p.Name)
 			restarts[p.Name] = trainerRestarts(p)
 		}
 	}
 	t.Logf("workers: %v; %s's loss takes the store", podNodes(pods), victim)
 
 	at := c.CrashNode(t, victim)
-	// Kubernetes replaces worker 0 (and with it the store) on the node left; the survivors, restarted, join the new
-	// store's first round with it. Training resumes when that round's first step comes (the replacement's, which
-	// logs no step before it; the survivors' logs still hold the steps they took before the loss).
+	// Kubernetes replaces the lost pod (and with it the store) on the node left; the survivors, restarted, join the
+	// new store's first round. Training resumes with that round's first step (after each trainer's restart).
+	c.WaitFor(t, 5*time.Minute, "every survivor's trainer restarted and the store's pod replaced", func(ctx context.Context) (bool, error) {
+		all, err := livePods(ctx, c, ns, sel+","+constants.LabelRdzvServer+"=true")
+		if err != nil {
+			return false, err
+		}
+		if placement == "dedicated" {
+			all, err = livePods(ctx, c, ns, groupSelector(job, constants.GroupRdzv))
+			if err != nil {
+				return false, err
+			}
+		}
+		if len(all) != 1 || all[0].Spec.NodeName == victim || !podReady(all[0]) {
+			return false, fmt.Errorf("no Ready store pod off %s yet: %v", victim, podNodes(all))
+		}
+		live, err := livePods(ctx, c, ns, sel)
+		if err != nil {
+			return false, err
+		}
+		for _, p := range live {
+			if r, ok := restarts[p.Name]; ok && trainerRestarts(p) == r {
+				return false, fmt.Errorf("%s's trainer not restarted yet", p.Name)
+			}
+		}
+		return true, nil
+	})
 	waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
 	pods, err = livePods(t.Context(), c, ns, sel)
 	if err != nil {
@@ -260,21 +303,32 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("store node loss (crash, torch %s): training resumes at world 3 %.1fs after the loss (goal 60 s), the "+
-		"survivors restarted, worker 0 replaced: %v", img.Torch, resumed.Seconds(), podNodes(pods))
+	t.Logf("store node loss (crash, placement %s, torch %s): training resumes at world 3 %.1fs after the loss (goal "+
+		"60 s), the survivors restarted, the store's pod replaced: %v", placement, img.Torch, resumed.Seconds(), podNodes(pods))
 	c.RestartNode(t, victim)
 	uninstallJob(t, c, ns, job)
 }
 
-// waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at`, and returns
-// the time from `at` to the last of their first steps at that size, read from the timestamps of their logs.
+// waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at` (and after its
+// trainer's last restart: steps a restarted trainer took before the loss are not training again), and returns the
+// time from `at` to the last of their first steps at that size, read from the timestamps of their logs.
 func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pods []string, world int, at time.Time, timeout time.Duration) (time.Duration, error) {
 	want := fmt.Sprintf("world_size=%d ", world)
 	var last time.Time
 	err := testenv.Poll(ctx, timeout, framework.PollInterval, func(ctx context.Context) (bool, error) {
 		last = time.Time{}
 		for _, name := range pods {
-			raw, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: trainer, Timestamps: true, SinceTime: &metav1.Time{Time: at}}).DoRaw(ctx)
+			pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			after := at
+			for _, cs := range pod.Status.ContainerStatuses {
+				if r := cs.State.Running; cs.Name == trainer && r != nil && r.StartedAt.After(after) {
+					after = r.StartedAt.Time
+				}
+			}
+			raw, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: trainer, Timestamps: true, SinceTime: &metav1.Time{Time: after}}).DoRaw(ctx)
 			if err != nil {
 				return false, err
 			}
@@ -282,7 +336,7 @@ func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pod
 			for _, line := range strings.Split(string(raw), "\n") {
 				ts, text, ok := strings.Cut(line, " ")
 				tm, err := time.Parse(time.RFC3339Nano, ts)
-				if ok && err == nil && tm.After(at) && stepLine.MatchString(text) && strings.Contains(text, want) {
+				if ok && err == nil && tm.After(after) && stepLine.MatchString(text) && strings.Contains(text, want) {
 					first = tm
 					break
 				}
@@ -395,4 +449,14 @@ func TestNodeLossMPI(t *testing.T) {
 		t.Errorf("the launcher's sidecar did not log the force delete:\n%s", sidecarLog)
 	}
 	uninstallJob(t, c, ns, job)
+}
+
+// podReady: the pod's Ready condition is true.
+func podReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
