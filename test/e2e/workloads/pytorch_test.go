@@ -33,23 +33,16 @@ const (
 // backend the chart offers; and the chart's default backend in an image without python-etcd, as stock torch
 // images are.
 func TestElasticPyTorch(t *testing.T) {
-	// Two jobs at a time (see main_test.go): their timings are logged, not asserted (make bench-e2e measures them
-	// alone), and the seven cases one after the other took about 14 minutes of CI.
-	two := make(chan struct{}, 2)
-	run := func(name string, img framework.Trainer, backend string) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			two <- struct{}{}
-			defer func() { <-two }()
-			testElasticPyTorch(t, img, backend)
-		})
-	}
 	for _, img := range framework.TrainerImages {
 		for _, backend := range []string{"etcd-v2", "etcd", "c10d"} {
-			run("torch-"+img.Torch+"/"+backend, img, backend)
+			t.Run("torch-"+img.Torch+"/"+backend, func(t *testing.T) {
+				testElasticPyTorch(t, img, backend)
+			})
 		}
 	}
-	run("no-python-etcd/chart-defaults", framework.StockTrainer, "")
+	t.Run("no-python-etcd/chart-defaults", func(t *testing.T) {
+		testElasticPyTorch(t, framework.StockTrainer, "")
+	})
 }
 
 func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
