@@ -26,6 +26,7 @@ type contract struct {
 	ReservedPorts      map[string]string `json:"reservedPorts"` // port -> what uses it
 	HealthPort         int               `json:"healthPort"`    // the sidecar's /rendezvous (helm test)
 	MaxSlots           int               `json:"maxSlots"`
+	MaxRdzvStandbys    int               `json:"maxRdzvStandbys"`
 	SchedulingGate     string            `json:"schedulingGate"`
 	Domain             string            `json:"domain"`
 	PodAnnotations     []string          `json:"podAnnotations"`
@@ -42,6 +43,7 @@ func current() contract {
 		ReservedPorts:      reservedPorts(),
 		HealthPort:         constants.SidecarHealthPort,
 		MaxSlots:           constants.MaxSlots,
+		MaxRdzvStandbys:    constants.MaxRdzvStandbys,
 		SchedulingGate:     constants.SchedulingGate,
 		Domain:             constants.Domain,
 		PodAnnotations:     constants.PodAnnotations,

@@ -17,9 +17,6 @@ const (
 	LabelRole = Domain + "/role"
 	// LabelGroup is the worker group (a Job or StatefulSet of the chart).
 	LabelGroup = Domain + "/group"
-	// LabelRdzvServer is set to "true" by the webhook on the one pod that
-	// serves the rendezvous; the <job>-rdzv Service selects on it.
-	LabelRdzvServer = Domain + "/rdzv-server"
 )
 
 // SchedulingGate is in every pod template the chart renders for the webhook
@@ -42,9 +39,9 @@ const (
 const (
 	GroupWorker    = "worker"    // the main worker group (chart value workers)
 	GroupLauncher  = "launcher"  // the MPI launcher Job
-	GroupScheduler = "scheduler" // the MXNet scheduler StatefulSet
-	GroupServer    = "server"    // the MXNet parameter servers StatefulSet
-	GroupRdzv      = "rdzv"      // the dedicated rendezvous StatefulSet (role rdzv)
+	GroupScheduler = "scheduler" // the MXNet scheduler Job
+	GroupServer    = "server"    // the MXNet parameter servers Job
+	GroupRdzv      = "rdzv"      // the dedicated rendezvous Deployment (role rdzv)
 )
 
 // Frameworks (values of AnnotationFramework).
@@ -106,6 +103,9 @@ const (
 	// AnnotationRdzvRestartSurvivors "false" turns off the serving sidecar's restart of torch's survivors when
 	// torch drops a lost participant (internal/survivors; PyTorch, c10d). Default true.
 	AnnotationRdzvRestartSurvivors = Domain + "/rdzv-restart-survivors"
+	// AnnotationRdzvStandbys is how many pods after the rdzv-host group's index 0 (indices 1..n) stand by to serve
+	// the rendezvous when the pod that serves it is lost (internal/rdzvlease); absent: none.
+	AnnotationRdzvStandbys = Domain + "/rdzv-standbys"
 	// AnnotationForceDeleteLostPods names the job's member StatefulSets (comma-separated) whose pods the serving
 	// sidecar force-deletes once Kubernetes evicts them from a lost node (internal/lostpods; the chart sets it with
 	// the RBAC that allows it). Empty: none, no token for it.
@@ -122,11 +122,16 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
-	AnnotationForceDeleteLostPods}
+	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
 const MaxSlots = 1024
+
+// MaxRdzvStandbys bounds AnnotationRdzvStandbys: each standby reads the
+// rendezvous Lease from the API server every 2 s, and a few on separate nodes
+// survive any likely loss.
+const MaxRdzvStandbys = 8
 
 // Rendezvous backends (values of AnnotationRdzvBackend).
 const (
@@ -226,4 +231,11 @@ const (
 	EnvDisableSharedStore = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 	EnvRdzvEndpoint       = "ET_RDZV_ENDPOINT"
 	EnvMemberHost         = "ET_MEMBER_HOST" // this pod's stable FQDN
+)
+
+// Env vars the webhook sets in a candidate's sidecar (AnnotationRdzvStandbys), from the downward API: the Lease's
+// holder and the rendezvous Service's endpoint while it holds the Lease.
+const (
+	EnvPodName = "POD_NAME"
+	EnvPodIP   = "POD_IP"
 )

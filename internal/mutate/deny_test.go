@@ -90,6 +90,18 @@ func TestDenied(t *testing.T) {
 			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
 		{"force-delete-lost-pods not StatefulSet names", func(p *corev1.Pod) { p.Annotations[constants.AnnotationForceDeleteLostPods] = "hvd-worker,,Hvd" },
 			[]string{`annotation elastic-training.io/force-delete-lost-pods="hvd-worker,,Hvd" is invalid: want comma-separated names of the job's StatefulSets (DNS labels)`}},
+		{"standbys not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvStandbys] = "one" },
+			[]string{`annotation elastic-training.io/rdzv-standbys="one" is invalid: want a whole number from 0 to 8`}},
+		{"too many standbys", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvStandbys] = "9" },
+			[]string{`annotation elastic-training.io/rdzv-standbys="9" is invalid: want a whole number from 0 to 8`}},
+		{"standbys with an etcd backend", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvStandbys] = "1"
+			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendEtcdV2
+		}, []string{"annotation elastic-training.io/rdzv-standbys=1 with elastic-training.io/rdzv-backend=etcd-v2: standbys serve the c10d rendezvous only"}},
+		{"standbys of an MPI job", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvStandbys] = "1"
+			p.Annotations[constants.AnnotationFramework] = constants.FrameworkMPI
+		}, []string{"annotation elastic-training.io/rdzv-standbys=1 with elastic-training.io/framework=mpi: standbys serve a PyTorch job's c10d rendezvous only"}},
 		{"restart-survivors not a bool", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvRestartSurvivors] = "no" },
 			[]string{`annotation elastic-training.io/rdzv-restart-survivors="no" is invalid: want "true" or "false"`}},
 		{"tls secret with a slash", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "ns/certs" },

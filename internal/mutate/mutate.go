@@ -100,17 +100,11 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	rdzvHost := naming.ServiceFQDN(s.rdzvService, namespace, domain)
 	rdzvURL := scheme(s) + "://" + rdzvHost + ":" + rdzvClientPort
 
-	serving := s.rdzvHost && s.index == 0
+	// The rendezvous candidates serve it, one at a time (the holder of its Lease); the others join.
+	serving := s.candidate()
 	register := s.role == constants.RoleWorker
 
 	// Labels and annotations.
-	if serving {
-		setKey(e, "/metadata/labels", &pod.Labels, constants.LabelRdzvServer, "true")
-	} else if v, set := pod.Labels[constants.LabelRdzvServer]; set {
-		e.warn("label %s=%q removed: only the index-0 pod of the group annotated %s=true serves the rendezvous",
-			constants.LabelRdzvServer, v, constants.AnnotationRdzvHost)
-		deleteKey(e, "/metadata/labels", pod.Labels, constants.LabelRdzvServer)
-	}
 	mode := modeJoin
 	if serving {
 		mode = modeServe
@@ -131,7 +125,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 			return err
 		}
 	}
-	if serving && s.needsToken() {
+	if serving {
 		if err := setTokenVolume(e); err != nil {
 			return err
 		}

@@ -46,6 +46,7 @@ type settings struct {
 	eventsJob                   string // "" = the serving sidecar records no Events
 	keepSurvivors               bool   // the serving sidecar leaves torch's survivors alone (AnnotationRdzvRestartSurvivors false)
 	forceDeleteLostOf           string // StatefulSets whose lost pods the serving sidecar force-deletes (AnnotationForceDeleteLostPods)
+	standbys                    int    // indices 1..standbys of the rdzv-host group stand by to serve (AnnotationRdzvStandbys)
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -216,6 +217,8 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		}
 	}
 
+	s.standbys = parseInt(&bad, ann, constants.AnnotationRdzvStandbys, 0, 0, constants.MaxRdzvStandbys, "")
+
 	d := cfg.Defaults
 	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend, constants.Backends)
 	s.joinTimeout = parseInt(&bad, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
@@ -244,10 +247,23 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 			bad = append(bad, fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d rendezvous has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
 				constants.AnnotationRdzvTLSSecret, ann[constants.AnnotationRdzvTLSSecret], constants.AnnotationRdzvBackend, constants.BackendC10d))
 		}
+		// A standby's fresh store is one more round for torch's c10d agents; its etcd backends are not known to take
+		// one (their state would vanish under them).
+		if s.standbys > 0 && s.backend != constants.BackendC10d {
+			bad = append(bad, fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve the c10d rendezvous only; use backend c10d or drop the standbys",
+				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationRdzvBackend, s.backend))
+		}
 		if s.minNodes > 0 && s.maxNodes > 0 && s.minNodes > s.maxNodes {
 			bad = append(bad, fmt.Sprintf("annotation %s=%d is greater than %s=%d: want min <= max",
 				constants.AnnotationMinNodes, s.minNodes, constants.AnnotationMaxNodes, s.maxNodes))
 		}
+	default:
+		if s.standbys > 0 {
+			bad = append(bad, fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve a PyTorch job's c10d rendezvous only",
+				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationFramework, s.framework))
+		}
+	}
+	switch s.framework {
 	case constants.FrameworkMXNet:
 		s.numServers = requireInt(&bad, ann, constants.AnnotationNumServers, 1, 100000)
 		s.numWorkers = requireInt(&bad, ann, constants.AnnotationNumWorkers, 1, 100000)
@@ -348,8 +364,9 @@ func requireInt(bad *invalid, ann map[string]string, key string, lo, hi int) int
 	return parseInt(bad, ann, key, 0, lo, hi, "")
 }
 
-// needsToken says whether the serving sidecar talks to the API server: for
-// the rounds' Events (PyTorch) or to force-delete lost pods.
-func (s *settings) needsToken() bool {
-	return (s.framework == constants.FrameworkPyTorch && s.eventsJob != "") || s.forceDeleteLostOf != ""
+// candidate says whether this pod may serve the rendezvous: the rdzv-host
+// group's index 0, and its standbys after it. Each candidate's sidecar talks
+// to the API server (the Lease, the Service's endpoint, Events, lost pods).
+func (s *settings) candidate() bool {
+	return s.rdzvHost && s.index >= 0 && s.index <= s.standbys
 }

@@ -42,6 +42,7 @@ func setSidecar(e *editor, sc corev1.Container) {
 // sidecar builds the rdzv-sidecar native sidecar with the command line of docs/contract.md.
 func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost, rdzvURL string) corev1.Container {
 	var args []string
+	var env []corev1.EnvVar
 	res := cfg.Defaults.SidecarResources.Join
 	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
 	var ports []corev1.ContainerPort
@@ -63,9 +64,15 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		if s.forceDeleteLostOf != "" {
 			args = append(args, "--force-delete-lost-pods-of="+s.forceDeleteLostOf)
 		}
-		if s.needsToken() {
-			mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
+		// A candidate: it serves while it holds the Lease of the rendezvous Service's name (internal/rdzvlease).
+		args = append(args, "--lease="+s.rdzvService)
+		if s.index > 0 {
+			args = append(args, "--standby")
 		}
+		env = append(env,
+			corev1.EnvVar{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
+			corev1.EnvVar{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
 		if s.keepSurvivors {
 			args = append(args, "--restart-survivors=false")
 		}
@@ -122,6 +129,7 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		Image:           cfg.SidecarImage,
 		ImagePullPolicy: cfg.SidecarImagePullPolicy,
 		Args:            args,
+		Env:             env,
 		Ports:           ports,
 		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
 		// The trainer starts only once the sidecar answers /readyz (up to 10 minutes).

@@ -111,7 +111,21 @@ func (s *Server) Start(ctx context.Context, handlers map[string]http.Handler) er
 		return fmt.Errorf("start etcd: %w", err)
 	}
 	s.etcd.Store(e)
-	s.close = sync.OnceFunc(e.Close) // embed's Close is not idempotent
+	s.close = sync.OnceFunc(func() { // embed's Close is not idempotent
+		// The server first, at once: it answers no keep-alive after this, so every other pod's registration ends
+		// within its TTL (its c10d proxy lets go). Then embed's Close, which stops the gRPC servers gracefully and
+		// so waits up to the request timeout (7 s) for every other pod's watch stream: nothing is left to save by
+		// then (the server has closed its data), and a pod deleted with a short grace period would be killed
+		// waiting, so it is given a second.
+		e.Server.HardStop()
+		done := make(chan struct{})
+		go func() { defer close(done); e.Close() }()
+		select {
+		case <-done:
+		case <-time.After(closeWait):
+			s.cfg.Log.Info("etcd's servers still wait for clients' streams; leaving them to the process's exit")
+		}
+	})
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(s.cfg.ReadyTimeout):
@@ -172,6 +186,9 @@ func (s *Server) Err() <-chan error { return s.etcd.Load().Err() }
 
 // Client is an in-process v3 client.
 func (s *Server) Client() *clientv3.Client { return v3client.New(s.etcd.Load().Server) }
+
+// closeWait bounds Close's wait for etcd's gRPC servers (see Start).
+const closeWait = time.Second
 
 // Close stops etcd, quietly: embed reports every listener it closes as an
 // error, which would read as a failure in `kubectl logs`.

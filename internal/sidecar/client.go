@@ -10,6 +10,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // ClientConfig says how to reach the rendezvous server.
@@ -57,6 +59,12 @@ func NewClient(c ClientConfig) (*clientv3.Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: eps, DialTimeout: dt, TLS: tlsCfg,
 		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 3 * time.Second,
+		// gRPC's own reconnect backoff grows to 2 minutes: a pod whose rendezvous moved (a standby took over, or
+		// the serving pod came back) would find it that late. The Service's next endpoint is worth a dial a second.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: dt,
+		})},
 		Logger: zap.NewNop(),
 	})
 	if err != nil {

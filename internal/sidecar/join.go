@@ -59,8 +59,8 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		}
 		proxy := storeproxy.New(cfg.C10d.Upstream, cfg.C10d.Wait, cfg.C10d.MaxConns, cfg.Log.With("component", "c10d-proxy"))
 		if cfg.Member.Register {
-			cfg.Member.OnRegistered = func() { proxy.SetOpen(true) }
-			cfg.Member.OnLost = func() { proxy.SetOpen(false) }
+			cfg.Member.OnRegistered = chain(func() { proxy.SetOpen(true) }, cfg.Member.OnRegistered)
+			cfg.Member.OnLost = chain(func() { proxy.SetOpen(false) }, cfg.Member.OnLost)
 		} else {
 			proxy.SetOpen(true)
 		}
@@ -82,4 +82,12 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		"member", cfg.Member.Member.Host, "files_dir", cfg.Member.FilesDir, "c10d_proxy", cfg.C10d.Addr)
 	runMember(ctx, cli, cfg.Member, cfg.Log, st, mets)
 	return nil
+}
+
+// chain calls f, then g if not nil.
+func chain(f, g func()) func() {
+	if g == nil {
+		return f
+	}
+	return func() { f(); g() }
 }

@@ -34,8 +34,9 @@ type MemberConfig struct {
 	// change of the membership after the first listing.
 	OnChange func(joined, left []string)
 	// OnRegistered and OnLost, if not nil, are told when this pod's
-	// registration starts and ends (see etcdmembers.Registration).
+	// registration starts and ends; Abandon is etcdmembers.Registration's.
 	OnRegistered, OnLost func()
+	Abandon              <-chan struct{}
 }
 
 // active says whether this process is a member at all (serve without
@@ -106,7 +107,8 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 					cfg.OnRegistered()
 				}
 			},
-			OnLost: cfg.OnLost,
+			OnLost:  cfg.OnLost,
+			Abandon: cfg.Abandon,
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); reg.Run(ctx) }()

@@ -18,10 +18,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/incluster"
 	"github.com/elastic-training/elastic-training/internal/lostpods"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
+	"github.com/elastic-training/elastic-training/internal/rdzvlease"
 	"github.com/elastic-training/elastic-training/internal/survivors"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/torchview"
@@ -53,6 +56,23 @@ type ServeConfig struct {
 	// Kubernetes evicts them from a lost node, are force-deleted so that they
 	// are replaced (internal/lostpods), with the in-cluster token.
 	ForceDeleteLostOf []string
+	// Lease makes this pod one of the job's candidates (internal/rdzvlease);
+	// zero: it serves at once, alone.
+	Lease LeaseConfig
+}
+
+// LeaseConfig makes the serving sidecar a candidate: it serves only while it
+// holds the Kubernetes Lease Name (with the in-cluster token), and points the
+// EndpointSlice Name, the rendezvous Service's, at Address meanwhile. Until
+// then it follows the pod that serves, as a joining sidecar does.
+type LeaseConfig struct {
+	Name              string // "" = no lease: serve at once
+	Identity, Address string // this pod's name and IP
+	// Standby: let the first candidate (worker 0) serve first. A standby tries
+	// for the Lease only once it has been up for the Lease's duration.
+	Standby bool
+	// Duration, Stale and Retry: rdzvlease.Config's (zero: its defaults).
+	Duration, Stale, Retry time.Duration
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -63,8 +83,39 @@ func (c ServeConfig) checkTLS() error {
 }
 
 // Serve runs the job's rendezvous until ctx ends (SIGTERM) or etcd fails.
-// With Member.Register or Member.FilesDir this process is a member too.
+// With Member.Register or Member.FilesDir this process is a member too. With
+// a Lease it first follows the pod that serves until it holds the Lease, and
+// returns rdzvlease.ErrSteppedDown (wrapped) when it must stop serving: the
+// container restarts, and follows whoever serves then.
 func Serve(ctx context.Context, cfg ServeConfig) error {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Lease.Name == "" {
+		return serve(ctx, cfg, nil, time.Time{})
+	}
+	cand, err := candidate(cfg)
+	if err != nil {
+		return err
+	}
+	h, err := follow(ctx, cfg, cand)
+	if err != nil || ctx.Err() != nil {
+		return err
+	}
+	if h.Released {
+		// The pod that served gave the rendezvous up a moment ago: the pods still registered with it (its keep-alives
+		// stopped) must let go of it, and close their trainers' connections, before they can reach this one;
+		// otherwise a registration that ends late would cut an agent out of this store's first round.
+		h.NotBefore = h.At.Add(cfg.Member.LeaseTTL)
+		cfg.Log.Info("the previous holder gave the rendezvous up: the Service points here once every registration with it has ended",
+			"previous_holder", h.From, "at", h.NotBefore.Format(time.RFC3339Nano))
+	}
+	return serve(ctx, cfg, cand, h.NotBefore)
+}
+
+// serve runs the rendezvous; cand, if not nil, holds the Lease and points the
+// Service here (not before publish) while it does.
+func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publish time.Time) error {
 	mets, err := cfg.begin(false, cfg.checkTLS)
 	if err != nil {
 		return err
@@ -119,11 +170,20 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
 		if cfg.RestartSurvivors {
 			restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
-			onChange = append(onChange, restart.MembersChanged)
+			onChange = append(onChange, func(joined, left []string) {
+				// A holder that steps down at this departure must not start a round of its own first.
+				if cand == nil || cand.Serving() {
+					restart.MembersChanged(joined, left)
+				}
+			})
 		}
 		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err
 		}
+	}
+	if cand != nil {
+		// First: whether this pod still serves decides what the others do with the change.
+		onChange = append([]func(joined, left []string){cand.MembersChanged}, onChange...)
 	}
 	cfg.Member.OnChange = func(joined, left []string) {
 		for _, f := range onChange {
@@ -150,19 +210,152 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	defer stopHealth()
 
+	// Everything serves: point the Service here, and keep the Lease.
+	stepDown := make(chan error, 1)
+	if cand != nil {
+		wg.Go(func() {
+			if err := cand.Lead(rctx, publish); err != nil {
+				stepDown <- err
+			}
+		})
+	}
+
+	var stopErr error
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: deregistering, ending v2 waits, stopping etcd")
 	case err := <-etcd.Err():
 		return fmt.Errorf("etcd: %w", err)
+	case stopErr = <-stepDown:
+		log.Error("stepping down: this pod stops serving the rendezvous, and restarts to follow the pod that serves", "err", stopErr)
 	}
 	cancel()
 	wg.Wait()
 	v2.Close()
 	saveV2(v2, cfg.Etcd.DataDir, log)
 	etcd.Close()
+	if cand != nil && stopErr == nil {
+		// Only now that nothing serves: a standby may take over at once.
+		cand.Release()
+	}
 	log.Info("rendezvous server stopped")
-	return nil
+	return stopErr
+}
+
+// candidate is this pod's rendezvous candidate, with the in-cluster clients.
+func candidate(cfg ServeConfig) (*rdzvlease.Candidate, error) {
+	l := cfg.Lease
+	leases, err := incluster.CoordinationV1()
+	if err != nil {
+		return nil, fmt.Errorf("--lease %s needs the pod's API token: %w", l.Name, err)
+	}
+	slices, err := incluster.DiscoveryV1()
+	if err != nil {
+		return nil, fmt.Errorf("--lease %s needs the pod's API token: %w", l.Name, err)
+	}
+	lc := rdzvlease.Config{API: rdzvlease.NewAPI(leases, slices, l.Name), Identity: l.Identity, Address: l.Address,
+		Duration: l.Duration, Stale: l.Stale, Retry: l.Retry, Log: cfg.Log.With("component", "lease", "lease", l.Name)}
+	if lc.Duration == 0 {
+		lc.Duration, lc.Stale, lc.Retry = rdzvlease.DefaultDuration, rdzvlease.DefaultStale, rdzvlease.DefaultRetry
+	}
+	return rdzvlease.New(lc)
+}
+
+// follow is a candidate's life while another pod serves: it takes part in the
+// job as a joining sidecar does (registers, keeps the files current, carries
+// its trainer's c10d connections to the rendezvous Service) and returns once
+// it holds the Lease, or when ctx ends. It tries for an expired Lease only
+// after its registration has been gone for a while (the pod that serves is
+// unreachable from here), a standby only after its first Lease duration.
+func follow(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate) (rdzvlease.Handover, error) {
+	jc, err := followConfig(cfg)
+	if err != nil {
+		return rdzvlease.Handover{}, err
+	}
+	var mu sync.Mutex
+	registered, since := false, time.Now()
+	mark := func(r bool) func() {
+		return func() { mu.Lock(); registered, since = r, time.Now(); mu.Unlock() }
+	}
+	jc.Member.OnRegistered, jc.Member.OnLost = mark(true), mark(false)
+	// Taking over, this pod leaves the rendezvous it followed without a word: that store is gone, or stopping.
+	handoff := make(chan struct{})
+	jc.Member.Abandon = handoff
+	gone := cfg.Lease.Retry
+	if gone == 0 {
+		gone = rdzvlease.DefaultRetry
+	}
+	may := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return !registered && time.Since(since) >= gone
+	}
+
+	jctx, stopJoin := context.WithCancel(ctx)
+	defer stopJoin()
+	joined := make(chan error, 1)
+	go func() { joined <- Join(jctx, jc) }()
+	type result struct {
+		h   rdzvlease.Handover
+		err error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		if cfg.Lease.Standby {
+			d := cfg.Lease.Duration
+			if d == 0 {
+				d = rdzvlease.DefaultDuration
+			}
+			select {
+			case <-jctx.Done():
+				acquired <- result{err: jctx.Err()}
+				return
+			case <-time.After(d):
+			}
+		}
+		h, err := cand.Acquire(jctx, may)
+		acquired <- result{h, err}
+	}()
+	select {
+	case err := <-joined:
+		stopJoin()
+		<-acquired
+		if ctx.Err() != nil {
+			return rdzvlease.Handover{}, nil
+		}
+		return rdzvlease.Handover{}, fmt.Errorf("following the rendezvous: %w", err)
+	case r := <-acquired:
+		close(handoff)
+		stopJoin()
+		<-joined
+		if ctx.Err() != nil {
+			return rdzvlease.Handover{}, nil
+		}
+		return r.h, r.err
+	}
+}
+
+// followConfig is the join a candidate runs while another pod serves: it
+// reaches the rendezvous as every pod does, at the advertised client URL (the
+// Service), with the server's TLS files as its client's, and, when it serves
+// c10d, carries its trainer's store connections from loopback at that port.
+func followConfig(cfg ServeConfig) (JoinConfig, error) {
+	jc := JoinConfig{Options: cfg.Options}
+	jc.Metrics = prometheus.NewRegistry() // serve registers its own later
+	var eps []string
+	for _, u := range cfg.Etcd.AdvertiseClientURLs {
+		eps = append(eps, u.String())
+	}
+	jc.Client = ClientConfig{Endpoints: strings.Join(eps, ","), CAFile: cfg.Etcd.TrustedCAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
+	if cfg.C10dAddr != "" && len(cfg.Etcd.AdvertiseClientURLs) > 0 {
+		_, port, err := net.SplitHostPort(cfg.C10dAddr)
+		if err != nil {
+			return JoinConfig{}, fmt.Errorf("--c10d-addr: %w", err)
+		}
+		jc.C10d = C10dProxyConfig{Addr: net.JoinHostPort("127.0.0.1", port),
+			Upstream: net.JoinHostPort(cfg.Etcd.AdvertiseClientURLs[0].Hostname(), port), Wait: time.Minute, MaxConns: 64}
+	}
+	return jc, nil
 }
 
 // roundEvents is where the view records rounds: Events on job, when the pod

@@ -142,8 +142,14 @@ func (p *Proxy) carry(ctx context.Context, down net.Conn) {
 
 var errWaited = errors.New("waited too long")
 
+// dialAttempt bounds one dial of the store: a dial into an endpoint that
+// vanished (the store's pod lost or gone, before the Service has moved) gets
+// no answer at all, and the next one may reach the store that serves now.
+const dialAttempt = 2 * time.Second
+
 // connect waits for the proxy to be open, dials upstream (again every half
-// second while it refuses) and tracks the pair, all before deadline.
+// second while it refuses, or after dialAttempt without an answer) and tracks
+// the pair, all before deadline.
 func (p *Proxy) connect(ctx context.Context, deadline time.Time) (net.Conn, error) {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -159,7 +165,7 @@ func (p *Proxy) connect(ctx context.Context, deadline time.Time) (net.Conn, erro
 				return nil, fmt.Errorf("shut (not a member): %w", errWaited)
 			}
 		}
-		var d net.Dialer
+		d := net.Dialer{Timeout: dialAttempt}
 		up, err := d.DialContext(ctx, "tcp", p.upstream)
 		if err == nil {
 			if p.track(gen, up) {

@@ -28,6 +28,11 @@ type Registration struct {
 	// OnRegistered is called after each (re-)registration; OnLost when that
 	// registration ends (its lease lost, or ctx ended).
 	OnRegistered, OnLost func()
+	// Abandon, if not nil and closed before ctx ends, makes Run return without
+	// deregistering: the server is gone, or another one takes over (a
+	// rendezvous candidate that serves now), and waiting for its answer would
+	// only delay what comes next.
+	Abandon <-chan struct{}
 }
 
 // Run registers the member and keeps it registered until ctx ends; then it
@@ -79,7 +84,7 @@ func (r *Registration) Run(ctx context.Context) error {
 		if r.OnLost != nil {
 			r.OnLost()
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !closed(r.Abandon) {
 			r.deregister(lease, key, log)
 		}
 	}
@@ -312,5 +317,18 @@ func drain(wch clientv3.WatchChan, set map[string]membership.Member, keys map[st
 		default:
 			return true
 		}
+	}
+}
+
+// closed says whether c, if not nil, is closed.
+func closed(c <-chan struct{}) bool {
+	if c == nil {
+		return false
+	}
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
