@@ -18,7 +18,9 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 	allowed := map[string]bool{
 		"ConfigMap": true, "Secret": true, "Service": true, "Job": true, "StatefulSet": true, "Deployment": true, "Pod": true,
 		"NetworkPolicy": true, "PodDisruptionBudget": true, "PersistentVolumeClaim": true,
-		"Role": true, "RoleBinding": true, // rendezvous.events: the serving sidecar's Events, in the namespace
+		"Role": true, "RoleBinding": true, // the serving sidecar's rights, in the namespace
+		// Who serves the rendezvous (internal/rdzvlease): the chart makes them, the sidecars write them.
+		"Lease": true, "EndpointSlice": true,
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {

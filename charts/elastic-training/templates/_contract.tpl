@@ -22,6 +22,7 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
   },
   "healthPort": 2381,
   "maxSlots": 1024,
+  "maxRdzvStandbys": 8,
   "schedulingGate": "elastic-training.io/webhook",
   "domain": "elastic-training.io",
   "podAnnotations": [
@@ -46,7 +47,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/ps-port",
     "elastic-training.io/rdzv-events",
     "elastic-training.io/rdzv-restart-survivors",
-    "elastic-training.io/force-delete-lost-pods"
+    "elastic-training.io/force-delete-lost-pods",
+    "elastic-training.io/rdzv-standbys"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "accelerators": {

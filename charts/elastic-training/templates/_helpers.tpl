@@ -127,10 +127,13 @@ hosts the rendezvous, and the job-wide counts. Returned as YAML; use with fromYa
 {{- $launcher := $v.mpi.launcher -}}
 {{- $groups = append $groups (dict "name" "launcher" "path" "mpi.launcher" "role" "launcher" "kind" "Job" "member" false "replicas" 1 "minReplicas" 1 "maxReplicas" 1 "preemptible" false "values" $launcher) -}}
 {{- end -}}
+{{- /* The MXNet scheduler and servers run until the job is uninstalled, yet are Indexed Jobs, not StatefulSets:
+Kubernetes replaces a Job's pod once it is evicted from a lost node, and never a StatefulSet's
+(kubernetes/kubernetes#54368). Their hostnames are the same (<job>-scheduler-0: DMLC_PS_ROOT_URI). */ -}}
 {{- if eq $v.framework "mxnet" -}}
-{{- $groups = append $groups (dict "name" "scheduler" "path" "mxnet.scheduler" "role" "scheduler" "kind" "StatefulSet" "member" false "replicas" 1 "minReplicas" 1 "maxReplicas" 1 "preemptible" false "values" $v.mxnet.scheduler) -}}
+{{- $groups = append $groups (dict "name" "scheduler" "path" "mxnet.scheduler" "role" "scheduler" "kind" "Job" "member" false "replicas" 1 "minReplicas" 1 "maxReplicas" 1 "preemptible" false "values" $v.mxnet.scheduler) -}}
 {{- $s := int $v.mxnet.servers.replicas -}}
-{{- $groups = append $groups (dict "name" "server" "path" "mxnet.servers" "role" "server" "kind" "StatefulSet" "member" false "replicas" $s "minReplicas" $s "maxReplicas" $s "preemptible" false "values" $v.mxnet.servers) -}}
+{{- $groups = append $groups (dict "name" "server" "path" "mxnet.servers" "role" "server" "kind" "Job" "member" false "replicas" $s "minReplicas" $s "maxReplicas" $s "preemptible" false "values" $v.mxnet.servers) -}}
 {{- end -}}
 {{- $groups = concat $groups $resolved -}}
 {{- /* The Job whose Events tell the rendezvous (PyTorch): the first group that is not preemptible, else the first. */ -}}
@@ -143,7 +146,12 @@ hosts the rendezvous, and the job-wide counts. Returned as YAML; use with fromYa
 {{- range $groups -}}
 {{- $out = append $out (set . "rdzvHost" (eq .name $host)) -}}
 {{- end -}}
-{{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible "eventsGroup" $eventsGroup) -}}
+{{- /* Standbys of the rendezvous: PyTorch's c10d served by a worker group (docs/failures.md). */ -}}
+{{- $standbys := 0 -}}
+{{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.backend "c10d") (not $dedicated) $resolved -}}
+{{- $standbys = int $v.rendezvous.standbys -}}
+{{- end -}}
+{{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible "eventsGroup" $eventsGroup "standbys" $standbys) -}}
 {{- end -}}
 
 {{/* Job-wide annotations of every pod template: the job's settings (docs/contract.md). */}}
@@ -199,7 +207,10 @@ disruptions, which needs Never).
 {{- $gv := .g.values | default dict -}}
 {{- $p := $gv.restartPolicy | default .root.Values.restartPolicy -}}
 {{- if eq $p "auto" -}}
-{{- $p = (and (eq .root.Values.framework "pytorch") (eq .g.role "worker") (not .g.preemptible)) | ternary "OnFailure" "Never" -}}
+{{- /* In place: a PyTorch worker (torchrun's agent rejoins in seconds) and the MXNet scheduler and servers (their
+container restarts as a StatefulSet's would, keeping the pod's address). */ -}}
+{{- $inPlace := or (and (eq .root.Values.framework "pytorch") (eq .g.role "worker") (not .g.preemptible)) (has .g.role (list "scheduler" "server")) -}}
+{{- $p = $inPlace | ternary "OnFailure" "Never" -}}
 {{- end -}}
 {{- $p -}}
 {{- end -}}
@@ -344,3 +355,24 @@ not name. Input: dict "root" $ "user" <list>. Output: a YAML list.
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
+
+{{/* The rendezvous Service's ports (and its EndpointSlice's), as a YAML list. */}}
+{{- define "elastic-training.rdzvPorts" -}}
+- name: client
+  port: 2379
+  targetPort: 2379
+  protocol: TCP
+{{- if eq .Values.framework "pytorch" }}
+# The serving sidecar's health port: GET /rendezvous is the job's view of torch's rendezvous (helm test reads it).
+- name: health
+  port: {{ (include "elastic-training.contract" . | fromJson).healthPort }}
+  targetPort: {{ (include "elastic-training.contract" . | fromJson).healthPort }}
+  protocol: TCP
+{{- end }}
+{{- if and (eq .Values.framework "pytorch") (eq .Values.rendezvous.backend "c10d") }}
+- name: c10d
+  port: 29400
+  targetPort: 29400
+  protocol: TCP
+{{- end }}
+{{- end }}

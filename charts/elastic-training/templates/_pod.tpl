@@ -86,6 +86,9 @@ metadata:
     {{- include "elastic-training.jobAnnotations" (dict "root" $root "plan" .plan) | nindent 4 }}
     {{- if $g.rdzvHost }}
     elastic-training.io/rdzv-host: "true"
+    {{- if .plan.standbys }}
+    elastic-training.io/rdzv-standbys: {{ .plan.standbys | quote }}
+    {{- end }}
     {{- end }}
     {{- if not (kindIs "invalid" $gv.slots) }}
     elastic-training.io/slots: {{ int $gv.slots | quote }}

@@ -9,7 +9,6 @@
 {{- $svc := printf "%s-rdzv.%s.svc.%s" $job .Release.Namespace .Values.clusterDomain -}}
 {{- $events := include "elastic-training.eventsJob" (dict "root" . "plan" $plan) -}}
 {{- $lostPodSets := include "elastic-training.lostPodSets" (dict "root" . "plan" $plan) -}}
-{{- $token := or $events $lostPodSets -}}
 metadata:
   labels:
     {{- with .Values.podLabels }}
@@ -21,7 +20,6 @@ metadata:
     elastic-training.io/job: {{ $job }}
     elastic-training.io/role: rdzv
     elastic-training.io/group: rdzv
-    elastic-training.io/rdzv-server: "true"
   annotations:
     {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
@@ -87,6 +85,8 @@ spec:
         {{- with $lostPodSets }}
         - --force-delete-lost-pods-of={{ . }}
         {{- end }}
+        # It serves while it holds the Lease {{ $job }}-rdzv, which points the Service at it (rbac.yaml).
+        - --lease={{ $job }}-rdzv
         {{- if $tls }}
         - --cert-file=/etc/elastic-training-tls/tls.crt
         - --key-file=/etc/elastic-training-tls/tls.key
@@ -96,6 +96,17 @@ spec:
         {{- end }}
       # Args above but the member flags, and all below but resources: the sidecar the webhook injects into a
       # serving pod (internal/mutate, func sidecar); test/helm/sidecar_contract_test.go fails on any difference.
+      env:
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              apiVersion: v1
+              fieldPath: metadata.name
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              apiVersion: v1
+              fieldPath: status.podIP
       ports:
         - name: rdzv
           containerPort: 2379
@@ -144,18 +155,15 @@ spec:
           mountPath: /etc/elastic-training-tls
           readOnly: true
         {{- end }}
-        {{- if $token }}
-        # The sidecar's API token for its Events and lost pods (rbac.yaml); the pod's own token stays unmounted.
+        # The sidecar's API token for its Lease, Events and lost pods (rbac.yaml); the pod's own token stays unmounted.
         - name: elastic-training-token
           mountPath: /var/run/secrets/kubernetes.io/serviceaccount
           readOnly: true
-        {{- end }}
   volumes:
     - name: elastic-training-data
       emptyDir: {}
     - name: elastic-training
       emptyDir: {}
-    {{- if $token }}
     - name: elastic-training-token
       projected:
         defaultMode: 0644
@@ -174,7 +182,6 @@ spec:
                   fieldRef:
                     apiVersion: v1
                     fieldPath: metadata.namespace
-    {{- end }}
     {{- if $tls }}
     - name: elastic-training-tls
       secret:

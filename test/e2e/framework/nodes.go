@@ -1,8 +1,13 @@
 package framework
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -95,4 +100,33 @@ func NodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// CutOffLog is the log of a container of pod on node while the API server cannot reach it (a partition): read from
+// the node's disk, as an administrator would on the machine. Every restart of the container, oldest first.
+func (c *Cluster) CutOffLog(node, ns, pod, container string) (string, error) {
+	dirs, err := filepath.Glob(filepath.Join(settings["RUN"], "nodes", node, "pod-logs", ns+"_"+pod+"_*", container))
+	if err != nil || len(dirs) != 1 {
+		return "", fmt.Errorf("the log directory of %s/%s on %s: %d found, %v", pod, container, node, len(dirs), err)
+	}
+	files, err := filepath.Glob(filepath.Join(dirs[0], "*.log"))
+	if err != nil {
+		return "", err
+	}
+	slices.SortFunc(files, func(a, b string) int { return cmp.Compare(restartOf(a), restartOf(b)) })
+	var out strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		out.Write(b)
+	}
+	return out.String(), nil
+}
+
+// restartOf is the restart count a kubelet log file is named by (<n>.log).
+func restartOf(path string) int {
+	n, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(path), ".log"))
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
@@ -132,4 +135,27 @@ func tail(s string, n int) string {
 		return s
 	}
 	return "..." + s[len(s)-n:]
+}
+
+// RdzvServer is the pod that serves job's rendezvous now: the holder of the Lease <job>-rdzv (internal/rdzvlease),
+// which points the rendezvous Service at it.
+func (c *Cluster) RdzvServer(ctx context.Context, ns, job string) (*corev1.Pod, error) {
+	l, err := c.Client.CoordinationV1().Leases(ns).Get(ctx, naming.RendezvousService(job), metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return nil, fmt.Errorf("lease %s has no holder: nothing serves the rendezvous", l.Name)
+	}
+	return c.Client.CoreV1().Pods(ns).Get(ctx, *l.Spec.HolderIdentity, metav1.GetOptions{})
+}
+
+// RdzvView is GET /rendezvous of the pod that serves job's rendezvous, through the API server's pod proxy, as
+// `kubectl get --raw .../pods/<holder>:2381/proxy/rendezvous` reads it (the chart's NOTES).
+func (c *Cluster) RdzvView(ctx context.Context, ns, job string) ([]byte, error) {
+	p, err := c.RdzvServer(ctx, ns, job)
+	if err != nil {
+		return nil, err
+	}
+	return c.Client.CoreV1().Pods(ns).ProxyGet("http", p.Name, strconv.Itoa(constants.SidecarHealthPort), "/rendezvous", nil).DoRaw(ctx)
 }

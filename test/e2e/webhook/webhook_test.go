@@ -211,7 +211,7 @@ func TestWebhookAgainstRealAPIServer(t *testing.T) {
 		require.NotNil(t, sc, "no rdzv-sidecar")
 		assert.Equal(t, "serve", sc.Args[0])
 		assert.Equal(t, corev1.ContainerRestartPolicyAlways, *sc.RestartPolicy)
-		assert.Equal(t, "true", created.Labels[constants.LabelRdzvServer])
+		assert.Contains(t, sc.Args, "--lease=direct-rdzv", "the serving pod serves while it holds the rendezvous Lease")
 		assert.Equal(t, "direct", created.Spec.Subdomain)
 		assert.Equal(t, "4", envOf(&created.Spec.Containers[0], "PET_NPROC_PER_NODE"))
 		assert.Equal(t, "7", envOf(&created.Spec.Containers[0], "PET_MAX_RESTARTS"), "the user's value wins")
@@ -257,10 +257,9 @@ func TestWebhookAgainstRealAPIServer(t *testing.T) {
 			if idx == "0" {
 				serving++
 				assert.Equal(t, "serve", sc.Args[0])
-				assert.Equal(t, "true", p.Labels[constants.LabelRdzvServer])
+				assert.Contains(t, sc.Args, "--lease=bert-rdzv")
 			} else {
 				assert.Equal(t, "join", sc.Args[0])
-				assert.Empty(t, p.Labels[constants.LabelRdzvServer])
 			}
 		}
 		assert.Equal(t, 1, serving)

@@ -145,8 +145,8 @@ func TestFaults(t *testing.T) {
 
 	t.Run("delete the pod that serves the rendezvous", func(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(0)
-		if p.Labels[constants.LabelRdzvServer] != "true" {
-			t.Fatalf("worker 0 (%s) does not carry %s=true", p.Name, constants.LabelRdzvServer)
+		if s, err := c.RdzvServer(t.Context(), ns, job); err != nil || s.Name != p.Name {
+			t.Fatalf("worker 0 (%s) does not hold the rendezvous lease: %v %v", p.Name, s, err)
 		}
 		start := time.Now()
 		if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), p.Name, metav1.DeleteOptions{}); err != nil {
@@ -246,8 +246,8 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 		if podIndex(p) != 0 {
 			continue
 		}
-		if p.Labels[constants.LabelRdzvServer] == "true" {
-			t.Fatalf("worker 0 (%s) serves the rendezvous; the dedicated pod should", p.Name)
+		if s, err := c.RdzvServer(t.Context(), ns, job); err != nil || s.Name == p.Name {
+			t.Fatalf("worker 0 (%s) serves the rendezvous; the dedicated pod should (%v)", p.Name, err)
 		}
 		before, start := snapshot(t, c, ns, sel), time.Now()
 		if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), p.Name, metav1.DeleteOptions{}); err != nil {

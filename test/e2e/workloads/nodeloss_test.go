@@ -40,10 +40,13 @@ func TestNodeLossPyTorch(t *testing.T) {
 		testWorkerNodeLoss(t, framework.TrainerImages[0], partition)
 	})
 	for _, img := range framework.TrainerImages {
-		t.Run("store/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testStoreNodeLoss(t, img, "auto") })
+		t.Run("store/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testStoreNodeLoss(t, img, "auto", crash) })
 	}
+	t.Run("store/"+string(partition)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
+		testStoreNodeLoss(t, framework.TrainerImages[0], "auto", partition)
+	})
 	t.Run("store/dedicated/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
-		testStoreNodeLoss(t, framework.TrainerImages[0], "dedicated")
+		testStoreNodeLoss(t, framework.TrainerImages[0], "dedicated", crash)
 	})
 }
 
@@ -199,14 +202,17 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	return m
 }
 
-// testStoreNodeLoss: the node that serves the rendezvous store crashes: worker 0's (placement auto, the chart's
-// default: two workers on the other node survive) or the dedicated rendezvous pod's (every worker, on the other
-// node, survives). The survivors' agents reach the store through their own pods' sidecars, which close those
-// connections when their leases end with the store (internal/storeproxy): the agents fail, the kubelet restarts
-// them, and they wait for the next store, which comes once Kubernetes evicts the lost pod and replaces it (a Job's
-// pod, or the dedicated pod's Deployment). Without that their agents blocked for minutes on a silent connection
-// (docs/failures.md).
-func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string) {
+// testStoreNodeLoss: the node that serves the rendezvous is lost. Placement auto (the chart's default): worker 0
+// serves it, alone on the victim, and workers 1 and 2 survive on the other node; worker 1 is the standby
+// (rendezvous.standbys, default 1). The survivors' agents reach the store through their own pods' sidecars, which
+// close those connections when their leases end with the store (internal/storeproxy): the agents fail and the kubelet
+// restarts them. Worker 1 takes the Lease once worker 0 has not renewed it for its duration, serves a fresh store and
+// points Service <job>-rdzv at itself, and the survivors train again at world 2 without waiting for Kubernetes;
+// worker 0's replacement joins later and the job grows back to 3. A crash, on every torch; a partition on the
+// default one, where the cut-off worker 0 serves on until a member leaves and must then step down: when its node
+// comes back, its old pod never serves or joins again. Placement dedicated: the one rendezvous pod, whose loss costs
+// Kubernetes' replacement of it (a Deployment's pod) and every worker on the other node survives.
+func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fault nodeFault) {
 	c, ns := startTest(t)
 	const job = "storeloss"
 	victim := framework.ExtraNodes[0]
@@ -245,67 +251,149 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	server, err := c.RdzvServer(t.Context(), ns, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if server.Spec.NodeName != victim {
+		t.Fatalf("the rendezvous is served by %s on %s, not on %s", server.Name, server.Spec.NodeName, victim)
+	}
 	restarts := map[string]int{}
+	var survivors, lost []string
 	for _, p := range pods {
 		if placement != "dedicated" && (podIndex(p) == 0) != (p.Spec.NodeName == victim) {
 			t.Fatalf("want worker 0 alone on %s: %v", victim, podNodes(pods))
 		}
-		if p.Spec.NodeName != victim {
+		if p.Spec.NodeName == victim {
+			lost = append(lost, p.Name)
+		} else {
 			restarts[p.Name] = trainerRestarts(p)
+			survivors = append(survivors, p.Name)
 		}
 	}
-	t.Logf("workers: %v; %s's loss takes the store", podNodes(pods), victim)
+	t.Logf("workers: %v; %s serves the rendezvous; %s's %s takes it", podNodes(pods), server.Name, victim, fault)
 
-	at := c.CrashNode(t, victim)
-	// Kubernetes replaces the lost pod (and with it the store) on the node left; the survivors, restarted, join the
-	// new store's first round. Training resumes with that round's first step (after each trainer's restart).
-	c.WaitFor(t, 5*time.Minute, "every survivor's trainer restarted and the store's pod replaced", func(ctx context.Context) (bool, error) {
-		all, err := livePods(ctx, c, ns, sel+","+constants.LabelRdzvServer+"=true")
-		if err != nil {
-			return false, err
-		}
-		if placement == "dedicated" {
-			all, err = livePods(ctx, c, ns, groupSelector(job, constants.GroupRdzv))
-			if err != nil {
-				return false, err
+	var at time.Time
+	switch fault {
+	case crash:
+		at = c.CrashNode(t, victim)
+	case partition:
+		at = c.PartitionNode(t, victim)
+	}
+	world := len(survivors)
+	if placement == "dedicated" {
+		// No standby: the next store comes with Kubernetes' replacement of the rendezvous pod.
+		c.WaitFor(t, 5*time.Minute, "the rendezvous pod replaced off "+victim, func(ctx context.Context) (bool, error) {
+			p, err := c.RdzvServer(ctx, ns, job)
+			if err != nil || p.Spec.NodeName == victim || !podReady(*p) {
+				return false, fmt.Errorf("not yet served off %s: %v %v", victim, p, err)
 			}
-		}
-		if len(all) != 1 || all[0].Spec.NodeName == victim || !podReady(all[0]) {
-			return false, fmt.Errorf("no Ready store pod off %s yet: %v", victim, podNodes(all))
-		}
-		live, err := livePods(ctx, c, ns, sel)
-		if err != nil {
-			return false, err
-		}
-		for _, p := range live {
-			if r, ok := restarts[p.Name]; ok && trainerRestarts(p) == r {
-				return false, fmt.Errorf("%s's trainer not restarted yet", p.Name)
-			}
-		}
-		return true, nil
-	})
-	waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
-	pods, err = livePods(t.Context(), c, ns, sel)
+			return true, nil
+		})
+	}
+	resumed, err := waitTrainingAgain(t.Context(), c, ns, survivors, world, at, 5*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, p := range pods {
-		if p.Spec.NodeName == victim {
-			t.Errorf("%s trains on the lost node %s", p.Name, victim)
-		}
+	now, err := c.RdzvServer(t.Context(), ns, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Spec.NodeName == victim || now.Name == server.Name {
+		t.Fatalf("training resumed, yet the rendezvous is served by %s on %s", now.Name, now.Spec.NodeName)
+	}
+	live, err := livePods(t.Context(), c, ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range live {
 		if r, ok := restarts[p.Name]; ok && trainerRestarts(p) == r {
 			t.Errorf("%s's trainer was not restarted: its agent never left the lost store's rendezvous", p.Name)
 		}
-		names = append(names, p.Name)
 	}
-	resumed, err := waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute)
-	if err != nil {
-		t.Fatal(err)
+	t.Logf("store node loss (%s, placement %s, torch %s): the survivors train again at world %d %.1fs after the "+
+		"loss (goal 60 s), served by %s on %s", fault, placement, img.Torch, world, resumed.Seconds(), now.Name, now.Spec.NodeName)
+
+	if placement != "dedicated" {
+		// Kubernetes catches up: worker 0 is evicted and replaced on the node left, and the job grows back to 3.
+		waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
+		pods, err = livePods(t.Context(), c, ns, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, p := range pods {
+			if p.Spec.NodeName == victim {
+				t.Errorf("%s trains on the lost node %s", p.Name, victim)
+			}
+			names = append(names, p.Name)
+		}
+		all, err := waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("all 3 workers train again %.1fs after the %s: %v", all.Seconds(), fault, podNodes(pods))
 	}
-	t.Logf("store node loss (crash, placement %s, torch %s): training resumes at world 3 %.1fs after the loss (goal "+
-		"60 s), the survivors restarted, the store's pod replaced: %v", placement, img.Torch, resumed.Seconds(), podNodes(pods))
-	c.RestartNode(t, victim)
+
+	// A partitioned worker 0 had to step down once a member left (it could not renew the Lease), before the standby
+	// served: its sidecar's log on its node says so, and its trainer never trained at world 1 (a second job).
+	if fault == partition {
+		logs, err := c.CutOffLog(victim, ns, server.Name, constants.SidecarContainerName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(logs, "stepping down") {
+			t.Errorf("the cut-off %s did not step down:\n%s", server.Name, logs)
+		}
+		if logs, err = c.CutOffLog(victim, ns, server.Name, trainer); err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(logs, "\n") { // CRI log lines: <time> <stream> <tag> <text>
+			ts, text, _ := strings.Cut(line, " ")
+			if tm, err := time.Parse(time.RFC3339Nano, ts); err == nil && tm.After(at) && strings.Contains(text, "world_size=1 ") {
+				t.Errorf("the cut-off %s trained alone on its own rendezvous after the partition: %s", server.Name, line)
+				break
+			}
+		}
+	}
+	joined := snapshot(t, c, ns, sel)
+	before, _ := rdzvView(t, c, ns, job)
+	switch fault {
+	case crash:
+		c.RestartNode(t, victim)
+	case partition:
+		c.HealNode(t, victim)
+	}
+	c.WaitFor(t, 3*time.Minute, "the lost node's old pods gone", func(ctx context.Context) (bool, error) {
+		all, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job})
+		if err != nil {
+			return false, err
+		}
+		var left []string
+		for _, p := range all.Items {
+			if slices.Contains(lost, p.Name) || p.Name == server.Name {
+				left = append(left, p.Name)
+			}
+		}
+		if len(left) > 0 {
+			return false, fmt.Errorf("still there: %v", left)
+		}
+		return true, nil
+	})
+	if placement != "dedicated" {
+		if p, err := c.RdzvServer(t.Context(), ns, job); err != nil || p.Name != now.Name {
+			t.Errorf("the rendezvous moved after the node came back: %v %v, want %s", p, err, now.Name)
+		}
+		if now, raw := rdzvView(t, c, ns, job); now.RunID != before.RunID || now.Round != before.Round || !now.Complete || len(now.Waiting) > 0 {
+			t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", before.Round, raw)
+		}
+		after := snapshot(t, c, ns, sel)
+		for name, p := range after {
+			if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
+				t.Errorf("%s re-joined after the node came back (joins %d -> %d)", name, b.joins, p.joins)
+			}
+		}
+	}
 	uninstallJob(t, c, ns, job)
 }
 

@@ -66,13 +66,13 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	start = time.Now()
 	c.HelmTest(t, ns, job, 2*time.Minute)
 	t.Logf("helm test passed: %.1fs", time.Since(start).Seconds())
-	// The job's view of the rendezvous, as `kubectl get --raw .../services/<job>-rdzv:health/proxy/rendezvous`
+	// The job's view of the rendezvous, as `kubectl get --raw .../pods/<lease holder>:2381/proxy/rendezvous`
 	// shows it through the API server.
 	view, raw := rdzvView(t, c, ns, job)
 	if view.WorldSize != 2 || !view.Complete {
 		t.Fatalf("the rendezvous view says %s, want a complete round of 2", raw)
 	}
-	t.Logf("kubectl get --raw .../%s-rdzv:health/proxy/rendezvous: %s", job, raw)
+	t.Logf("kubectl get --raw .../pods/<holder of lease %s-rdzv>:2381/proxy/rendezvous: %s", job, raw)
 	// And as Events on the Job: the serving sidecar records each round there (rendezvous.events).
 	workerJob := naming.Workload(job, "worker")
 	c.WaitFor(t, time.Minute, "a RendezvousRound Event of world size 2 on Job "+workerJob, func(ctx context.Context) (bool, error) {
@@ -120,9 +120,9 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 // server's service proxy as kubectl shows it, decoded and raw.
 func rdzvView(t testing.TB, c *framework.Cluster, ns, job string) (torchview.View, []byte) {
 	t.Helper()
-	raw, err := c.Client.CoreV1().Services(ns).ProxyGet("http", job+"-rdzv", "health", "/rendezvous", nil).DoRaw(t.Context())
+	raw, err := c.RdzvView(t.Context(), ns, job)
 	if err != nil {
-		t.Fatalf("GET /rendezvous through the API server's service proxy: %v", err)
+		t.Fatalf("GET /rendezvous of the pod that serves it, through the API server's pod proxy: %v", err)
 	}
 	var view torchview.View
 	if err := json.Unmarshal(raw, &view); err != nil {
@@ -231,11 +231,11 @@ func TestElasticPyTorchTLS(t *testing.T) {
 		t.Logf("with TLS: helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
 	}
 	// The serving sidecar says where it listens: https, with client certificates required.
-	serving, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job + "," + constants.LabelRdzvServer + "=true"})
-	if err != nil || len(serving.Items) != 1 {
-		t.Fatalf("want one serving pod: %v, err %v", len(serving.Items), err)
+	serving, err := c.RdzvServer(t.Context(), ns, job)
+	if err != nil {
+		t.Fatalf("the pod that serves the rendezvous: %v", err)
 	}
-	logs := c.PodLogs(t, ns, serving.Items[0].Name, constants.SidecarContainerName)
+	logs := c.PodLogs(t, ns, serving.Name, constants.SidecarContainerName)
 	if !strings.Contains(logs, "https://") {
 		t.Errorf("the serving sidecar's log does not mention an https client URL:\n%s", logs)
 	}
@@ -307,7 +307,7 @@ func testNetworkPolicyEnforced(t *testing.T, rdzvNode, otherNode string) {
 	sel := installTraining(t, c, ns, job, v, 1)
 	t.Logf("helm install -> the worker trains at world size 1 (its agent reached the rendezvous pod's store through the policy): %.1fs", time.Since(start).Seconds())
 
-	rdzv := c.WaitPodsReady(t, ns, constants.LabelJob+"="+job+","+constants.LabelRdzvServer+"=true", 1, time.Minute)[0]
+	rdzv := c.WaitPodsReady(t, ns, groupSelector(job, constants.GroupRdzv), 1, time.Minute)[0]
 	workers, err := livePods(t.Context(), c, ns, sel)
 	if err != nil || len(workers) != 1 {
 		t.Fatalf("want 1 live worker: %d, %v", len(workers), err)
@@ -424,12 +424,12 @@ for port in sys.argv[2:]:
 		}
 		t.Logf("outside pod: %s %s on %s:%d -> HTTP %s%s", r.method, r.path, ip, constants.SidecarHealthPort, m[1], body)
 	}
-	// The API server's service proxy (from the host, as `kubectl get --raw .../<job>-rdzv:health/proxy/rendezvous`).
-	raw, err := c.Client.CoreV1().Services(ns).ProxyGet("http", naming.RendezvousService(job), "health", "/rendezvous", nil).DoRaw(t.Context())
+	// The API server's pod proxy (from the host, as `kubectl get --raw .../pods/<lease holder>:2381/proxy/rendezvous`).
+	raw, err := c.RdzvView(t.Context(), ns, job)
 	if err != nil {
-		t.Fatalf("GET /rendezvous through the API server's service proxy: %v", err)
+		t.Fatalf("GET /rendezvous through the API server's pod proxy: %v", err)
 	}
-	t.Logf("through the API server's service proxy: GET /rendezvous -> %s", clip(strings.TrimSpace(string(raw)), 300))
+	t.Logf("through the API server's pod proxy: GET /rendezvous -> %s", clip(strings.TrimSpace(string(raw)), 300))
 
 	// Without the policy, the same probe from the same pod connects: the refusal above was the policy engine's.
 	if err := c.Client.NetworkingV1().NetworkPolicies(ns).Delete(t.Context(), policy, metav1.DeleteOptions{}); err != nil {

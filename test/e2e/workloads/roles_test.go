@@ -163,11 +163,16 @@ func TestMXNetParameterServer(t *testing.T) {
 	installJob(t, c, ns, job, jobValues(t, c, "examples/local/mxnet-ps.yaml", "examples/scripts/dmlc_roles.py"))
 
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 3*time.Minute)
-	sched := job + "-scheduler-0"
+	// The scheduler is an Indexed Job's pod (Kubernetes replaces it if its node is lost): hostname <job>-scheduler-0.
+	scheds, err := livePods(t.Context(), c, ns, groupSelector(job, constants.GroupScheduler))
+	if err != nil || len(scheds) != 1 {
+		t.Fatalf("want one scheduler pod: %d, %v", len(scheds), err)
+	}
+	sched := scheds[0].Name
 	c.WaitForLog(t, ns, sched, trainer, fmt.Sprintf("all registered servers=%d workers=%d worker_ids=[0, 1, 2]", servers, workers), time.Minute)
 
 	want := map[string]string{
-		"DMLC_PS_ROOT_URI":  naming.PodFQDN(sched, naming.HeadlessService(job), ns, framework.ClusterDomain),
+		"DMLC_PS_ROOT_URI":  naming.PodFQDN(naming.Workload(job, constants.GroupScheduler)+"-0", naming.HeadlessService(job), ns, framework.ClusterDomain),
 		"DMLC_PS_ROOT_PORT": fmt.Sprint(port),
 		"DMLC_NUM_SERVER":   fmt.Sprint(servers),
 		"DMLC_NUM_WORKER":   fmt.Sprint(workers),
