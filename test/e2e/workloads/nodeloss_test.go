@@ -157,7 +157,8 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	if m.replaced, err = waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("all 3 workers train again %.1fs after the %s: %v", m.replaced.Seconds(), fault, podNodes(pods))
+	t.Logf("the lost pods replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
+		framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, m.replaced.Seconds(), podNodes(pods))
 
 	// The node comes back. Its old pods, deleted while it was away, are killed by its kubelet and never join a
 	// round: the workers' rendezvous count stays as it is and the job stays at 3.
@@ -332,7 +333,8 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("all 3 workers train again %.1fs after the %s: %v", all.Seconds(), fault, podNodes(pods))
+		t.Logf("worker 0 replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
+			framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, all.Seconds(), podNodes(pods))
 	}
 
 	// A partitioned worker 0 had to step down once a member left (it could not renew the Lease), before the standby
@@ -440,6 +442,26 @@ func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pod
 		return true, nil
 	})
 	return last.Sub(at), err
+}
+
+// replacedAfter is how long after at the last of pods that were not there before (the lost pods' replacements)
+// turned Ready, from its Ready condition (whole seconds).
+func replacedAfter(pods []corev1.Pod, before []string, at time.Time) time.Duration {
+	var last time.Time
+	for _, p := range pods {
+		if slices.Contains(before, p.Name) {
+			continue
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && cond.LastTransitionTime.After(at) && cond.LastTransitionTime.After(last) {
+				last = cond.LastTransitionTime.Time
+			}
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return last.Sub(at)
 }
 
 // podNodes says where each pod runs.

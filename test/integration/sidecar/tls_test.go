@@ -106,8 +106,9 @@ func mutatedPod(t *testing.T, fixture string, edit func(p *corev1.Pod)) (args []
 // webhook's PET_* env (one from the serving pod, one from a member) complete a
 // rendezvous and an all_reduce over https with client certificates, for both
 // etcd backends. Only what a cluster provides is rewritten: the Secret mount
-// and emptyDirs become temp dirs, the Service name becomes localhost and the
-// fixed ports become free ones.
+// and emptyDirs become temp dirs, the Service name becomes localhost, the
+// fixed ports become free ones, and the serving pod serves without the
+// rendezvous Lease (no API server here; the e2e tests hold it).
 func TestWebhookTLSWiring(t *testing.T) {
 	tr := forky(t)
 	for _, backend := range []string{constants.BackendEtcdV2, constants.BackendEtcd} {
@@ -149,6 +150,9 @@ func TestWebhookTLSWiring(t *testing.T) {
 				for _, a := range args {
 					if a == fmt.Sprintf("--health-addr=:%d", constants.SidecarHealthPort) {
 						a = "--health-addr=" + health
+					}
+					if strings.HasPrefix(a, "--lease=") {
+						continue // the Lease is the API server's, which is not here: the pod serves at once
 					}
 					out = append(out, rewrite(a, filesDir, dataDir))
 				}
