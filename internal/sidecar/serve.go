@@ -71,8 +71,6 @@ type LeaseConfig struct {
 	// Standby: let the first candidate (worker 0) serve first. A standby tries
 	// for the Lease only once it has been up for the Lease's duration.
 	Standby bool
-	// Duration, Stale and Retry: rdzvlease.Config's (zero: its defaults).
-	Duration, Stale, Retry time.Duration
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -253,12 +251,9 @@ func candidate(cfg ServeConfig) (*rdzvlease.Candidate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--lease %s needs the pod's API token: %w", l.Name, err)
 	}
-	lc := rdzvlease.Config{API: rdzvlease.NewAPI(leases, slices, l.Name), Identity: l.Identity, Address: l.Address,
-		Duration: l.Duration, Stale: l.Stale, Retry: l.Retry, Log: cfg.Log.With("component", "lease", "lease", l.Name)}
-	if lc.Duration == 0 {
-		lc.Duration, lc.Stale, lc.Retry = rdzvlease.DefaultDuration, rdzvlease.DefaultStale, rdzvlease.DefaultRetry
-	}
-	return rdzvlease.New(lc)
+	return rdzvlease.New(rdzvlease.Config{API: rdzvlease.NewAPI(leases, slices, l.Name), Identity: l.Identity, Address: l.Address,
+		Duration: rdzvlease.DefaultDuration, Stale: rdzvlease.DefaultStale, Retry: rdzvlease.DefaultRetry,
+		Log: cfg.Log.With("component", "lease", "lease", l.Name)})
 }
 
 // follow is a candidate's life while another pod serves: it takes part in the
@@ -281,14 +276,10 @@ func follow(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate) (rd
 	// Taking over, this pod leaves the rendezvous it followed without a word: that store is gone, or stopping.
 	handoff := make(chan struct{})
 	jc.Member.Abandon = handoff
-	gone := cfg.Lease.Retry
-	if gone == 0 {
-		gone = rdzvlease.DefaultRetry
-	}
 	may := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return !registered && time.Since(since) >= gone
+		return !registered && time.Since(since) >= rdzvlease.DefaultRetry
 	}
 
 	jctx, stopJoin := context.WithCancel(ctx)
@@ -302,15 +293,11 @@ func follow(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate) (rd
 	acquired := make(chan result, 1)
 	go func() {
 		if cfg.Lease.Standby {
-			d := cfg.Lease.Duration
-			if d == 0 {
-				d = rdzvlease.DefaultDuration
-			}
 			select {
 			case <-jctx.Done():
 				acquired <- result{err: jctx.Err()}
 				return
-			case <-time.After(d):
+			case <-time.After(rdzvlease.DefaultDuration):
 			}
 		}
 		h, err := cand.Acquire(jctx, may)

@@ -160,44 +160,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	t.Logf("the lost pods replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
 		framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, m.replaced.Seconds(), podNodes(pods))
 
-	// The node comes back. Its old pods, deleted while it was away, are killed by its kubelet and never join a
-	// round: the workers' rendezvous count stays as it is and the job stays at 3.
-	joined := snapshot(t, c, ns, sel)
-	before, _ := rdzvView(t, c, ns, job)
-	switch fault {
-	case crash:
-		c.RestartNode(t, victim)
-	case partition:
-		c.HealNode(t, victim)
-	}
-	c.WaitFor(t, 3*time.Minute, "the lost node's old pods gone", func(ctx context.Context) (bool, error) {
-		all, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
-		if err != nil {
-			return false, err
-		}
-		var left []string
-		for _, p := range all.Items {
-			if slices.Contains(lost, p.Name) && p.Spec.NodeName == victim {
-				left = append(left, p.Name)
-			}
-		}
-		if len(left) > 0 {
-			return false, fmt.Errorf("still there: %v", left)
-		}
-		return true, nil
-	})
-	// A stale agent that reached the store before its kubelet killed it (the network is back first) would have put
-	// itself on the wait list or into a new round by now: the round is the one of before, nobody waits, and no
-	// worker joined again.
-	if now, raw := rdzvView(t, c, ns, job); now.RunID != before.RunID || now.Round != before.Round || !now.Complete || len(now.Waiting) > 0 {
-		t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", before.Round, raw)
-	}
-	after := snapshot(t, c, ns, sel)
-	for name, p := range after {
-		if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
-			t.Errorf("%s re-joined after the node came back (joins %d -> %d): a stale agent took part in a round", name, b.joins, p.joins)
-		}
-	}
+	comeBack(t, c, ns, job, sel, victim, fault, lost)
 	waitWorld(t, c, ns, sel, 3, 1, time.Minute)
 	uninstallJob(t, c, ns, job)
 	return m
@@ -358,6 +321,19 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 			}
 		}
 	}
+	comeBack(t, c, ns, job, sel, victim, fault, append(lost, server.Name))
+	if p, err := c.RdzvServer(t.Context(), ns, job); err != nil || p.Name != now.Name {
+		t.Errorf("the rendezvous moved after the node came back: %v %v, want %s", p, err, now.Name)
+	}
+	uninstallJob(t, c, ns, job)
+}
+
+// comeBack brings victim back after fault. Its pods (gone), deleted while it was away, are killed by its kubelet and
+// never take part in a round again. A stale agent that reached the store before its kubelet killed it (the network
+// is back first) would have put itself on the wait list or into a new round by now: the round is the one of before,
+// nobody waits, and no worker of sel joined again.
+func comeBack(t testing.TB, c *framework.Cluster, ns, job, sel, victim string, fault nodeFault, gone []string) {
+	t.Helper()
 	joined := snapshot(t, c, ns, sel)
 	before, _ := rdzvView(t, c, ns, job)
 	switch fault {
@@ -373,7 +349,7 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 		}
 		var left []string
 		for _, p := range all.Items {
-			if slices.Contains(lost, p.Name) || p.Name == server.Name {
+			if slices.Contains(gone, p.Name) {
 				left = append(left, p.Name)
 			}
 		}
@@ -382,21 +358,14 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 		}
 		return true, nil
 	})
-	if placement != "dedicated" {
-		if p, err := c.RdzvServer(t.Context(), ns, job); err != nil || p.Name != now.Name {
-			t.Errorf("the rendezvous moved after the node came back: %v %v, want %s", p, err, now.Name)
-		}
-		if now, raw := rdzvView(t, c, ns, job); now.RunID != before.RunID || now.Round != before.Round || !now.Complete || len(now.Waiting) > 0 {
-			t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", before.Round, raw)
-		}
-		after := snapshot(t, c, ns, sel)
-		for name, p := range after {
-			if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
-				t.Errorf("%s re-joined after the node came back (joins %d -> %d)", name, b.joins, p.joins)
-			}
+	if now, raw := rdzvView(t, c, ns, job); now.RunID != before.RunID || now.Round != before.Round || !now.Complete || len(now.Waiting) > 0 {
+		t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", before.Round, raw)
+	}
+	for name, p := range snapshot(t, c, ns, sel) {
+		if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
+			t.Errorf("%s re-joined after the node came back (joins %d -> %d): a stale agent took part in a round", name, b.joins, p.joins)
 		}
 	}
-	uninstallJob(t, c, ns, job)
 }
 
 // waitTrainingAgain waits until every one of pods trains at world size world after the loss at `at` (and after its
