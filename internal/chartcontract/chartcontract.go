@@ -38,7 +38,7 @@ type contract struct {
 func current() contract {
 	return contract{
 		SidecarContainer:   constants.SidecarContainerName,
-		ReservedVolumes:    []string{constants.FilesVolumeName, constants.TLSVolumeName, constants.TokenVolumeName},
+		ReservedVolumes:    []string{constants.FilesVolumeName, constants.TLSVolumeName, constants.TokenVolumeName, constants.DataVolumeName},
 		ReservedMountPaths: []string{constants.FilesDir, constants.TLSDir},
 		ReservedPorts:      reservedPorts(),
 		HealthPort:         constants.SidecarHealthPort,

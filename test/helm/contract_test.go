@@ -25,7 +25,7 @@ func TestContract(t *testing.T) {
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -19,7 +19,7 @@ import (
 func TestPodsGatedUntilMutated(t *testing.T) {
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
-		r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+		r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 		if err != nil {
 			t.Fatalf("%s: %v", sc.name, err)
 		}
@@ -71,7 +71,7 @@ func TestChartCountsAcceleratorsAsTheWebhook(t *testing.T) {
 func TestDeterministicRendering(t *testing.T) {
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
-		vals := merge(readValues(t, sc.values), pinned(t))
+		vals := merge(sc.read(t), pinned(t))
 		a, err := render(ch, vals, chartrender.Options{})
 		if err != nil {
 			t.Fatal(err)

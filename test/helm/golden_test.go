@@ -15,8 +15,23 @@ import (
 
 // scenario is one values file rendered to one golden file.
 type scenario struct {
-	name   string // golden file: testdata/<name>.golden.yaml
-	values string // path of the values file
+	name     string            // golden file: testdata/<name>.golden.yaml
+	values   string            // path of the values file
+	setFiles map[string]string // value -> file, as --set-file gives them
+}
+
+// read is the scenario's values: its file, and the files its usage gives with --set-file.
+func (sc scenario) read(t *testing.T) map[string]any {
+	t.Helper()
+	v := readValues(t, sc.values)
+	for key, file := range sc.setFiles {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v[key] = string(b)
+	}
+	return v
 }
 
 // scenarios: every charts/elastic-training/ci/*-values.yaml and every examples/*.yaml.
@@ -25,11 +40,15 @@ func scenarios(t *testing.T) []scenario {
 	var out []scenario
 	ci, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
 	for _, p := range ci {
-		out = append(out, scenario{"ci-" + strings.TrimSuffix(filepath.Base(p), "-values.yaml"), p})
+		out = append(out, scenario{name: "ci-" + strings.TrimSuffix(filepath.Base(p), "-values.yaml"), values: p})
 	}
 	ex, _ := filepath.Glob(filepath.Join(examplesDir, "*.yaml"))
 	for _, p := range ex {
-		out = append(out, scenario{"example-" + strings.TrimSuffix(filepath.Base(p), ".yaml"), p})
+		sc := scenario{name: "example-" + strings.TrimSuffix(filepath.Base(p), ".yaml"), values: p}
+		if filepath.Base(p) == "script-run.yaml" { // what its usage says: --set-file script=train.py
+			sc.setFiles = map[string]string{"script": filepath.Join(examplesDir, "train.py")}
+		}
+		out = append(out, sc)
 	}
 	if len(ci) < 5 || len(ex) < 5 {
 		t.Fatalf("want at least 5 ci scenarios and 5 examples, found %d and %d", len(ci), len(ex))
@@ -45,7 +64,7 @@ func TestGolden(t *testing.T) {
 		golden := filepath.Join("testdata", sc.name+".golden.yaml")
 		used[golden] = true
 		t.Run(sc.name, func(t *testing.T) {
-			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 			if err != nil {
 				t.Fatalf("render %s: %v", sc.values, err)
 			}
@@ -78,11 +97,11 @@ func TestGolden(t *testing.T) {
 
 // TestLint lints the chart with every scenario's values through the SDK (action.NewLint): no warnings, no errors.
 func TestLint(t *testing.T) {
-	for _, sc := range append([]scenario{{"defaults", ""}}, scenarios(t)...) {
+	for _, sc := range append([]scenario{{name: "defaults"}}, scenarios(t)...) {
 		t.Run(sc.name, func(t *testing.T) {
 			vals := map[string]any{}
 			if sc.values != "" {
-				vals = readValues(t, sc.values)
+				vals = sc.read(t)
 			}
 			lintStrict(t, chartDir, namespace, vals)
 		})

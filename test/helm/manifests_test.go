@@ -26,7 +26,7 @@ func TestWriteManifests(t *testing.T) {
 	}
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
-		vals := merge(readValues(t, sc.values), pinned(t))
+		vals := merge(sc.read(t), pinned(t))
 		r, err := render(ch, vals, chartrender.Options{})
 		if err != nil {
 			t.Fatalf("%s: %v", sc.name, err)

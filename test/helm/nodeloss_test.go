@@ -43,7 +43,7 @@ func TestNodeLossTolerations(t *testing.T) {
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 			require.NoError(t, err)
 			specs := podSpecs(t, r)
 			require.NotEmpty(t, specs)
@@ -203,7 +203,7 @@ func TestEveryLostPodIsReplaced(t *testing.T) {
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 			require.NoError(t, err)
 			for key, s := range podSpecs(t, r) {
 				kind, name, _ := strings.Cut(key, "/")

@@ -86,7 +86,7 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 	}
 	// And every scenario (ci values, examples) that renders a dedicated rendezvous pod, as it stands.
 	for _, sc := range scenarios(t) {
-		cases = append(cases, tc{sc.name, merge(readValues(t, sc.values), pinned(t)), true})
+		cases = append(cases, tc{sc.name, merge(sc.read(t), pinned(t)), true})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -24,7 +24,7 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			r, err := render(ch, merge(readValues(t, sc.values), pinned(t)), chartrender.Options{})
+			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

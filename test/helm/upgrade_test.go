@@ -78,7 +78,7 @@ func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
 	scaled := 0
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
-			vals1 := readValues(t, sc.values)
+			vals1 := sc.read(t)
 			sets := scaleSets(t, vals1)
 			if len(sets) == 0 {
 				t.Skipf("%s: no group can scale within min..max", sc.values)
@@ -213,7 +213,7 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 		{"MPI worker set", "ci/mpi-values.yaml", []string{"workerGroups.big.gpus=3"}, "StatefulSet demo-big's pod template would change (values changed since the running revision: workerGroups.big), and every pod of it would restart"},
 		{"image tag", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "Job demo-worker's pod template would change (values changed since the running revision: image.tag)"},
 		{"gpus", "ci/pytorch-values.yaml", []string{"workers.gpus=2"}, "(values changed since the running revision: workers.gpus)"},
-		{"two values", "ci/pytorch-values.yaml", []string{"workers.gpus=2", "env[0].name=X", "env[0].value=1"}, "(values changed since the running revision: env, workers.gpus)"},
+		{"two values", "ci/pytorch-values.yaml", []string{"workers.gpus=2", "env[0].name=X", "env[0].value=on"}, "(values changed since the running revision: env, workers.gpus)"},
 		{"the advice", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "A running job changes only its size (helm upgrade --reuse-values --set workers.replicas=N); to change it, start a new run that resumes from your checkpoints: helm uninstall demo"},
 		{"the run id to keep", "ci/pytorch-values.yaml", []string{"image.tag=2.6"}, "then helm install demo with the new values and --set runId=demo-"},
 		{"the dedicated rendezvous pod", "ci/elasticdl-values.yaml", []string{"rendezvous.resources.limits.memory=1Gi"}, "Deployment demo-rdzv's pod template would change (values changed since the running revision: rendezvous.resources)"},

@@ -12,10 +12,22 @@ would silently not do what the values say, fails here with the value to fix. Inp
 {{- if eq $rv.containerName $c.sidecarContainer -}}
 {{- fail (printf "containerName: %q is the name of the rendezvous sidecar the webhook injects: choose another" $rv.containerName) -}}
 {{- end -}}
+{{- /* The volumes and mounts the chart adds itself, by name and path, and the value that adds each. */ -}}
+{{- $own := list -}}
+{{- if include "elastic-training.hasScript" .root -}}{{- $own = append $own (dict "name" "script" "path" (include "elastic-training.scriptDir" .root) "by" "script") -}}{{- end -}}
+{{- if $rv.persistence.enabled -}}{{- $own = append $own (dict "name" "data" "path" $rv.persistence.mountPath "by" "persistence.enabled") -}}{{- end -}}
+{{- if (include "elastic-training.shm" . | fromYaml).enabled -}}{{- $own = append $own (dict "name" "dshm" "path" "/dev/shm" "by" (printf "shm.enabled (or %s.shm.enabled)" $p)) -}}{{- end -}}
+{{- if and (eq $rv.framework "mpi") $rv.mpi.ssh.enabled -}}{{- $own = concat $own (list (dict "name" "ssh" "path" $rv.mpi.ssh.mountPath "by" "mpi.ssh.enabled") (dict "name" "ssh-key" "path" "" "by" "mpi.ssh.enabled")) -}}{{- end -}}
 {{- range $where := list (dict "path" "volumes" "list" $rv.volumes) (dict "path" (printf "%s.volumes" $p) "list" $gv.volumes) -}}
 {{- range $where.list -}}
 {{- if has .name $c.reservedVolumes -}}
 {{- fail (printf "%s: volume name %q is reserved for the volume the webhook adds (reserved: %s): rename it" $where.path .name (join ", " $c.reservedVolumes)) -}}
+{{- end -}}
+{{- $name := .name -}}
+{{- range $own -}}
+{{- if eq .name $name -}}
+{{- fail (printf "%s: volume name %q is the chart's own volume (%s adds it): rename yours" $where.path $name .by) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -24,7 +36,24 @@ would silently not do what the values say, fails here with the value to fix. Inp
 {{- if has (.mountPath | trimSuffix "/") $c.reservedMountPaths -}}
 {{- fail (printf "%s: mountPath %s is where the webhook mounts the rendezvous files (reserved: %s): mount %q elsewhere" $where.path .mountPath (join ", " $c.reservedMountPaths) .name) -}}
 {{- end -}}
+{{- $m := . -}}
+{{- range $own -}}
+{{- if and .path (eq (trimSuffix "/" $m.mountPath) (trimSuffix "/" .path)) -}}
+{{- fail (printf "%s: mountPath %s is where the chart mounts its own volume %q (%s): mount %q elsewhere" $where.path $m.mountPath .name .by $m.name) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $where := list (dict "path" "env" "list" $rv.env) (dict "path" (printf "%s.env" $p) "list" $gv.env) -}}
+{{- range $i, $e := $where.list -}}
+{{- if and (hasKey $e "value") (not (kindIs "string" $e.value)) (not (kindIs "invalid" $e.value)) -}}
+{{- fail (printf "%s[%d].value: %v is a %s; an environment variable's value is a string, the API server would refuse every pod: quote it (--set-string %s[%d].value=%v, or \"%v\" in a values file)" $where.path $i $e.value (kindOf $e.value) $where.path $i $e.value $e.value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $image := merge (deepCopy ($gv.image | default dict)) $rv.image -}}
+{{- if hasPrefix "sha256:" (toString $image.tag) -}}
+{{- fail (printf "%s.image.tag: %q is a digest, which the chart would render as %s:%s: set image.digest to it instead (repository@digest)" $p $image.tag $image.repository $image.tag) -}}
 {{- end -}}
 {{- $max := int $c.maxSlots -}}
 {{- $gpus := int ($gv.gpus | default 0) -}}

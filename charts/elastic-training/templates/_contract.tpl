@@ -9,7 +9,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
   "reservedVolumes": [
     "elastic-training",
     "elastic-training-tls",
-    "elastic-training-token"
+    "elastic-training-token",
+    "elastic-training-data"
   ],
   "reservedMountPaths": [
     "/etc/elastic-training",

@@ -325,10 +325,11 @@ The member StatefulSets whose pods the serving sidecar force-deletes once Kubern
 {{/* The serving pod's service account: the rdzv-host group's, else the job's, else `default` (the dedicated
 rendezvous pod runs as `default`). Input: dict "root" $ "plan" <plan>. */}}
 {{- define "elastic-training.servingServiceAccount" -}}
-{{- $sa := "default" -}}
+{{- $job := include "elastic-training.jobServiceAccount" .root -}}
+{{- $sa := $job | default "default" -}}
 {{- if not .plan.dedicated -}}
 {{- range .plan.groups -}}
-{{- if .rdzvHost -}}{{- $sa = .values.serviceAccountName | default $.root.Values.serviceAccountName | default "default" -}}{{- end -}}
+{{- if .rdzvHost -}}{{- $sa = .values.serviceAccountName | default $.root.Values.serviceAccountName | default $job | default "default" -}}{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $sa -}}
@@ -375,4 +376,25 @@ not name. Input: dict "root" $ "user" <list>. Output: a YAML list.
   targetPort: 29400
   protocol: TCP
 {{- end }}
+{{- end }}
+
+{{/* An image reference: repository@digest when a digest is set, else repository:tag. Input: the image's dict. */}}
+{{- define "elastic-training.imageRef" -}}
+{{- if .digest -}}{{ printf "%s@%s" .repository .digest }}{{- else -}}{{ printf "%s:%s" .repository .tag }}{{- end -}}
+{{- end }}
+
+{{/* The job's own service account (serviceAccount): its name when the chart creates it or one is named, else "". */}}
+{{- define "elastic-training.jobServiceAccount" -}}
+{{- if or .Values.serviceAccount.create .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name | default (include "elastic-training.fullname" .) -}}
+{{- end -}}
+{{- end }}
+
+{{/* A group's shared memory (shm): its own enabled and sizeLimit where it sets them (merge would take a group's
+false for unset), else the job's. Input: dict "root" $ "g" <group>. Output: YAML. */}}
+{{- define "elastic-training.shm" -}}
+{{- $own := (.g.values | default dict).shm | default dict -}}
+{{- $job := .root.Values.shm -}}
+enabled: {{ hasKey $own "enabled" | ternary $own.enabled $job.enabled }}
+sizeLimit: {{ $own.sizeLimit | default $job.sizeLimit | quote }}
 {{- end }}

@@ -28,8 +28,18 @@ byte-identical when `helm upgrade --set workers.replicas=N` scales the job. No c
 {{- $args = prepend $args $scriptPath -}}
 {{- end -}}
 {{- end -}}
-{{/* resources: the group's replace the shared ones; gpus add the accelerator limit */}}
-{{- $resources := deepCopy ($gv.resources | default $rv.resources | default dict) -}}
+{{/* resources: the group's requests and limits win, resource by resource, over the shared ones; gpus add the
+accelerator limit */}}
+{{- $resources := dict -}}
+{{- range $k := list "requests" "limits" "claims" -}}
+{{- $group := index ($gv.resources | default dict) $k -}}
+{{- $shared := index ($rv.resources | default dict) $k -}}
+{{- if eq $k "claims" -}}
+{{- with ($group | default $shared) -}}{{- $_ := set $resources $k . -}}{{- end -}}
+{{- else if or $group $shared -}}
+{{- $_ := set $resources $k (merge (deepCopy ($group | default dict)) ($shared | default dict)) -}}
+{{- end -}}
+{{- end -}}
 {{- $gpus := int ($gv.gpus | default 0) -}}
 {{- if gt $gpus 0 -}}
 {{- $limits := $resources.limits | default dict -}}
@@ -46,6 +56,13 @@ byte-identical when `helm upgrade --set workers.replicas=N` scales the job. No c
 {{- if $rv.persistence.enabled -}}
 {{- $volumes = append $volumes (dict "name" "data" "persistentVolumeClaim" (dict "claimName" ($rv.persistence.existingClaim | default (printf "%s-data" $job)))) -}}
 {{- $mounts = append $mounts (dict "name" "data" "mountPath" $rv.persistence.mountPath) -}}
+{{- end -}}
+{{- $shm := include "elastic-training.shm" (dict "root" $root "g" $g) | fromYaml -}}
+{{- if $shm.enabled -}}
+{{- $shmDir := dict "medium" "Memory" -}}
+{{- with $shm.sizeLimit }}{{- $_ := set $shmDir "sizeLimit" . -}}{{- end -}}
+{{- $volumes = append $volumes (dict "name" "dshm" "emptyDir" $shmDir) -}}
+{{- $mounts = append $mounts (dict "name" "dshm" "mountPath" "/dev/shm") -}}
 {{- end -}}
 {{- $ssh := and $isMPI $rv.mpi.ssh.enabled -}}
 {{- if $ssh -}}
@@ -66,6 +83,9 @@ byte-identical when `helm upgrade --set workers.replicas=N` scales the job. No c
 {{- $podLabels := merge (deepCopy ($gv.podLabels | default dict)) ($rv.podLabels | default dict) -}}
 {{- $podAnnotations := merge (deepCopy ($gv.podAnnotations | default dict)) ($rv.podAnnotations | default dict) -}}
 {{- $containerName := $rv.containerName -}}
+{{- $inits := concat ($rv.initContainers | default list) ($gv.initContainers | default list) -}}
+{{- $extra := concat ($rv.extraContainers | default list) ($gv.extraContainers | default list) -}}
+{{- $sa := $gv.serviceAccountName | default $rv.serviceAccountName | default (include "elastic-training.jobServiceAccount" $root) -}}
 metadata:
   labels:
     {{- with $podLabels }}
@@ -108,7 +128,7 @@ spec:
   {{- end }}
   subdomain: {{ $job }}
   enableServiceLinks: false
-  {{- with ($gv.serviceAccountName | default $rv.serviceAccountName) }}
+  {{- with $sa }}
   serviceAccountName: {{ . }}
   {{- end }}
   automountServiceAccountToken: {{ hasKey $gv "automountServiceAccountToken" | ternary $gv.automountServiceAccountToken $rv.automountServiceAccountToken }}
@@ -143,18 +163,27 @@ spec:
   securityContext:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+  {{- if or $ssh $inits }}
+  initContainers:
+  {{- end }}
   {{- if $ssh }}
   {{- /* ssh-setup runs in the trainer image, so it gets the trainer's own volumeMounts too (an image may bring
   its tools through them). chmod: an emptyDir is created 0777, and sshd's StrictModes rejects authorized_keys in a
-  group- or world-writable directory. */}}
-  initContainers:
+  group- or world-writable directory. An image without OpenSSH fails here, saying so, instead of with "not found". */}}
+  {{- $need := ternary (first ($rv.mpi.workerCommand | default (list "ssh"))) "ssh" (eq $g.role "worker") }}
     - name: ssh-setup
-      image: {{ printf "%s:%s" $image.repository $image.tag }}
+      image: {{ include "elastic-training.imageRef" $image }}
       imagePullPolicy: {{ $image.pullPolicy }}
       command: ["/bin/sh", "-c"]
       args:
         - |
           set -eu
+          for b in ssh-keygen {{ $need }}; do
+            command -v "$b" >/dev/null 2>&1 || {
+              echo "elastic-training: image {{ include "elastic-training.imageRef" $image }} has no $b: MPI pods need OpenSSH in the trainer image (ssh-keygen, and sshd on workers, ssh on the launcher; Debian: openssh-server, openssh-client)" >&2
+              exit 1
+            }
+          done
           d={{ $rv.mpi.ssh.mountPath }}
           chmod 0700 "$d"
           cp /etc/elastic-training-ssh/ssh-privatekey "$d/id_ecdsa"
@@ -172,10 +201,14 @@ spec:
           readOnly: true
         - name: ssh
           mountPath: {{ $rv.mpi.ssh.mountPath }}
+      terminationMessagePolicy: FallbackToLogsOnError
+  {{- end }}
+  {{- with $inits }}
+    {{- toYaml . | nindent 4 }}
   {{- end }}
   containers:
     - name: {{ $containerName }}
-      image: {{ printf "%s:%s" $image.repository $image.tag }}
+      image: {{ include "elastic-training.imageRef" $image }}
       imagePullPolicy: {{ $image.pullPolicy }}
       {{- with $command }}
       command:
@@ -205,6 +238,9 @@ spec:
       volumeMounts:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+  {{- with $extra }}
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- with $volumes }}
   volumes:
     {{- toYaml . | nindent 4 }}

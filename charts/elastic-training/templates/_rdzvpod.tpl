@@ -32,6 +32,9 @@ spec:
   hostname: {{ $job }}-rdzv-0
   subdomain: {{ $job }}
   enableServiceLinks: false
+  {{- with include "elastic-training.jobServiceAccount" . }}
+  serviceAccountName: {{ . }}
+  {{- end }}
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 10
   {{- with ($r.priorityClassName | default .Values.priorityClassName) }}

@@ -27,7 +27,11 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "%s: minReplicas (%d) is greater than maxReplicas (%d)" $g.path $lo $hi) -}}
 {{- end -}}
 {{- if or (lt $r $lo) (gt $r $hi) -}}
-{{- fail (printf "%s: replicas %d is outside minReplicas..maxReplicas (%d..%d): raise %s.maxReplicas or lower %s.minReplicas (on a running job that changes every pod template, so the upgrade is refused with what to do)" $g.path $r $lo $hi $g.path $g.path) -}}
+{{- $hint := "" -}}
+{{- if $.Release.IsUpgrade -}}
+{{- $hint = (printf "; helm upgrade without --reuse-values starts from the chart's defaults and this command's values alone, so the job's own %s.minReplicas and maxReplicas are gone: add --reuse-values (helm upgrade <release> <chart> --reuse-values --set %s.replicas=%d)" $g.path $g.path $r) -}}
+{{- end -}}
+{{- fail (printf "%s: replicas %d is outside minReplicas..maxReplicas (%d..%d): raise %s.maxReplicas or lower %s.minReplicas (on a running job that changes every pod template, so the upgrade is refused with what to do)%s" $g.path $r $lo $hi $g.path $g.path $hint) -}}
 {{- end -}}
 {{- end -}}
 {{- if eq $g.kind "Job" -}}
@@ -66,9 +70,21 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail "rendezvous.tls works with backend etcd-v2 or etcd, not c10d (torch's TCPStore has no TLS): set rendezvous.backend=etcd-v2 (the trainer image then needs python-etcd)" -}}
 {{- end -}}
 {{- if eq $v.framework "mpi" -}}
-{{- if not (or $v.mpi.launcher.command $v.command (include "elastic-training.hasScript" .)) -}}
-{{- fail "mpi.launcher.command is empty: give the launcher's command (e.g. [mpirun, python3, train.py]) or a script" -}}
+{{- if not (or $v.mpi.launcher.command $v.command) -}}
+{{- if include "elastic-training.hasScript" . -}}
+{{- fail (printf "framework mpi with a script and no mpi.launcher.command would run the script with python3 on the launcher alone, one process: give mpi.launcher.command, e.g. [mpirun, python3, %s/%s] (every MPI pod mounts the script)" (include "elastic-training.scriptDir" .) $v.scriptName) -}}
 {{- end -}}
+{{- fail "mpi.launcher.command is empty: give the launcher's command (e.g. [mpirun, python3, train.py])" -}}
+{{- end -}}
+{{- end -}}
+{{- /* MXNet's values on another framework's job are ignored: a mistake (the framework, or the values) that would go
+unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is refused. */ -}}
+{{- $mx := $v.mxnet -}}
+{{- if and (ne $v.framework "mxnet") (or (ne (int $mx.psPort) 9091) $mx.scheduler (ne (toJson $mx.servers) "{\"replicas\":1}") (gt (len $mx) 3)) -}}
+{{- fail (printf "mxnet: values for framework mxnet on a %s job are ignored (%s): set framework=mxnet, or drop them" $v.framework (toJson $v.mxnet)) -}}
+{{- end -}}
+{{- if and $v.scriptLauncher (not (include "elastic-training.hasScript" .)) -}}
+{{- fail (printf "scriptLauncher %v runs the script, but there is none: add --set-file script=train.py (examples/script-run.yaml runs a local script), or drop scriptLauncher and give command" $v.scriptLauncher) -}}
 {{- end -}}
 {{- if include "elastic-training.hasScript" . -}}
 {{- $size := len $v.script -}}

@@ -1,0 +1,239 @@
+package helm_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
+)
+
+// What a real GPU cluster needs on its first day, as the chart renders it: shared memory, init and extra containers,
+// extra objects, image digests, a service account of the job's own, a parent chart's global values, resources that
+// merge, and disruption budgets that let a node drain.
+
+func pytorchJob(t *testing.T, over map[string]any) map[string]any {
+	return merge(merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"}}), over)
+}
+
+func workerPod(t *testing.T, vals map[string]any) corev1.PodTemplateSpec {
+	t.Helper()
+	r, err := render(loadChart(t), vals, chartrender.Options{})
+	require.NoError(t, err)
+	return podSpecs(t, r)["Job/"+naming.Workload(release, "worker")]
+}
+
+func trainerOf(t *testing.T, p corev1.PodTemplateSpec) corev1.Container {
+	t.Helper()
+	for _, c := range p.Spec.Containers {
+		if c.Name == "trainer" {
+			return c
+		}
+	}
+	t.Fatal("no trainer container")
+	return corev1.Container{}
+}
+
+func TestSharedMemory(t *testing.T) {
+	for name, c := range map[string]struct {
+		over  map[string]any
+		mount bool
+		size  string // "": no sizeLimit
+	}{
+		"on by default":       {nil, true, ""},
+		"sized":               {map[string]any{"shm": map[string]any{"sizeLimit": "16Gi"}}, true, "16Gi"},
+		"sized for a group":   {map[string]any{"workers": map[string]any{"shm": map[string]any{"sizeLimit": "8Gi"}}}, true, "8Gi"},
+		"off":                 {map[string]any{"shm": map[string]any{"enabled": false}}, false, ""},
+		"off for one group":   {map[string]any{"workers": map[string]any{"shm": map[string]any{"enabled": false}}}, false, ""},
+		"on again in a group": {map[string]any{"shm": map[string]any{"enabled": false}, "workers": map[string]any{"shm": map[string]any{"enabled": true}}}, true, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := workerPod(t, pytorchJob(t, c.over))
+			var vol *corev1.Volume
+			for i, v := range p.Spec.Volumes {
+				if v.Name == "dshm" {
+					vol = &p.Spec.Volumes[i]
+				}
+			}
+			mounted := false
+			for _, m := range trainerOf(t, p).VolumeMounts {
+				if m.Name == "dshm" {
+					mounted = m.MountPath == "/dev/shm"
+				}
+			}
+			require.Equal(t, c.mount, vol != nil && mounted, "volume %v", vol)
+			if !c.mount {
+				return
+			}
+			require.NotNil(t, vol.EmptyDir)
+			assert.Equal(t, corev1.StorageMediumMemory, vol.EmptyDir.Medium)
+			if c.size == "" {
+				assert.Nil(t, vol.EmptyDir.SizeLimit)
+			} else {
+				assert.Equal(t, resource.MustParse(c.size), *vol.EmptyDir.SizeLimit)
+			}
+		})
+	}
+}
+
+// Init containers run after the chart's own (MPI's ssh-setup) and, once the webhook has put its sidecar first,
+// after the rendezvous sidecar; extra containers run beside the trainer. A group's lists are appended.
+func TestInitAndExtraContainers(t *testing.T) {
+	vals := pytorchJob(t, map[string]any{
+		"initContainers":  []any{map[string]any{"name": "fetch-data", "image": "busybox"}},
+		"extraContainers": []any{map[string]any{"name": "log-shipper", "image": "fluent-bit"}},
+		"workers": map[string]any{
+			"initContainers":  []any{map[string]any{"name": "warm-cache", "image": "busybox"}},
+			"extraContainers": []any{map[string]any{"name": "exporter", "image": "dcgm-exporter"}},
+		},
+	})
+	p := workerPod(t, vals)
+	var inits, containers []string
+	for _, c := range p.Spec.InitContainers {
+		inits = append(inits, c.Name)
+	}
+	for _, c := range p.Spec.Containers {
+		containers = append(containers, c.Name)
+	}
+	assert.Equal(t, []string{"fetch-data", "warm-cache"}, inits)
+	assert.Equal(t, []string{"trainer", "log-shipper", "exporter"}, containers)
+
+	mpi := merge(pinned(t), map[string]any{"framework": "mpi", "mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}},
+		"initContainers": []any{map[string]any{"name": "fetch-data", "image": "busybox"}}})
+	r, err := render(loadChart(t), mpi, chartrender.Options{})
+	require.NoError(t, err)
+	launcher := podSpecs(t, r)["Job/"+naming.Workload(release, "launcher")]
+	require.Len(t, launcher.Spec.InitContainers, 2)
+	assert.Equal(t, "ssh-setup", launcher.Spec.InitContainers[0].Name)
+	assert.Equal(t, "fetch-data", launcher.Spec.InitContainers[1].Name)
+}
+
+// An MPI pod whose image lacks OpenSSH fails in ssh-setup, saying what it lacks, instead of "not found".
+func TestMPIImageWithoutSSHSaysSo(t *testing.T) {
+	r, err := render(loadChart(t), merge(pinned(t), map[string]any{"framework": "mpi",
+		"mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}), chartrender.Options{})
+	require.NoError(t, err)
+	for key, p := range podSpecs(t, r) {
+		setup := p.Spec.InitContainers[0]
+		require.Equal(t, "ssh-setup", setup.Name, key)
+		want := "for b in ssh-keygen ssh;"
+		if strings.Contains(key, "worker") {
+			want = "for b in ssh-keygen /usr/sbin/sshd;"
+		}
+		assert.Contains(t, setup.Args[0], want, key)
+		assert.Contains(t, setup.Args[0], "MPI pods need OpenSSH in the trainer image", key)
+		assert.Equal(t, corev1.TerminationMessageFallbackToLogsOnError, setup.TerminationMessagePolicy, key)
+	}
+}
+
+func TestExtraObjects(t *testing.T) {
+	vals := pytorchJob(t, map[string]any{"extraObjects": []any{
+		map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "plain"}, "data": map[string]any{"k": "v"}},
+		"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-templated\ndata:\n  workers: \"{{ .Values.workers.replicas }}\"\n",
+	}})
+	r, err := render(loadChart(t), vals, chartrender.Options{})
+	require.NoError(t, err)
+	plain := r.Find("ConfigMap", "plain")
+	require.NotNil(t, plain)
+	templated := r.Find("ConfigMap", release+"-templated")
+	require.NotNil(t, templated)
+	got, _, _ := unstructured.NestedString(templated.Object, "data", "workers")
+	assert.Equal(t, "2", got)
+}
+
+func TestImageDigest(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	vals := pytorchJob(t, map[string]any{"image": map[string]any{"repository": "nvcr.io/nvidia/pytorch", "tag": "25.01-py3", "digest": digest}})
+	assert.Equal(t, "nvcr.io/nvidia/pytorch@"+digest, trainerOf(t, workerPod(t, vals)).Image)
+	group := pytorchJob(t, map[string]any{"workers": map[string]any{"image": map[string]any{"digest": digest}}})
+	assert.Equal(t, "pytorch/pytorch@"+digest, trainerOf(t, workerPod(t, group)).Image, "a group's digest, the shared repository")
+}
+
+// serviceAccount.create: the chart makes the account, every pod (the dedicated rendezvous pod too) runs as it, and
+// the serving sidecars' Role is bound to it.
+func TestJobServiceAccount(t *testing.T) {
+	for name, c := range map[string]struct {
+		over    map[string]any
+		account string
+		created bool
+	}{
+		"created":                {map[string]any{"serviceAccount": map[string]any{"create": true}}, release, true},
+		"created, named":         {map[string]any{"serviceAccount": map[string]any{"create": true, "name": "trainers"}}, "trainers", true},
+		"given":                  {map[string]any{"serviceAccount": map[string]any{"name": "existing"}}, "existing", false},
+		"created, dedicated pod": {map[string]any{"serviceAccount": map[string]any{"create": true}, "rendezvous": map[string]any{"placement": "dedicated"}}, release, true},
+		"none":                   {nil, "default", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := render(loadChart(t), pytorchJob(t, c.over), chartrender.Options{})
+			require.NoError(t, err)
+			assert.Equal(t, c.created, r.Find("ServiceAccount", c.account) != nil)
+			for key, p := range podSpecs(t, r) {
+				want := c.account
+				if want == "default" {
+					want = ""
+				}
+				assert.Equal(t, want, p.Spec.ServiceAccountName, key)
+			}
+			binding := r.Find("RoleBinding", release+"-rdzv")
+			require.NotNil(t, binding)
+			subjects, _, _ := unstructured.NestedSlice(binding.Object, "subjects")
+			assert.Equal(t, c.account, subjects[0].(map[string]any)["name"])
+		})
+	}
+}
+
+// A parent chart's global values reach a subchart: accepted, read by nothing.
+func TestGlobalValuesAccepted(t *testing.T) {
+	_, err := render(loadChart(t), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "registry.example.com"}}), chartrender.Options{})
+	require.NoError(t, err)
+}
+
+// A group that sets some resources keeps the shared ones it does not set (the group's win per resource).
+func TestResourcesMerge(t *testing.T) {
+	vals := pytorchJob(t, map[string]any{
+		"resources": map[string]any{"requests": map[string]any{"cpu": "8", "memory": "64Gi"}, "limits": map[string]any{"memory": "64Gi"}},
+		"workers":   map[string]any{"gpus": 8, "resources": map[string]any{"requests": map[string]any{"cpu": "16"}}},
+	})
+	res := trainerOf(t, workerPod(t, vals)).Resources
+	assert.Equal(t, resource.MustParse("16"), res.Requests[corev1.ResourceCPU], "the group's cpu wins")
+	assert.Equal(t, resource.MustParse("64Gi"), res.Requests[corev1.ResourceMemory], "the shared memory request stays")
+	assert.Equal(t, resource.MustParse("64Gi"), res.Limits[corev1.ResourceMemory])
+	assert.Equal(t, resource.MustParse("8"), res.Limits["nvidia.com/gpu"])
+}
+
+// Disruption budgets let a node drain: maxUnavailable pods of a group at a time, none for preemptible groups, and
+// none for the dedicated rendezvous pod (one pod cannot be protected without blocking its node for ever).
+func TestDisruptionBudgetsLetNodesDrain(t *testing.T) {
+	r, err := render(loadChart(t), merge(sc(t, "examples/elasticdl-priorities.yaml"), pinned(t)), chartrender.Options{})
+	require.NoError(t, err)
+	var budgets []string
+	for _, o := range r.Objects {
+		if o.Kind != "PodDisruptionBudget" {
+			continue
+		}
+		budgets = append(budgets, o.Name)
+		assert.Equal(t, int64(1), nested(t, o, "maxUnavailable"), o.Name)
+		_, minSet, _ := unstructured.NestedFieldNoCopy(o.Obj, "spec", "minAvailable")
+		assert.False(t, minSet, "%s: minAvailable would block a drain of a group at its minimum", o.Name)
+	}
+	assert.Equal(t, []string{release + "-worker"}, budgets, "the core group only: burst is preemptible, rdzv is one pod")
+}
+
+func sc(t *testing.T, path string) map[string]any {
+	t.Helper()
+	return readValues(t, "../../"+path)
+}
+
+// The upgrade that forgets --reuse-values says so.
+func TestUpgradeWithoutReuseValuesSaysSo(t *testing.T) {
+	_, err := render(loadChart(t), pytorchJob(t, map[string]any{"workers": map[string]any{"replicas": 6}}), chartrender.Options{Revision: 2})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "workers: replicas 6 is outside minReplicas..maxReplicas (1..4)")
+	assert.Contains(t, err.Error(), "add --reuse-values")
+}
