@@ -15,21 +15,16 @@ import (
 
 // scenario is one values file rendered to one golden file.
 type scenario struct {
-	name     string            // golden file: testdata/<name>.golden.yaml
-	values   string            // path of the values file
-	setFiles map[string]string // value -> file, as --set-file gives them
+	name   string // golden file: testdata/<name>.golden.yaml
+	values string // path of the values file
 }
 
-// read is the scenario's values: its file, and the files its usage gives with --set-file.
+// read is the scenario's values: its file, and what its usage gives with --set-file (chartrender.SetFiles).
 func (sc scenario) read(t *testing.T) map[string]any {
 	t.Helper()
 	v := readValues(t, sc.values)
-	for key, file := range sc.setFiles {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v[key] = string(b)
+	if err := chartrender.AddSetFiles(sc.values, v); err != nil {
+		t.Fatal(err)
 	}
 	return v
 }
@@ -44,11 +39,7 @@ func scenarios(t *testing.T) []scenario {
 	}
 	ex, _ := filepath.Glob(filepath.Join(examplesDir, "*.yaml"))
 	for _, p := range ex {
-		sc := scenario{name: "example-" + strings.TrimSuffix(filepath.Base(p), ".yaml"), values: p}
-		if filepath.Base(p) == "script-run.yaml" { // what its usage says: --set-file script=train.py
-			sc.setFiles = map[string]string{"script": filepath.Join(examplesDir, "train.py")}
-		}
-		out = append(out, sc)
+		out = append(out, scenario{name: "example-" + strings.TrimSuffix(filepath.Base(p), ".yaml"), values: p})
 	}
 	if len(ci) < 5 || len(ex) < 5 {
 		t.Fatalf("want at least 5 ci scenarios and 5 examples, found %d and %d", len(ci), len(ex))

@@ -11,6 +11,7 @@ package chartrender
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -37,6 +38,24 @@ var KubeVersion = chartutil.KubeVersion{Version: "v1.36.3", Major: "1", Minor: "
 // Dir is the directory of charts/<name> in this checkout.
 func Dir(name string) string {
 	return filepath.Join(testenv.RepoRoot(), "charts", name)
+}
+
+// SetFiles are the values an example's usage gives with --set-file, by the example's file name: value -> file of
+// examples/. Tests that render the examples add them as `helm install -f <example> --set-file ...` would.
+var SetFiles = map[string]map[string]string{
+	"script-run.yaml": {"script": "train.py"},
+}
+
+// AddSetFiles adds to vals what SetFiles gives for the example at path (none for other files).
+func AddSetFiles(path string, vals map[string]any) error {
+	for key, file := range SetFiles[filepath.Base(path)] {
+		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", file))
+		if err != nil {
+			return fmt.Errorf("--set-file %s=%s: %w", key, file, err)
+		}
+		vals[key] = string(b)
+	}
+	return nil
 }
 
 // Options says which release and revision a chart is rendered as.

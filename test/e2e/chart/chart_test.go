@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 const (
@@ -48,10 +50,14 @@ func valuesFiles(t *testing.T) []string {
 	return append(ci, ex...)
 }
 
+// readValues reads a values file, with what an example's usage gives with --set-file (chartrender.SetFiles).
 func readValues(t *testing.T, path string) map[string]any {
 	t.Helper()
 	v, err := chartutil.ReadValuesFile(path)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chartrender.AddSetFiles(path, v); err != nil {
 		t.Fatal(err)
 	}
 	return v.AsMap()
