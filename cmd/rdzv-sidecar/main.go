@@ -245,6 +245,7 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.C10dAddr, "c10d-addr", fmt.Sprintf(":%d", constants.C10dPort), `address of the torch c10d TCPStore (torchrun --rdzv-backend=c10d with is_host=false); "" turns it off`)
 	fs.StringVar(&cfg.Lease.Name, "lease", "", "serve only while this pod holds the Kubernetes Lease of this name in its namespace, and meanwhile point the EndpointSlice of this name (the rendezvous Service's) at --pod-ip; until then follow the pod that serves, at --advertise-client-urls, as `join` does (needs the pod's token in "+constants.TokenDir+" and RBAC: get and patch that Lease and EndpointSlice); empty: serve at once")
 	fs.BoolVar(&cfg.Lease.Standby, "standby", false, "with --lease: a standby, which tries for the Lease only once it has been up for the Lease's duration (the first candidate serves first)")
+	fs.StringVar(&cfg.Lease.C10dUpstream, "c10d-upstream", "", "with --lease: the c10d store as the job's pods reach it (the rendezvous Service's host:port), where this pod's trainer's connections go while another pod serves; empty: --advertise-client-urls' host at --c10d-addr's port")
 	fs.StringVar(&cfg.Lease.Identity, "pod-name", os.Getenv(constants.EnvPodName), "this pod's name, the Lease's holder (default $"+constants.EnvPodName+")")
 	fs.StringVar(&cfg.Lease.Address, "pod-ip", os.Getenv(constants.EnvPodIP), "this pod's IP, the rendezvous Service's endpoint while it holds the Lease (default $"+constants.EnvPodIP+")")
 	d := addDaemonFlags(fs, &cfg.Options)

@@ -25,6 +25,8 @@ type contract struct {
 	ReservedMountPaths []string          `json:"reservedMountPaths"`
 	ReservedPorts      map[string]string `json:"reservedPorts"` // port -> what uses it
 	HealthPort         int               `json:"healthPort"`    // the sidecar's /rendezvous (helm test)
+	Ports              map[string]int32  `json:"ports"`         // the sidecar's default ports, by use
+	PortBase           [2]int            `json:"portBase"`      // bounds of a host-network job's first port
 	MaxSlots           int               `json:"maxSlots"`
 	MaxRdzvStandbys    int               `json:"maxRdzvStandbys"`
 	SchedulingGate     string            `json:"schedulingGate"`
@@ -42,6 +44,9 @@ func current() contract {
 		ReservedMountPaths: []string{constants.FilesDir, constants.TLSDir},
 		ReservedPorts:      reservedPorts(),
 		HealthPort:         constants.SidecarHealthPort,
+		Ports: map[string]int32{"client": constants.DefaultPorts.Client, "peer": constants.DefaultPorts.Peer,
+			"health": constants.DefaultPorts.Health, "c10d": constants.DefaultPorts.C10d},
+		PortBase: [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
 		MaxSlots:           constants.MaxSlots,
 		MaxRdzvStandbys:    constants.MaxRdzvStandbys,
 		SchedulingGate:     constants.SchedulingGate,

@@ -103,6 +103,10 @@ const (
 	// AnnotationRdzvRestartSurvivors "false" turns off the serving sidecar's restart of torch's survivors when
 	// torch drops a lost participant (internal/survivors; PyTorch, c10d). Default true.
 	AnnotationRdzvRestartSurvivors = Domain + "/rdzv-restart-survivors"
+	// AnnotationRdzvPorts moves a job's sidecar ports off their defaults (host networking: two jobs' pods on one
+	// node share its ports): the rendezvous client port is its value, the peer, health and c10d ports the three
+	// after it (PortsFrom).
+	AnnotationRdzvPorts = Domain + "/rdzv-ports"
 	// AnnotationRdzvStandbys is how many pods after the rdzv-host group's index 0 (indices 1..n) stand by to serve
 	// the rendezvous when the pod that serves it is lost (internal/rdzvlease); absent: none.
 	AnnotationRdzvStandbys = Domain + "/rdzv-standbys"
@@ -122,7 +126,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
-	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys}
+	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
@@ -150,12 +154,29 @@ const (
 	FormatHorovod = "horovod"
 )
 
-// Ports.
+// Ports: the sidecar's by default (a job on host networking gets its own, AnnotationRdzvPorts).
 const (
 	RdzvClientPort    = 2379  // sidecar serve: etcd v3 + v2 keys API
+	RdzvPeerPort      = 2380  // sidecar serve: etcd's peer port, on loopback
 	SidecarHealthPort = 2381  // sidecar (both modes): /healthz /readyz /metrics
 	C10dPort          = 29400 // sidecar serve: torch's c10d TCPStore; join: its proxy on loopback
 	DefaultPSPort     = 9091  // MXNet scheduler
+)
+
+// Ports are one job's sidecar ports.
+type Ports struct{ Client, Peer, Health, C10d int32 }
+
+// DefaultPorts are a job's sidecar ports on pod networking.
+var DefaultPorts = Ports{RdzvClientPort, RdzvPeerPort, SidecarHealthPort, C10dPort}
+
+// PortsFrom are the ports of a job whose AnnotationRdzvPorts is base: base and the three after it.
+func PortsFrom(base int32) Ports { return Ports{base, base + 1, base + 2, base + 3} }
+
+// Bounds of AnnotationRdzvPorts: above the privileged ports, below the kernel's ephemeral range (32768 on Linux),
+// from which a host's outgoing connections take their ports.
+const (
+	MinRdzvPortBase = 1024
+	MaxRdzvPortBase = 32764
 )
 
 // ReservedPort is a port the rendezvous sidecar listens on. All containers of
@@ -170,13 +191,19 @@ type ReservedPort struct {
 	ServeOnly bool
 }
 
-// ReservedPorts are the sidecar's ports, each listed once.
-var ReservedPorts = []ReservedPort{
-	{Port: SidecarHealthPort, What: "the rendezvous sidecar's health port"},
-	{Port: RdzvClientPort, What: "the rendezvous client port", ServeOnly: true},
-	// Every PyTorch trainer reaches the c10d store on its own pod's loopback
-	// (the joining sidecar carries it there), so no pod may declare it.
-	{Port: C10dPort, What: "the c10d store's port"},
+// ReservedPorts are the sidecar's default ports, each listed once.
+var ReservedPorts = DefaultPorts.Reserved()
+
+// Reserved are the sidecar's ports p, each listed once.
+func (p Ports) Reserved() []ReservedPort {
+	return []ReservedPort{
+		{Port: p.Health, What: "the rendezvous sidecar's health port"},
+		{Port: p.Client, What: "the rendezvous client port", ServeOnly: true},
+		{Port: p.Peer, What: "the rendezvous store's peer port", ServeOnly: true},
+		// Every PyTorch trainer reaches the c10d store on its own pod's loopback
+		// (the joining sidecar carries it there), so no pod may declare it.
+		{Port: p.C10d, What: "the c10d store's port"},
+	}
 }
 
 // Shared volume between the sidecar and the training containers.

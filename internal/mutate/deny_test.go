@@ -90,6 +90,12 @@ func TestDenied(t *testing.T) {
 			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
 		{"force-delete-lost-pods not StatefulSet names", func(p *corev1.Pod) { p.Annotations[constants.AnnotationForceDeleteLostPods] = "hvd-worker,,Hvd" },
 			[]string{`annotation elastic-training.io/force-delete-lost-pods="hvd-worker,,Hvd" is invalid: want comma-separated names of the job's StatefulSets (DNS labels)`}},
+		{"ports below the unprivileged", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvPorts] = "80" },
+			[]string{`annotation elastic-training.io/rdzv-ports="80" is invalid: want a whole number from 1024 to 32764 (the first of 4 ports)`}},
+		{"a trainer port on the job's own c10d port", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvPorts] = "20340"
+			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 20343}}
+		}, []string{`container "trainer" declares port 20343, which is the c10d store's port`}},
 		{"standbys not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvStandbys] = "one" },
 			[]string{`annotation elastic-training.io/rdzv-standbys="one" is invalid: want a whole number from 0 to 8`}},
 		{"too many standbys", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvStandbys] = "9" },

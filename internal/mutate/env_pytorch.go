@@ -16,7 +16,7 @@ import (
 // on torch >= 2.2, getfqdn() before, which the hostname + subdomain make
 // resolvable through the job's headless Service).
 func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
-	endpoint := rdzvHost + ":" + rdzvClientPort
+	endpoint := rdzvHost + ":" + svcClientPort
 	conf := map[string]string{}
 	switch s.backend {
 	case constants.BackendEtcd:
@@ -36,7 +36,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		// (c10dLocal), so that the store's connections end with the pod's
 		// membership: torch's client would wait for a lost store's answer
 		// until the kernel gives the connection up (internal/storeproxy).
-		endpoint = c10dLocal
+		endpoint = s.c10dLocal()
 		conf["is_host"] = "false"
 	}
 	if s.tlsSecret != "" {

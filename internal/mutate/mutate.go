@@ -98,7 +98,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	}
 	fqdn := naming.PodFQDN(pod.Spec.Hostname, pod.Spec.Subdomain, namespace, domain)
 	rdzvHost := naming.ServiceFQDN(s.rdzvService, namespace, domain)
-	rdzvURL := scheme(s) + "://" + rdzvHost + ":" + rdzvClientPort
+	rdzvURL := scheme(s) + "://" + rdzvHost + ":" + svcClientPort
 
 	// The rendezvous candidates serve it, one at a time (the holder of its Lease); the others join.
 	serving := s.candidate()
@@ -130,7 +130,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 			return err
 		}
 	}
-	if err := checkPorts(pod, serving); err != nil {
+	if err := checkPorts(pod, s.ports, serving); err != nil {
 		return err
 	}
 

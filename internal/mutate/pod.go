@@ -101,11 +101,11 @@ func setTokenVolume(e *editor) error {
 }
 
 // checkPorts denies pods whose containers already use the sidecar's ports
-// (constants.ReservedPorts; all containers of a pod share one network
+// (ports.Reserved(); all containers of a pod share one network
 // namespace). Only the serving sidecar listens on the ServeOnly ones.
-func checkPorts(pod *corev1.Pod, serving bool) error {
+func checkPorts(pod *corev1.Pod, ports constants.Ports, serving bool) error {
 	taken := map[int32]string{}
-	for _, r := range constants.ReservedPorts {
+	for _, r := range ports.Reserved() {
 		if serving || !r.ServeOnly {
 			taken[r.Port] = r.What
 		}

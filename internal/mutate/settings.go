@@ -42,11 +42,12 @@ type settings struct {
 	index                       int
 	rdzvHost                    bool
 	rdzvService                 string
-	tlsSecret                   string // "" = plain HTTP rendezvous
-	eventsJob                   string // "" = the serving sidecar records no Events
-	keepSurvivors               bool   // the serving sidecar leaves torch's survivors alone (AnnotationRdzvRestartSurvivors false)
-	forceDeleteLostOf           string // StatefulSets whose lost pods the serving sidecar force-deletes (AnnotationForceDeleteLostPods)
-	standbys                    int    // indices 1..standbys of the rdzv-host group stand by to serve (AnnotationRdzvStandbys)
+	tlsSecret                   string          // "" = plain HTTP rendezvous
+	eventsJob                   string          // "" = the serving sidecar records no Events
+	keepSurvivors               bool            // the serving sidecar leaves torch's survivors alone (AnnotationRdzvRestartSurvivors false)
+	forceDeleteLostOf           string          // StatefulSets whose lost pods the serving sidecar force-deletes (AnnotationForceDeleteLostPods)
+	standbys                    int             // indices 1..standbys of the rdzv-host group stand by to serve (AnnotationRdzvStandbys)
+	ports                       constants.Ports // the sidecar's (AnnotationRdzvPorts; default constants.DefaultPorts)
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -218,6 +219,10 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	}
 
 	s.standbys = parseInt(&bad, ann, constants.AnnotationRdzvStandbys, 0, 0, constants.MaxRdzvStandbys, "")
+	s.ports = constants.DefaultPorts
+	if base := parseInt(&bad, ann, constants.AnnotationRdzvPorts, 0, constants.MinRdzvPortBase, constants.MaxRdzvPortBase, "the first of 4 ports"); base != 0 {
+		s.ports = constants.PortsFrom(int32(base))
+	}
 
 	d := cfg.Defaults
 	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend, constants.Backends)

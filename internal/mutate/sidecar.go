@@ -50,14 +50,20 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		res = cfg.Defaults.SidecarResources.Serve
 		args = append(args, modeServe,
 			"--data-dir="+constants.DataDir,
-			"--listen-client-urls="+scheme(s)+"://0.0.0.0:"+rdzvClientPort,
+			"--listen-client-urls="+scheme(s)+"://0.0.0.0:"+port(s.ports.Client),
 			"--advertise-client-urls="+rdzvURL,
-			"--health-addr="+sidecarHealthAddr,
+			"--health-addr="+s.healthAddr(),
 		)
+		if s.ports != constants.DefaultPorts {
+			// Host networking: the job's own ports (the node's loopback is every host-network pod's), and the
+			// Service's c10d port, which the trainer's connections go to while another pod serves.
+			args = append(args, "--listen-peer-urls=http://127.0.0.1:"+port(s.ports.Peer),
+				"--c10d-addr=:"+port(s.ports.C10d), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
+		}
 		mounts = append(mounts, corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir})
 		ports = append(ports,
-			corev1.ContainerPort{Name: "rdzv", ContainerPort: constants.RdzvClientPort, Protocol: corev1.ProtocolTCP},
-			corev1.ContainerPort{Name: "c10d", ContainerPort: constants.C10dPort, Protocol: corev1.ProtocolTCP})
+			corev1.ContainerPort{Name: "rdzv", ContainerPort: s.ports.Client, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{Name: "c10d", ContainerPort: s.ports.C10d, Protocol: corev1.ProtocolTCP})
 		if s.framework == constants.FrameworkPyTorch && s.eventsJob != "" {
 			args = append(args, "--events-job="+s.eventsJob)
 		}
@@ -86,9 +92,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 			)
 		}
 	} else {
-		args = append(args, modeJoin, "--endpoints="+rdzvURL, "--health-addr="+sidecarHealthAddr)
+		args = append(args, modeJoin, "--endpoints="+rdzvURL, "--health-addr="+s.healthAddr())
 		if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d {
-			args = append(args, "--c10d-addr="+c10dLocal, "--c10d-upstream="+rdzvHost+":"+c10dPort)
+			args = append(args, "--c10d-addr="+s.c10dLocal(), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
 		}
 		if s.tlsSecret != "" {
 			// etcdctl's flag names: verify the server, authenticate with the same certificate.
@@ -116,11 +122,11 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 	}
 	// The health port stays plain HTTP with or without TLS (the sidecar serves
 	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
-	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: constants.SidecarHealthPort, Protocol: corev1.ProtocolTCP})
+	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: s.ports.Health, Protocol: corev1.ProtocolTCP})
 	probe := func(period, failures int32) *corev1.Probe {
 		return &corev1.Probe{
 			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: "/readyz", Port: intstr.FromInt32(constants.SidecarHealthPort)}},
+				Path: "/readyz", Port: intstr.FromInt32(s.ports.Health)}},
 			PeriodSeconds: period, FailureThreshold: failures,
 		}
 	}

@@ -71,6 +71,11 @@ type LeaseConfig struct {
 	// Standby: let the first candidate (worker 0) serve first. A standby tries
 	// for the Lease only once it has been up for the Lease's duration.
 	Standby bool
+	// C10dUpstream is the c10d store as the job's pods reach it (the
+	// rendezvous Service's host:port), where the trainer's connections go
+	// while another pod serves; "": the advertised client URL's host, at the
+	// port of C10dAddr.
+	C10dUpstream string
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -339,8 +344,11 @@ func followConfig(cfg ServeConfig) (JoinConfig, error) {
 		if err != nil {
 			return JoinConfig{}, fmt.Errorf("--c10d-addr: %w", err)
 		}
-		jc.C10d = C10dProxyConfig{Addr: net.JoinHostPort("127.0.0.1", port),
-			Upstream: net.JoinHostPort(cfg.Etcd.AdvertiseClientURLs[0].Hostname(), port), Wait: time.Minute, MaxConns: 64}
+		up := cfg.Lease.C10dUpstream
+		if up == "" {
+			up = net.JoinHostPort(cfg.Etcd.AdvertiseClientURLs[0].Hostname(), port)
+		}
+		jc.C10d = C10dProxyConfig{Addr: net.JoinHostPort("127.0.0.1", port), Upstream: up, Wait: time.Minute, MaxConns: 64}
 	}
 	return jc, nil
 }

@@ -1,6 +1,8 @@
 package helm_test
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
@@ -236,4 +239,79 @@ func TestUpgradeWithoutReuseValuesSaysSo(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "workers: replicas 6 is outside minReplicas..maxReplicas (1..4)")
 	assert.Contains(t, err.Error(), "add --reuse-values")
+}
+
+// Host networking: the pods run on their node's network, and the sidecar of every pod listens on four ports of the
+// job's own (annotation rdzv-ports), which the rendezvous Service targets, so that two jobs' pods on one node do not
+// collide; the chart and the webhook agree on them.
+func TestHostNetwork(t *testing.T) {
+	ch := loadChart(t)
+	base := func(t *testing.T, r *chartrender.Rendered) int32 {
+		t.Helper()
+		p := podSpecs(t, r)["Job/"+naming.Workload(release, "worker")]
+		b, err := strconv.Atoi(p.Annotations[constants.AnnotationRdzvPorts])
+		require.NoError(t, err, "annotation %s", constants.AnnotationRdzvPorts)
+		return int32(b)
+	}
+	r, err := render(ch, pytorchJob(t, map[string]any{"hostNetwork": true}), chartrender.Options{})
+	require.NoError(t, err)
+	p := podSpecs(t, r)["Job/"+naming.Workload(release, "worker")]
+	assert.True(t, p.Spec.HostNetwork)
+	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, p.Spec.DNSPolicy, "the pods still resolve the job's Services")
+	b := base(t, r)
+	assert.True(t, b >= 20000 && b <= 30990 && b%10 == 0, "base %d", b)
+
+	// The Service targets the serving sidecar's ports, which the webhook gives it from the same annotation.
+	svc := findObject(t, r, "Service", naming.RendezvousService(release))
+	targets := map[string]int64{}
+	ports, _, _ := unstructured.NestedSlice(svc.Obj, "spec", "ports")
+	for _, x := range ports {
+		m := x.(map[string]any)
+		targets[m["name"].(string)] = toInt64(m["targetPort"])
+	}
+	want := constants.PortsFrom(b)
+	assert.Equal(t, map[string]int64{"client": int64(want.Client), "health": int64(want.Health), "c10d": int64(want.C10d)}, targets)
+	sc, _ := injectedSidecar(t, servingPod(t, *findObject(t, r, "Job", naming.Workload(release, "worker"))), naming.DefaultClusterDomain)
+	assert.Contains(t, sc.Args, fmt.Sprintf("--c10d-addr=:%d", want.C10d))
+	assert.Contains(t, sc.Args, fmt.Sprintf("--health-addr=:%d", want.Health))
+	assert.Contains(t, sc.Args, fmt.Sprintf("--listen-client-urls=http://0.0.0.0:%d", want.Client))
+
+	// Another job (or namespace) picks other ports; a base may be given.
+	other, err := render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "fullnameOverride": "other-job"}), chartrender.Options{})
+	require.NoError(t, err)
+	p2 := podSpecs(t, other)["Job/other-job-worker"]
+	assert.NotEqual(t, fmt.Sprint(b), p2.Annotations[constants.AnnotationRdzvPorts])
+	given, err := render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 24000}), chartrender.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, int32(24000), base(t, given))
+
+	// Pod networking: the defaults, no annotation.
+	def, err := render(ch, pytorchJob(t, nil), chartrender.Options{})
+	require.NoError(t, err)
+	assert.NotContains(t, podSpecs(t, def)["Job/"+naming.Workload(release, "worker")].Annotations, constants.AnnotationRdzvPorts)
+
+	for _, bad := range []struct {
+		vals map[string]any
+		want string
+	}{
+		{merge(pinned(t), map[string]any{"framework": "mpi", "hostNetwork": true, "mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}),
+			"hostNetwork: a mpi job's pods listen on fixed ports (MPI's sshd on 22"},
+		{pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 80}), "hostNetworkPortBase: 80 is outside 1024..32764"},
+	} {
+		_, err := render(ch, bad.vals, chartrender.Options{})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), bad.want)
+	}
+}
+
+func toInt64(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	case int:
+		return int64(n)
+	}
+	return -1
 }

@@ -18,10 +18,21 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
   ],
   "reservedPorts": {
     "2379": "the rendezvous client port",
+    "2380": "the rendezvous store's peer port",
     "2381": "the rendezvous sidecar's health port",
     "29400": "the c10d store's port"
   },
   "healthPort": 2381,
+  "ports": {
+    "c10d": 29400,
+    "client": 2379,
+    "health": 2381,
+    "peer": 2380
+  },
+  "portBase": [
+    1024,
+    32764
+  ],
   "maxSlots": 1024,
   "maxRdzvStandbys": 8,
   "schedulingGate": "elastic-training.io/webhook",
@@ -49,7 +60,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/rdzv-events",
     "elastic-training.io/rdzv-restart-survivors",
     "elastic-training.io/force-delete-lost-pods",
-    "elastic-training.io/rdzv-standbys"
+    "elastic-training.io/rdzv-standbys",
+    "elastic-training.io/rdzv-ports"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "accelerators": {

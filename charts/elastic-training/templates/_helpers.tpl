@@ -357,25 +357,49 @@ not name. Input: dict "root" $ "user" <list>. Output: a YAML list.
 {{- toYaml $out -}}
 {{- end -}}
 
-{{/* The rendezvous Service's ports (and its EndpointSlice's), as a YAML list. */}}
+{{/* The rendezvous Service's ports (and its EndpointSlice's), as a YAML list: the Service's are fixed, its targets
+are the serving pod's (elastic-training.sidecarPorts; the dedicated pod is never on host networking). */}}
 {{- define "elastic-training.rdzvPorts" -}}
+{{- $plan := include "elastic-training.plan" . | fromYaml -}}
+{{- $p := (include "elastic-training.contract" . | fromJson).ports -}}
+{{- if not $plan.dedicated }}{{ $p = include "elastic-training.sidecarPorts" . | fromYaml }}{{ end -}}
 - name: client
   port: 2379
-  targetPort: 2379
+  targetPort: {{ $p.client }}
   protocol: TCP
 {{- if eq .Values.framework "pytorch" }}
 # The serving sidecar's health port: GET /rendezvous is the job's view of torch's rendezvous (helm test reads it).
 - name: health
   port: {{ (include "elastic-training.contract" . | fromJson).healthPort }}
-  targetPort: {{ (include "elastic-training.contract" . | fromJson).healthPort }}
+  targetPort: {{ $p.health }}
   protocol: TCP
 {{- end }}
 {{- if and (eq .Values.framework "pytorch") (eq .Values.rendezvous.backend "c10d") }}
 - name: c10d
   port: 29400
-  targetPort: 29400
+  targetPort: {{ $p.c10d }}
   protocol: TCP
 {{- end }}
+{{- end }}
+
+{{/*
+The sidecar's ports in the job's pods (YAML: base client peer health c10d). On pod networking the defaults; on host
+networking (hostNetwork) four of the job's own, from hostNetworkPortBase or from the job's namespace and name, so
+that two jobs' pods on one node do not share them (the webhook reads the base from annotation rdzv-ports). A pod
+declares its sidecar's ports: Kubernetes schedules at most one pod of a host-network job per node.
+*/}}
+{{- define "elastic-training.sidecarPorts" -}}
+{{- if .Values.hostNetwork -}}
+{{- $base := int (.Values.hostNetworkPortBase | default (add 20000 (mul 10 (mod (atoi (adler32sum (printf "%s/%s" .Release.Namespace (include "elastic-training.fullname" .)))) 1100)))) -}}
+base: {{ $base }}
+client: {{ $base }}
+peer: {{ add $base 1 }}
+health: {{ add $base 2 }}
+c10d: {{ add $base 3 }}
+{{- else -}}
+base: 0
+{{ (include "elastic-training.contract" . | fromJson).ports | toYaml }}
+{{- end -}}
 {{- end }}
 
 {{/* An image reference: repository@digest when a digest is set, else repository:tag. Input: the image's dict. */}}
@@ -397,4 +421,11 @@ false for unset), else the job's. Input: dict "root" $ "g" <group>. Output: YAML
 {{- $job := .root.Values.shm -}}
 enabled: {{ hasKey $own "enabled" | ternary $own.enabled $job.enabled }}
 sizeLimit: {{ $own.sizeLimit | default $job.sizeLimit | quote }}
+{{- end }}
+
+{{/* The port the pod that serves the rendezvous answers GET /rendezvous on (its health port). */}}
+{{- define "elastic-training.rdzvHealthPort" -}}
+{{- range (include "elastic-training.rdzvPorts" . | fromYamlArray) -}}
+{{- if eq .name "health" }}{{ .targetPort }}{{ end -}}
+{{- end -}}
 {{- end }}

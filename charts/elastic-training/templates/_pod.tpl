@@ -104,6 +104,9 @@ metadata:
     kubectl.kubernetes.io/default-container: {{ $containerName }}
     elastic-training.io/container: {{ $containerName }}
     {{- include "elastic-training.jobAnnotations" (dict "root" $root "plan" .plan) | nindent 4 }}
+    {{- with (include "elastic-training.sidecarPorts" $root | fromYaml).base }}
+    elastic-training.io/rdzv-ports: {{ . | quote }}
+    {{- end }}
     {{- if $g.rdzvHost }}
     elastic-training.io/rdzv-host: "true"
     {{- if .plan.standbys }}
@@ -128,6 +131,18 @@ spec:
   {{- end }}
   subdomain: {{ $job }}
   enableServiceLinks: false
+  {{- if $rv.hostNetwork }}
+  hostNetwork: true
+  {{- end }}
+  {{- with ($rv.dnsPolicy | default (ternary "ClusterFirstWithHostNet" "" $rv.hostNetwork)) }}
+  dnsPolicy: {{ . }}
+  {{- end }}
+  {{- if $rv.hostIPC }}
+  hostIPC: true
+  {{- end }}
+  {{- with $rv.runtimeClassName }}
+  runtimeClassName: {{ . }}
+  {{- end }}
   {{- with $sa }}
   serviceAccountName: {{ . }}
   {{- end }}

@@ -109,6 +109,15 @@ unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is 
 {{- fail "persistence.size is empty: give a size (e.g. 10Gi) or persistence.existingClaim" -}}
 {{- end -}}
 {{- $c := include "elastic-training.contract" . | fromJson -}}
+{{- if $v.hostNetwork -}}
+{{- if ne $v.framework "pytorch" -}}
+{{- fail (printf "hostNetwork: a %s job's pods listen on fixed ports (MPI's sshd on 22, MXNet's psPort), which two jobs on one node would share: host networking is for PyTorch jobs" $v.framework) -}}
+{{- end -}}
+{{- $b := int $v.hostNetworkPortBase -}}
+{{- if and $b (or (lt $b (index $c.portBase 0 | int)) (gt $b (index $c.portBase 1 | int))) -}}
+{{- fail (printf "hostNetworkPortBase: %d is outside %v..%v (above the privileged ports, below the kernel's ephemeral range; the sidecar takes it and the 3 after it)" $b (index $c.portBase 0) (index $c.portBase 1)) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.queue.kueue $v.queue.volcano -}}
 {{- fail (printf "queue.kueue (%s) and queue.volcano (%s) are both set: a job is queued by one of them; set the other to \"\"" $v.queue.kueue $v.queue.volcano) -}}
 {{- end -}}

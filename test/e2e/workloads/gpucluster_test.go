@@ -1,9 +1,17 @@
 package workloads
 
 import (
+	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
 // TestSharedMemory: the trainer's /dev/shm is the chart's memory-backed emptyDir (shm), sized as asked, not the
@@ -37,4 +45,59 @@ func TestSharedMemory(t *testing.T) {
 		t.Errorf("a 100 MiB write to /dev/shm failed: %q", out)
 	}
 	uninstallJob(t, c, ns, job)
+}
+
+// TestHostNetworkJobsShareANode: two PyTorch jobs on host networking (hostNetwork) train side by side on one node
+// (node2, whose network is its own namespace). Each pod's rendezvous sidecar listens on four ports of its job's own,
+// the first from annotation rdzv-ports (the chart's pick for one job, a given hostNetworkPortBase for the other), so
+// nothing collides on the node's ports; both trainers train, each through its own rendezvous reached through its
+// Service, and each sidecar serves /readyz on its job's health port at the node's address.
+func TestHostNetworkJobsShareANode(t *testing.T) {
+	t.Parallel() // no figure to keep honest: see main_test.go
+	c, ns := startTest(t)
+	node := framework.ExtraNodes[0]
+	values := func(base int) map[string]any {
+		v := jobValues(t, c, pytorchValues, trainScript)
+		set(v, "workers.replicas", 1)
+		set(v, "hostNetwork", true)
+		set(v, "hostNetworkPortBase", base)
+		set(v, "nodeSelector", map[string]any{"kubernetes.io/hostname": node})
+		set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
+		return v
+	}
+	first := installTraining(t, c, ns, "hosta", values(0), 1)
+	a, err := livePods(t.Context(), c, ns, first)
+	if err != nil || len(a) != 1 {
+		t.Fatalf("want 1 live worker of hosta: %d, %v", len(a), err)
+	}
+	baseA, _ := strconv.Atoi(a[0].Annotations[constants.AnnotationRdzvPorts])
+	baseB := 20000 + (baseA-20000+5000)%10000 // another block of ports, whatever the chart picked for hosta
+	second := installTraining(t, c, ns, "hostb", values(baseB), 1)
+	b, err := livePods(t.Context(), c, ns, second)
+	if err != nil || len(b) != 1 {
+		t.Fatalf("want 1 live worker of hostb: %d, %v", len(b), err)
+	}
+	for _, p := range []corev1.Pod{a[0], b[0]} {
+		if !p.Spec.HostNetwork || p.Spec.NodeName != node || p.Status.PodIP != p.Status.HostIP {
+			t.Errorf("%s: hostNetwork %v on %s, pod IP %s, node IP %s: want host networking on %s", p.Name, p.Spec.HostNetwork, p.Spec.NodeName, p.Status.PodIP, p.Status.HostIP, node)
+		}
+	}
+	t.Logf("hosta's sidecar ports from %d, hostb's from %d, both on %s (%s)", baseA, baseB, node, a[0].Status.HostIP)
+	// Both jobs train again after a while: neither's rendezvous took the other's ports.
+	waitWorld(t, c, ns, first, 1, 1, time.Minute)
+	waitWorld(t, c, ns, second, 1, 1, time.Minute)
+	// Each sidecar answers on its job's health port at the node's address (what the kubelet probes).
+	for _, x := range []struct {
+		pod  corev1.Pod
+		base int
+	}{{a[0], baseA}, {b[0], baseB}} {
+		health := constants.PortsFrom(int32(x.base)).Health
+		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", x.pod.Name, "-c", trainer, "--", "python3", "-c",
+			fmt.Sprintf("import urllib.request; print(urllib.request.urlopen('http://%s:%d/readyz', timeout=5).read().decode())", x.pod.Status.HostIP, health))
+		if err != nil || !strings.HasPrefix(out, "ok") {
+			t.Errorf("%s: /readyz on %s:%d: %v %q", x.pod.Name, x.pod.Status.HostIP, health, err, out)
+		}
+	}
+	c.HelmUninstall(t, ns, "hostb", 2*time.Minute)
+	uninstallJob(t, c, ns, "hosta")
 }
