@@ -22,7 +22,7 @@ stop() { # name... : SIGTERM all in parallel, wait up to 15s, then SIGKILL
     for x in "${pids[@]}"; do kill -0 "${x#*:}" 2>/dev/null && alive=1; done
     [ $alive = 0 ] && break; sleep 0.1; done
   for x in "${pids[@]}"; do kill -0 "${x#*:}" 2>/dev/null && { echo "${x%%:*} did not exit, SIGKILL"; kill -KILL "${x#*:}"; }; done
-  for n in "$@"; do rm -f "$PIDS/$n.pid"; done
+  for n in "$@"; do rm -f "$PIDS/$n.pid" "$PIDS/$n.start"; done
   echo "down: stopped $* ($(( $(date +%s%N)/1000000 - T0 ))ms)"
 }
 # 0. the other nodes (node.sh), while the API server still runs to delete their Node objects

@@ -5,12 +5,19 @@ T0=${T0:-$(date +%s.%N)}
 PROG=${PROG:-up}
 ts() { awk -v t0="$T0" -v t1="$(date +%s.%N)" -v m="$*" -v p="$PROG" 'BEGIN{printf "%s: [%5.1fs] %s\n", p, t1-t0, m}'; }
 # alive NAME [PIDDIR]: the process of a pid file runs.
-alive() { local d=${2:-$PIDS}; [ -f "$d/$1.pid" ] && kill -0 "$(cat "$d/$1.pid")" 2>/dev/null; }
+# A pid alone may be another process's by now: pid_max is 32768 on these machines and pids wrap within minutes
+# under a test's load (a crashed node's daemons were taken for alive by their old pids, and node2 never came back).
+# Beside each pid file, NAME.start holds the process's start time (clock ticks since boot, /proc/PID/stat field
+# 22, which exec keeps).
+starttime() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $20}'; }
+savepid() { echo "$1" > "$2.pid"; starttime "$1" > "$2.start"; }  # PID PATH-WITHOUT-.pid
+alive() { local d=${2:-$PIDS} p; [ -f "$d/$1.pid" ] || return 1; p=$(cat "$d/$1.pid")
+  kill -0 "$p" 2>/dev/null && { [ ! -s "$d/$1.start" ] || [ "$(starttime "$p")" = "$(cat "$d/$1.start")" ]; }; }
 start() { # name cmd...  (background, log + pid file in $LOGS and $PIDS)
   local n=$1; shift
   if alive "$n"; then ts "$n already running"; return; fi
   setsid "$@" >>"$LOGS/$n.log" 2>&1 < /dev/null 8>&- &   # 8>&-: daemons must not inherit the lock
-  echo $! > "$PIDS/$n.pid"
+  savepid $! "$PIDS/$n"
 }
 writecfg() { # file <stdin> : replace only when content changes (kube-proxy exits when its config file changes)
   cat > "$1.new"; if cmp -s "$1.new" "$1"; then rm -f "$1.new"; else mv -f "$1.new" "$1"; fi

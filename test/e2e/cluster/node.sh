@@ -108,7 +108,7 @@ node_start() {
   setsid nsenter --target "$(cat "$NPIDS/holder.pid")" --net --mount -- \
     bash -c 'for f in "$0"/*/"$1"/cgroup.procs; do echo $$ > "$f"; done; shift; exec "$@"' /sys/fs/cgroup "$cg" "$@" \
     >>"$NLOGS/$n.log" 2>&1 < /dev/null 8>&- &
-  echo $! > "$NPIDS/$n.pid"
+  savepid $! "$NPIDS/$n"
 }
 
 up() {
@@ -118,12 +118,12 @@ up() {
   node_configs "$NDIR" "$node" "$ip" "$cidr" "/$cg"
   if ! alive holder "$NPIDS"; then
     # A reboot starts from nothing: what a crash left (pid files of dead daemons) is gone.
-    rm -f "$NPIDS"/*.pid
+    rm -f "$NPIDS"/*.pid "$NPIDS"/*.start
     setsid nsenter --net="/run/netns/$ns" -- unshare --mount --propagation private -- bash -c '
       for f in /sys/fs/cgroup/*/"$0"/cgroup.procs; do echo $$ > "$f"; done
       mount --bind "$1/var-lib-kubelet" /var/lib/kubelet && mount --bind "$1/var-log-containers" /var/log/containers &&
         exec sleep infinity' "$cg" "$NDIR" >>"$NLOGS/holder.log" 2>&1 < /dev/null 8>&- &
-    echo $! > "$NPIDS/holder.pid"
+    savepid $! "$NPIDS/holder"
     waitfor "$node: namespaces" 10 bash -c "grep -q ' /var/lib/kubelet ' /proc/$(cat "$NPIDS/holder.pid")/mountinfo"
   fi
   node_start containerd containerd --config "$NDIR/containerd.toml"
@@ -159,7 +159,7 @@ down() {
     nsenter --target "$(cat "$NPIDS/holder.pid")" --net --mount -- "$BIN/cri-cleanup" -endpoint "unix://$NDIR/containerd/containerd.sock" rmall >/dev/null || true
   fi
   kill_all || true
-  rm -f "$NPIDS"/*.pid "$NDIR"/imported/*
+  rm -f "$NPIDS"/*.pid "$NPIDS"/*.start "$NDIR"/imported/*
   local d; for d in $(cgroups); do [ -d "$d/$cg" ] && find "$d/$cg" -depth -type d -exec rmdir {} \; 2>/dev/null; done
   [ -e "/run/netns/$ns" ] && ip netns del "$ns"   # takes the veth pair and the host's routes through it along
   # The node's pod network namespaces were pinned in its own mount namespace: on the host they are plain files.
