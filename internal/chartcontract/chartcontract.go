@@ -46,14 +46,14 @@ func current() contract {
 		HealthPort:         constants.SidecarHealthPort,
 		Ports: map[string]int32{"client": constants.DefaultPorts.Client, "peer": constants.DefaultPorts.Peer,
 			"health": constants.DefaultPorts.Health, "c10d": constants.DefaultPorts.C10d},
-		PortBase: [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
-		MaxSlots:           constants.MaxSlots,
-		MaxRdzvStandbys:    constants.MaxRdzvStandbys,
-		SchedulingGate:     constants.SchedulingGate,
-		Domain:             constants.Domain,
-		PodAnnotations:     constants.PodAnnotations,
-		MutatedAnnotation:  constants.AnnotationMutated,
-		Accelerators:       gpu.Rules,
+		PortBase:          [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
+		MaxSlots:          constants.MaxSlots,
+		MaxRdzvStandbys:   constants.MaxRdzvStandbys,
+		SchedulingGate:    constants.SchedulingGate,
+		Domain:            constants.Domain,
+		PodAnnotations:    constants.PodAnnotations,
+		MutatedAnnotation: constants.AnnotationMutated,
+		Accelerators:      gpu.Rules,
 	}
 }
 
