@@ -3,12 +3,14 @@ package workloads
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
@@ -17,6 +19,10 @@ import (
 // TestSharedMemory: the trainer's /dev/shm is the chart's memory-backed emptyDir (shm), sized as asked, not the
 // container runtime's 64 MiB on which DataLoader workers and NCCL fail with a bus error. `df` in the running trainer
 // (one worker of a job with shm.sizeLimit=256Mi) says so; a DataLoader-sized write (100 MiB) fits.
+// The same job carries the escape hatches a GPU cluster asks for on its first day, so that they run and not only
+// render: its own ServiceAccount (serviceAccount.create), with which the serving sidecar holds the rendezvous Lease
+// (the Role's binding follows the account); an init container that runs after the rendezvous sidecar; an extra
+// container beside the trainer; an extraObjects manifest whose name goes through tpl.
 func TestSharedMemory(t *testing.T) {
 	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
@@ -25,11 +31,20 @@ func TestSharedMemory(t *testing.T) {
 	set(v, "workers.replicas", 1)
 	set(v, "shm.sizeLimit", "256Mi")
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
+	image := v["image"].(map[string]any)
+	ref := fmt.Sprintf("%s:%s", image["repository"], image["tag"])
+	set(v, "serviceAccount.create", true)
+	set(v, "initContainers", []any{map[string]any{"name": "prepare", "image": ref, "imagePullPolicy": "Never",
+		"command": []any{"sh", "-c", "echo prepared"}}})
+	set(v, "extraContainers", []any{map[string]any{"name": "exporter", "image": ref, "imagePullPolicy": "Never",
+		"command": []any{"sleep", "infinity"}}})
+	set(v, "extraObjects", []any{"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: '{{ .Release.Name }}-extra'\ndata:\n  from: extraObjects\n"})
 	sel := installTraining(t, c, ns, job, v, 1)
 	pods, err := livePods(t.Context(), c, ns, sel)
 	if err != nil || len(pods) != 1 {
 		t.Fatalf("want 1 live worker: %d, %v", len(pods), err)
 	}
+	checkEscapeHatches(t, c, ns, job, pods[0])
 	out, err := c.Kubectl(t.Context(), "-n", ns, "exec", pods[0].Name, "-c", trainer, "--", "sh", "-c",
 		"df -k /dev/shm | tail -1; dd if=/dev/zero of=/dev/shm/fill bs=1M count=100 2>&1 | tail -1; rm -f /dev/shm/fill")
 	if err != nil {
@@ -45,6 +60,40 @@ func TestSharedMemory(t *testing.T) {
 		t.Errorf("a 100 MiB write to /dev/shm failed: %q", out)
 	}
 	uninstallJob(t, c, ns, job)
+}
+
+// checkEscapeHatches: pod, of job, runs as the job's own account, which holds the rendezvous Lease; its init
+// container ran after the rendezvous sidecar and ended well; the extra container runs; the extra ConfigMap exists.
+func checkEscapeHatches(t *testing.T, c *framework.Cluster, ns, job string, pod corev1.Pod) {
+	t.Helper()
+	if pod.Spec.ServiceAccountName != job {
+		t.Errorf("%s runs as %q: want the job's own account %q (serviceAccount.create)", pod.Name, pod.Spec.ServiceAccountName, job)
+	}
+	if s, err := c.RdzvServer(t.Context(), ns, job); err != nil || s.Name != pod.Name {
+		t.Errorf("the rendezvous Lease: %v, %v: want it held by %s with the job's account", s, err, pod.Name)
+	}
+	var inits []string
+	for _, ic := range pod.Spec.InitContainers {
+		inits = append(inits, ic.Name)
+	}
+	if len(inits) < 2 || inits[0] != constants.SidecarContainerName || !slices.Contains(inits[1:], "prepare") {
+		t.Errorf("init containers %v: want the rendezvous sidecar, then prepare", inits)
+	}
+	for _, st := range pod.Status.InitContainerStatuses {
+		if st.Name == "prepare" && (st.State.Terminated == nil || st.State.Terminated.ExitCode != 0) {
+			t.Errorf("init container prepare: %+v: want it ended with 0", st.State)
+		}
+	}
+	running := false
+	for _, st := range pod.Status.ContainerStatuses {
+		running = running || st.Name == "exporter" && st.State.Running != nil
+	}
+	if !running {
+		t.Errorf("extra container exporter does not run: %+v", pod.Status.ContainerStatuses)
+	}
+	if cm, err := c.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), job+"-extra", metav1.GetOptions{}); err != nil || cm.Data["from"] != "extraObjects" {
+		t.Errorf("ConfigMap %s-extra from extraObjects: %v, %v", job, cm, err)
+	}
 }
 
 // TestHostNetworkJobsShareANode: two PyTorch jobs on host networking (hostNetwork) train side by side on one node
