@@ -19,6 +19,9 @@ start() { # name cmd...  (background, log + pid file in $LOGS and $PIDS)
   setsid "$@" >>"$LOGS/$n.log" 2>&1 < /dev/null 8>&- &   # 8>&-: daemons must not inherit the lock
   savepid $! "$PIDS/$n"
 }
+# containerd answers on socket $1. Not `test -S`: a containerd killed with SIGKILL (a crashed node) leaves its socket
+# file behind, and a kubelet started against it exits at once ("connection refused") and never comes back.
+containerd_ready() { timeout 5 ctr --address "$1" version >/dev/null 2>&1; }
 writecfg() { # file <stdin> : replace only when content changes (kube-proxy exits when its config file changes)
   cat > "$1.new"; if cmp -s "$1.new" "$1"; then rm -f "$1.new"; else mv -f "$1.new" "$1"; fi
 }

@@ -127,7 +127,7 @@ up() {
     waitfor "$node: namespaces" 10 bash -c "grep -q ' /var/lib/kubelet ' /proc/$(cat "$NPIDS/holder.pid")/mountinfo"
   fi
   node_start containerd containerd --config "$NDIR/containerd.toml"
-  waitfor "$node: containerd" 30 test -S "$NDIR/containerd/containerd.sock"
+  waitfor "$node: containerd" 30 containerd_ready "$NDIR/containerd/containerd.sock"
   "$HACK_DIR/images.sh" --import-only | sed 's/^/  /'   # before the kubelet: the node takes pods once Ready
   node_start kubelet "$BIN/kubelet" --config "$NDIR/kubelet-config.yaml" --kubeconfig "$NDIR/kubelet.kubeconfig" \
     --root-dir "$NDIR/kubelet" --cert-dir "$NDIR/kubelet/pki" --hostname-override "$node" --node-ip "$ip" --v=1

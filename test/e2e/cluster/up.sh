@@ -98,7 +98,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
   --kubelet-preferred-address-types InternalIP --profiling=false --v=1
 
-waitfor containerd 30 test -S "$CTR_SOCK"
+waitfor containerd 30 containerd_ready "$CTR_SOCK"
 "$HACK_DIR/images.sh" --base | sed 's/^/  /'   # imports every tarball in $IMAGES that changed
 ts "images imported: $(ctr -a "$CTR_SOCK" -n k8s.io images ls -q | grep -c local/)"
 
