@@ -315,3 +315,62 @@ func toInt64(v any) int64 {
 	}
 	return -1
 }
+
+// queue.kueue: every Job carries the LocalQueue label, and a Job whose replicas may change (minReplicas <
+// maxReplicas) Kueue's elastic-Job annotation, which must be there from the first install (Kueue refuses to add or
+// remove it later); a fixed group (the MXNet workers, minReplicas = maxReplicas) does not.
+func TestKueueElasticJobAnnotation(t *testing.T) {
+	for name, c := range map[string]struct {
+		over    map[string]any
+		elastic bool
+	}{
+		"elastic workers": {map[string]any{"queue": map[string]any{"kueue": "lq"}}, true},
+		"fixed workers":   {map[string]any{"queue": map[string]any{"kueue": "lq"}, "workers": map[string]any{"replicas": 2, "minReplicas": 2, "maxReplicas": 2}}, false},
+		"no queue":        {map[string]any{}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := render(loadChart(t), pytorchJob(t, c.over), chartrender.Options{})
+			require.NoError(t, err)
+			job := r.Find("Job", naming.Workload(release, "worker"))
+			require.NotNil(t, job)
+			_, queued := job.GetLabels()["kueue.x-k8s.io/queue-name"]
+			assert.Equal(t, c.over["queue"] != nil, queued, "queue label")
+			assert.Equal(t, c.elastic, job.GetAnnotations()["kueue.x-k8s.io/elastic-job"] == "true", "elastic-job annotation")
+		})
+	}
+}
+
+// queue.volcano: one PodGroup for the whole job (Volcano's own type, decoded strictly by TestObjectsDecodeStrictly),
+// minMember the minimum of every group, which every trainer pod names and whose queue it is; those pods go to
+// Volcano's scheduler (the dedicated rendezvous pod stays the default scheduler's, outside the gang). Checked as rendered only: Volcano cannot be built here (docs/queues.md).
+func TestVolcanoPodGroup(t *testing.T) {
+	for name, c := range map[string]struct {
+		vals      map[string]any
+		minMember int64
+	}{
+		"elastic PyTorch": {pytorchJob(t, map[string]any{"workers": map[string]any{"replicas": 3, "minReplicas": 2, "maxReplicas": 4}}), 2},
+		"MPI":             {merge(sc(t, "examples/mpi-horovod.yaml"), pinned(t)), 1 + 1 + 1}, // launcher, a100 and v100 minimums
+		"ElasticDL":       {merge(sc(t, "examples/elasticdl-priorities.yaml"), pinned(t)), -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			vals := merge(c.vals, map[string]any{"queue": map[string]any{"volcano": "research"}})
+			r, err := render(loadChart(t), vals, chartrender.Options{})
+			require.NoError(t, err)
+			pg := r.Find("PodGroup", release)
+			require.NotNil(t, pg, "no PodGroup %s", release)
+			queue, _, _ := unstructured.NestedString(pg.Object, "spec", "queue")
+			assert.Equal(t, "research", queue)
+			minMember, _, _ := unstructured.NestedFieldNoCopy(pg.Object, "spec", "minMember")
+			if c.minMember >= 0 {
+				assert.EqualValues(t, c.minMember, minMember)
+			}
+			for key, p := range podSpecs(t, r) {
+				if strings.HasPrefix(key, "Deployment/") {
+					continue // the dedicated rendezvous pod: the default scheduler's, outside the gang
+				}
+				assert.Equal(t, release, p.Annotations["scheduling.k8s.io/group-name"], "%s: group-name", key)
+				assert.Equal(t, "volcano", p.Spec.SchedulerName, "%s: schedulerName", key)
+			}
+		})
+	}
+}

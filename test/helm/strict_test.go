@@ -4,8 +4,10 @@ import (
 	"reflect"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
+	volcanov1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
@@ -21,6 +23,7 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 		"Role": true, "RoleBinding": true, // the serving sidecar's rights, in the namespace
 		// Who serves the rendezvous (internal/rdzvlease): the chart makes them, the sidecars write them.
 		"Lease": true, "EndpointSlice": true,
+		"PodGroup": true, // queue.volcano: Volcano's gang of the job
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
@@ -44,7 +47,7 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 func decodeStrictly(t *testing.T, o chartrender.Object) {
 	t.Helper()
 	apiVersion, _ := o.Obj["apiVersion"].(string)
-	for gvk, typ := range scheme.Scheme.AllKnownTypes() {
+	for gvk, typ := range strictScheme.AllKnownTypes() {
 		if gvk.Kind == o.Kind && gvk.GroupVersion().String() == apiVersion {
 			if err := yaml.UnmarshalStrict([]byte(o.YAML), reflect.New(typ).Interface()); err != nil {
 				t.Errorf("%s (%s): %v", o.Key(), o.Source, err)
@@ -54,3 +57,15 @@ func decodeStrictly(t *testing.T, o chartrender.Object) {
 	}
 	t.Errorf("%s: unknown apiVersion %s", o.Key(), apiVersion)
 }
+
+// strictScheme knows Kubernetes' kinds and Volcano's PodGroup (volcano.sh/apis, Volcano's own Go types).
+var strictScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := scheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := volcanov1beta1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}()

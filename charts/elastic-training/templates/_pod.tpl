@@ -118,6 +118,8 @@ metadata:
     {{- end }}
     {{- with $rv.queue.volcano }}
     scheduling.volcano.sh/queue-name: {{ . }}
+    {{- /* The job's PodGroup (podgroup.yaml): Volcano gangs every pod of the job, not each Job on its own. */}}
+    scheduling.k8s.io/group-name: {{ $job }}
     {{- end }}
 spec:
   # Only the admission webhook removes this gate (internal/constants.SchedulingGate): without the webhook the pod

@@ -125,6 +125,12 @@ func TestServerSideDryRun(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			for _, obj := range renderManifests(t, ch, "dry", ns, readValues(t, path)) {
 				gvk := obj.GroupVersionKind()
+				if gvk.Group == "scheduling.volcano.sh" {
+					// Volcano cannot be built here (docs/queues.md): no API server serves its PodGroup. test/helm
+					// decodes it strictly into Volcano's own Go types instead (TestObjectsDecodeStrictly).
+					t.Logf("%s %s: not sent (no Volcano on this cluster; checked against Volcano's Go types in test/helm)", gvk, obj.GetName())
+					continue
+				}
 				m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 				if err != nil {
 					t.Errorf("%s %s: the API server does not serve it: %v", gvk, obj.GetName(), err)

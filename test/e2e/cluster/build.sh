@@ -2,7 +2,8 @@
 # Builds every binary the cluster needs from the pinned versions, through the Go module proxy, into $BIN:
 #   Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl),
 #   etcd, cri-cleanup and fake-device-plugin (module tools/), CoreDNS (tools/coredns), helm (tools/helm), and
-#   kube-router ($KUBE_ROUTER_VERSION, `go install` of its own module: its go.mod and go.sum pin its dependencies).
+#   kube-router ($KUBE_ROUTER_VERSION, `go install` of its own module: its go.mod and go.sum pin its dependencies),
+#   and, only when named (`build.sh kueue`: the queue tests build it on first use), Kueue ($KUEUE_VERSION, likewise).
 # A binary is rebuilt only when its stamp changes: the hash of its module's go.mod/go.sum, its main package,
 # its ldflags and the Go version (for kube-router: its module version, ldflags and the Go version). The first
 # build takes minutes (kube-apiserver alone ~5 min on 2 cores, kube-router ~6 min).
@@ -22,10 +23,13 @@ HLDF="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 for p in pkg/chartutil pkg/lint/rules; do HLDF+=" -X helm.sh/helm/v3/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/$p.k8sVersionMinor=$HELM_K8S_MINOR"; done
 KRMOD=github.com/cloudnativelabs/kube-router/v2
 KRLDF="-s -w -X $KRMOD/pkg/version.Version=$KUBE_ROUTER_VERSION -X $KRMOD/pkg/version.BuildDate=2026-01-01T00:00:00Z"
+KQMOD=sigs.k8s.io/kueue
+KQLDF="-s -w -X $KQMOD/pkg/version.GitVersion=$KUEUE_VERSION"
 all="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd cri-cleanup fake-device-plugin coredns helm kube-router"
 spec() { # binary -> "moduledir|package|ldflags" (moduledir "-": `go install package@version`, outside any module here)
   case $1 in
     kube-router) echo "-|$KRMOD/cmd/kube-router@$KUBE_ROUTER_VERSION|$KRLDF" ;;
+    kueue) echo "-|$KQMOD/cmd/kueue@$KUEUE_VERSION|$KQLDF" ;;
     coredns) echo "$TOOLS/coredns|.|-s -w" ;;
     helm) echo "$TOOLS/helm|helm.sh/helm/v3/cmd/helm|$HLDF" ;;
     etcd|cri-cleanup|fake-device-plugin) echo "$TOOLS|./cmd/$1|-s -w" ;;

@@ -22,6 +22,9 @@ export K8S_VERSION=v1.36.3 HELM_VERSION=v3.22.0
 # charts' NetworkPolicies. Built with `go install <module>@<version>` (its own go.mod, not tools/). Its known CVEs
 # do not matter here: it runs only for this throwaway test cluster and listens on no port (up.sh).
 export KUBE_ROUTER_VERSION=v2.1.0
+# Kueue, for the queue tests only (test/e2e/workloads TestKueue; built on first use by `build.sh kueue`, not by
+# cluster-up): the one version the module proxy serves here. It runs as a process of this host while the test runs.
+export KUEUE_VERSION=v0.17.0
 
 # Images (never pulled: imported into containerd's k8s.io namespace, pods use imagePullPolicy: Never).
 export PAUSE_IMAGE=docker.io/local/pause:1

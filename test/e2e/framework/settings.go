@@ -65,7 +65,7 @@ var trainerTorch = map[string]string{"forky": "2.14.1", "trixie": "2.6.0"}
 var settingNames = []string{
 	"ET_CACHE", "BIN", "RUN", "LOGS", "PIDS", "KUBECONFIG", "HACK_DIR", "E2E_LOCK",
 	"BUSYBOX_IMAGE", "WEBHOOK_IMAGE", "SIDECAR_IMAGE", "TRAINER_IMAGE", "STOCK_TRAINER_IMAGE", "TRAINER_SUITES",
-	"NODE_NAME", "EXTRA_NODES", "CLUSTER_DOMAIN", "SVC_CIDR", "FAKE_DEVICES", "HELM_VERSION",
+	"NODE_NAME", "NODE_IP", "EXTRA_NODES", "CLUSTER_DOMAIN", "SVC_CIDR", "FAKE_DEVICES", "HELM_VERSION", "KUEUE_VERSION",
 }
 
 // readSettings sources env.sh of this checkout and returns the variables of settingNames. A test binary that
