@@ -263,14 +263,14 @@ func TestHostNetwork(t *testing.T) {
 
 	// The Service targets the serving sidecar's ports, which the webhook gives it from the same annotation.
 	svc := findObject(t, r, "Service", naming.RendezvousService(release))
-	targets := map[string]int64{}
+	targets := map[string]int{}
 	ports, _, _ := unstructured.NestedSlice(svc.Obj, "spec", "ports")
 	for _, x := range ports {
 		m := x.(map[string]any)
-		targets[m["name"].(string)] = toInt64(m["targetPort"])
+		targets[m["name"].(string)] = toInt(m["targetPort"])
 	}
 	want := constants.PortsFrom(b)
-	assert.Equal(t, map[string]int64{"client": int64(want.Client), "health": int64(want.Health), "c10d": int64(want.C10d)}, targets)
+	assert.Equal(t, map[string]int{"client": int(want.Client), "health": int(want.Health), "c10d": int(want.C10d)}, targets)
 	sc, _ := injectedSidecar(t, servingPod(t, *findObject(t, r, "Job", naming.Workload(release, "worker"))), naming.DefaultClusterDomain)
 	assert.Contains(t, sc.Args, fmt.Sprintf("--c10d-addr=:%d", want.C10d))
 	assert.Contains(t, sc.Args, fmt.Sprintf("--health-addr=:%d", want.Health))
@@ -302,18 +302,6 @@ func TestHostNetwork(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), bad.want)
 	}
-}
-
-func toInt64(v any) int64 {
-	switch n := v.(type) {
-	case int64:
-		return n
-	case float64:
-		return int64(n)
-	case int:
-		return int64(n)
-	}
-	return -1
 }
 
 // queue.kueue: every Job carries the LocalQueue label, and a Job whose replicas may change (minReplicas <

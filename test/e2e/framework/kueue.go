@@ -23,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 // Kueue as the queue tests run it: Kueue's own manager binary (KUEUE_VERSION, built from the module proxy by
@@ -143,8 +145,8 @@ func (c *Cluster) StartKueue(t testing.TB) {
 		if err := c.mountKueueCerts(ctx, certDir); err != nil {
 			return false, err
 		}
-		if !healthy(ctx, "http://"+kueueHealthAddr+"/readyz") {
-			return false, nil
+		if err := testenv.CheckHTTP(ctx, "http://"+kueueHealthAddr+"/readyz", http.StatusOK); err != nil {
+			return false, err
 		}
 		got, err := c.Client.BatchV1().Jobs(probe).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil {
@@ -326,19 +328,6 @@ func moduleDir(ctx context.Context, modVersion string) (string, error) {
 		return "", fmt.Errorf("go mod download %s: %v %s", modVersion, err, m.Error)
 	}
 	return m.Dir, nil
-}
-
-func healthy(ctx context.Context, url string) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return false
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 func lastLines(path string, n int) string {
