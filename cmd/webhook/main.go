@@ -88,7 +88,7 @@ func main() {
 	flag.IntVar(&d.JoinTimeout, "default-join-timeout", d.JoinTimeout, "seconds torchrun waits for min nodes")
 	flag.IntVar(&d.LastCallTimeout, "default-last-call-timeout", d.LastCallTimeout, "seconds torchrun waits for more nodes once min is reached")
 	flag.IntVar(&d.CloseTimeout, "default-close-timeout", d.CloseTimeout, "seconds torchrun waits for a closing rendezvous")
-	flag.IntVar(&d.KeepAliveInterval, "default-keep-alive-interval", d.KeepAliveInterval, "seconds between rendezvous heartbeats (torch >= 2.3)")
+	flag.IntVar(&d.KeepAliveInterval, "default-keep-alive-interval", d.KeepAliveInterval, "seconds between rendezvous heartbeats (torch >= 2.3); a job of more than 32 × this many nodes gets max nodes / 32 (docs/scale.md)")
 	flag.IntVar(&d.KeepAliveMaxAttempts, "default-keep-alive-max-attempts", d.KeepAliveMaxAttempts, "missed heartbeats before a node is dropped (torch >= 2.3)")
 	flag.IntVar(&d.MaxRestarts, "default-max-restarts", d.MaxRestarts, "torchrun --max-restarts")
 	flag.IntVar(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds")

@@ -26,7 +26,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		conf["join_timeout"] = strconv.Itoa(s.joinTimeout)
 		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
 		conf["close_timeout"] = strconv.Itoa(s.closeTimeout)
-		conf["keep_alive_interval"] = strconv.Itoa(s.keepAlive)
+		conf["keep_alive_interval"] = strconv.Itoa(KeepAliveInterval(s.keepAlive, s.maxNodes))
 		conf["keep_alive_max_attempt"] = strconv.Itoa(s.keepAliveAttempts)
 	}
 	if s.backend == constants.BackendC10d {
