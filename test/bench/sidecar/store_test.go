@@ -375,3 +375,121 @@ func storeLoad(addr string, n int, d time.Duration) loadResult {
 func (r loadResult) String() string {
 	return fmt.Sprintf("%6.0f ops/s p50 %6.2fms p99 %6.2fms", r.opsPerSec, ms(r.p50), ms(r.p99))
 }
+
+// BenchmarkC10dClients: many concurrent clients, each in a bounded loop (one
+// ADD a second, as a heartbeat would), and one live client in a closed loop
+// whose every request is timed; on a fresh store of each kind.
+func BenchmarkC10dClients(b *testing.B) {
+	raiseNoFile(b)
+	n := knob(b, "C10D_CLIENTS", 16384, count)
+	d := knob(b, "C10D_TIME", 5*time.Second, time.ParseDuration) * 2
+	fmt.Printf("== c10d store with %d concurrent clients: %d in a bounded loop (an ADD a second each), one live client "+
+		"in a closed loop (SET, GET, WAIT for its key) timed for %s\n", n, n-1, d)
+	trainerRoot(b) // prints the torch version
+	for _, kind := range storeKinds {
+		s := startStore(b, kind)
+		r := manyClients(s, n, d)
+		peak := statusMiB(b, s.Cmd.Process.Pid, "VmHWM")
+		s.Stop(grace)
+		if r.err != nil {
+			if kind == "sidecar" {
+				b.Fatalf("sidecar's store, %d clients: %v", n, r.err)
+			}
+			fmt.Printf("   torch   failed: %v\n", r.err)
+			continue
+		}
+		line := fmt.Sprintf("   %-7s live client p50 %6.2fms p99 %6.2fms (%d requests), background %6.0f ops/s, server peak RSS %6.1f MiB",
+			kind, ms(r.p50), ms(r.p99), r.live, r.background, peak)
+		if kind == "sidecar" {
+			line += fmt.Sprintf(" | p99 %s (goal < 10 ms), RSS %s (goal < 512 MiB)", goal(r.p99 < 10*time.Millisecond), goal(peak < 512))
+		}
+		fmt.Println(line)
+		b.ReportMetric(ms(r.p99), kind+"-p99-ms")
+		b.ReportMetric(peak, kind+"-peak-rss-MiB")
+	}
+	fmt.Println()
+}
+
+type clientsResult struct {
+	p50, p99   time.Duration
+	live       int
+	background float64 // the bounded loops' requests a second
+	err        error
+}
+
+// manyClients opens n connections to s; n-1 send an ADD a second (spread
+// over the second) while the last runs SET, GET, WAIT of its own key for d.
+func manyClients(s *store, n int, d time.Duration) clientsResult {
+	cs, err := dialMany(s.addr, n)
+	if err != nil {
+		return clientsResult{err: err}
+	}
+	defer closeAll(cs)
+	live, rest := cs[n-1], cs[:n-1]
+	// A request the store never answers fails the run instead of hanging it.
+	for _, c := range cs {
+		c.Conn().SetDeadline(time.Now().Add(d + time.Minute))
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bg int
+	var bgErr error
+	started := time.Now()
+	for i, c := range rest {
+		wg.Go(func() {
+			count := 0
+			defer func() { mu.Lock(); bg += count; mu.Unlock() }()
+			q := &tcpstore.Request{Op: tcpstore.OpAdd, Key: fmt.Sprintf("bench/heartbeat/%d", i), Delta: 1}
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			select { // spread the loops over the second
+			case <-time.After(time.Duration(i) * time.Second / time.Duration(len(rest))):
+			case <-stop:
+				return
+			}
+			for {
+				if err := c.Do(q); err != nil {
+					mu.Lock()
+					bgErr = err
+					mu.Unlock()
+					return
+				}
+				count++
+				select {
+				case <-t.C:
+				case <-stop:
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(2 * time.Second) // every loop has started
+	t0 := time.Now()
+	var lats []time.Duration
+	key := "bench/live"
+	set := &tcpstore.Request{Op: tcpstore.OpSet, Key: key, Value: loadValue}
+	timed := []*tcpstore.Request{{Op: tcpstore.OpGet, Key: key}, {Op: tcpstore.OpWait, Keys: []string{key}}}
+	var liveErr error
+	for time.Since(t0) < d && liveErr == nil {
+		if liveErr = live.Send(set); liveErr != nil {
+			break
+		}
+		for _, q := range timed {
+			t := time.Now()
+			if liveErr = live.Do(q); liveErr != nil {
+				break
+			}
+			lats = append(lats, time.Since(t))
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if liveErr != nil {
+		return clientsResult{err: fmt.Errorf("live client: %w", liveErr)}
+	}
+	if bgErr != nil {
+		return clientsResult{err: fmt.Errorf("a background client: %w", bgErr)}
+	}
+	return clientsResult{p50: pct(lats, 0.5), p99: pct(lats, 0.99), live: len(lats), background: float64(bg) / time.Since(started).Seconds()}
+}
