@@ -185,28 +185,20 @@ func waitHostfiles(b *testing.B, js []*joiner, ok func(string) bool, timeout tim
 	for _, j := range pending {
 		j.seen = nil
 	}
-	deadline := time.Now().Add(timeout)
-	for len(pending) > 0 {
-		var still []*joiner
-		for _, j := range pending {
+	err := testenv.Poll(b.Context(), timeout, 10*time.Millisecond, func(context.Context) (bool, error) {
+		pending = slices.DeleteFunc(pending, func(j *joiner) bool {
 			fi, err := os.Stat(j.hostfile)
 			if err != nil || (j.seen != nil && fi.Size() == j.seen.Size() && fi.ModTime().Equal(j.seen.ModTime())) {
-				still = append(still, j)
-				continue
+				return false
 			}
 			j.seen = fi
 			c, _ := os.ReadFile(j.hostfile)
-			if !ok(string(c)) {
-				still = append(still, j)
-			}
-		}
-		pending = still
-		if len(pending) > 0 {
-			if time.Now().After(deadline) {
-				b.Fatalf("%d of %d hostfiles not as expected after %s (first: %s)", len(pending), len(js), timeout, pending[0].hostfile)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return ok(string(c))
+		})
+		return len(pending) == 0, nil
+	})
+	if err != nil {
+		b.Fatalf("%d of %d hostfiles not as expected after %s (first: %s)", len(pending), len(js), timeout, pending[0].hostfile)
 	}
 }
 

@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -206,22 +207,9 @@ func lastEvents(b *testing.B, ps []*participants, since time.Time) map[string]ev
 // timeout it returns how many had and false.
 func waitRound(b *testing.B, ps []*participants, want, world int, since time.Time, timeout time.Duration) (time.Duration, int, bool) {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		evs := lastEvents(b, ps, since)
-		var last time.Time
-		n := 0
-		for _, e := range evs {
-			if e.world == world {
-				n++
-				if e.at.After(last) {
-					last = e.at
-				}
-			}
-		}
-		if n >= want {
-			return last.Sub(since), n, true
-		}
+	var last time.Time
+	n := 0
+	err := testenv.Poll(b.Context(), timeout, 100*time.Millisecond, func(context.Context) (bool, error) {
 		for _, p := range ps {
 			select {
 			case <-p.Done():
@@ -229,11 +217,21 @@ func waitRound(b *testing.B, ps []*participants, want, world int, since time.Tim
 			default:
 			}
 		}
-		if time.Now().After(deadline) {
-			return timeout, n, false
+		last, n = time.Time{}, 0
+		for _, e := range lastEvents(b, ps, since) {
+			if e.world == world {
+				n++
+				if e.at.After(last) {
+					last = e.at
+				}
+			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		return n >= want, nil
+	})
+	if err != nil {
+		return timeout, n, false
 	}
+	return last.Sub(since), n, true
 }
 
 func tail(s string, n int) string { return s[max(0, len(s)-n):] }
@@ -304,7 +302,9 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	}
 	r.formed = true
 
-	// Steady keep-alives: one keep-alive interval to settle, then the window.
+	// Steady keep-alives: a fixed settle after the round (the heartbeat
+	// threads start as each participant completes it), then the window: a rate
+	// over a fixed time, not a wait for a condition.
 	time.Sleep(5 * time.Second)
 	procs := []*testenv.Proc{}
 	for _, p := range ps {
@@ -337,7 +337,7 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	// It leaves as a pod does: the preStop script, then SIGKILL; the
 	// survivors' workers fail and the agents restart.
 	t2 := time.Now()
-	leave := leaveRendezvous(b, backend, endpoint, runID, nnodes, st, joiner)
+	leave := leaveRendezvous(b, backend, endpoint, runID, nnodes, fmt.Sprintf("node-%d", n), st, joiner)
 	joiner.Kill()
 	touch(b, ctrl, "restart-1")
 	r.leave, r.leftBy, r.left = waitRound(b, ps, n, n, t2, timeout)
@@ -349,7 +349,7 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 
 // leaveRendezvous runs the trainer's preStop script (internal/prestop) for
 // the joiner's agent, with the environment the webhook gives a trainer.
-func leaveRendezvous(b *testing.B, backend, endpoint, runID, nnodes string, st scaleSettings, p *participants) string {
+func leaveRendezvous(b *testing.B, backend, endpoint, runID, nnodes, addr string, st scaleSettings, p *participants) string {
 	b.Helper()
 	dir := filepath.Join(testenv.RepoRoot(), "internal/prestop")
 	conf := st.conf
@@ -359,19 +359,11 @@ func leaveRendezvous(b *testing.B, backend, endpoint, runID, nnodes string, st s
 	code := fmt.Sprintf("import sys; sys.path.insert(0, %q); import leave_rendezvous as l; l.leave_rendezvous({%d})", dir, p.Cmd.Process.Pid)
 	cmd := testenv.InRootfs(trainerRoot(b), "/usr/bin/python3", "-c", code)
 	cmd.Env = testenv.TorchEnv("PET_RDZV_BACKEND="+backend, "PET_RDZV_ENDPOINT="+endpoint, "PET_RDZV_ID="+runID,
-		"PET_NNODES="+nnodes, "PET_LOCAL_ADDR="+fmt.Sprintf("node-%d", mustAtoi(strings.Split(nnodes, ":")[0])),
+		"PET_NNODES="+nnodes, "PET_LOCAL_ADDR="+addr,
 		"PET_RDZV_CONF="+conf, "ET_LEAVE_LOG=-")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		b.Fatalf("preStop script: %v\n%s", err, out)
 	}
 	return string(out)
-}
-
-func mustAtoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		panic(err)
-	}
-	return n
 }
