@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -101,8 +102,15 @@ var torchServer string
 // its process (whose PID is python's) once it listens.
 func StartTorch(t testing.TB, root string) (string, *testenv.Proc) {
 	t.Helper()
+	return StartTorchWith(t, func(args ...string) *exec.Cmd { return testenv.InRootfs(root, "/usr/bin/python3", args...) })
+}
+
+// StartTorchWith is StartTorch with the python3 that python runs (given
+// python3's arguments), for a python with torch outside a root filesystem.
+func StartTorchWith(t testing.TB, python func(args ...string) *exec.Cmd) (string, *testenv.Proc) {
+	t.Helper()
 	port := testenv.FreePort(t)
-	cmd := testenv.InRootfs(root, "/usr/bin/python3", "-c", torchServer, fmt.Sprint(port))
+	cmd := python("-c", torchServer, fmt.Sprint(port))
 	cmd.Env = testenv.TorchEnv()
 	p := testenv.Start(t, "torch-server", cmd)
 	testenv.WaitOutput(t, p, "READY", 2*time.Minute)

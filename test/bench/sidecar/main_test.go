@@ -50,10 +50,13 @@
 // against its goals (timing never fails a benchmark; errors do), and reports
 // its main figures as benchmark metrics. TestMain builds rdzv-sidecar once.
 // torch, python-etcd and Python run from a trainer root filesystem
-// (testenv.Rootfs; `make rootfs` builds it), never the host's, which needs
+// (testenv.Rootfs; `make rootfs` builds it), not the host's, which needs
 // root: every benchmark but V2Ops, HostfileLatency and Scale runs torch (the
 // c10d ones for torch's store, their baseline). etcd 3.4 is Debian's
-// /usr/bin/etcd (etcd-server).
+// /usr/bin/etcd (etcd-server). On a machine without Go or that root
+// filesystem but with more cores and a python with torch, a compiled
+// benchmark runs RendezvousScale, Scale and C10dClients with
+// BENCH_SIDECAR_BIN and BENCH_SIDECAR_PYTHON (docs/scale.md says how).
 //
 // Settings, from the environment (default):
 //
@@ -77,6 +80,9 @@
 //	                          as many as it gets (true)
 //	BENCH_SIDECAR_IDLE_CONNS  idle connections of C10dRSS (1000)
 //	BENCH_SIDECAR_SUITE       trainer root filesystem that runs torch (forky: torch 2.14)
+//	BENCH_SIDECAR_PYTHON      a python3 with torch on this machine that runs the Python programs instead of
+//	                          that root filesystem (torchrun still needs it), e.g. on a machine of more cores
+//	BENCH_SIDECAR_BIN         a built rdzv-sidecar, for a machine without Go (none: TestMain builds it)
 //
 // The repetition counts are per benchmark iteration: -benchtime 1x runs
 // each measurement once.
@@ -112,6 +118,11 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run()) // no benchmark to run (go test ./...): nothing to build
 	}
 	fmt.Printf("rdzv-sidecar benchmarks (%s, %d CPUs)\n\n", time.Now().UTC().Format(time.RFC3339), numCPU())
+	// A machine without Go (one of more cores) runs a compiled benchmark
+	// with the rdzv-sidecar built beside it.
+	if sidecarBin = os.Getenv("BENCH_SIDECAR_BIN"); sidecarBin != "" {
+		os.Exit(m.Run())
+	}
 	os.Exit(testenv.MainWithCommand(m, "./cmd/rdzv-sidecar", &sidecarBin))
 }
 
@@ -146,30 +157,65 @@ func count(s string) (int, error) {
 	return n, err
 }
 
-// trainerRootDir is the root filesystem that runs torch, found (and its
-// torch version printed) by the first benchmark that runs torch.
-var trainerRootDir string
+// torchRoot is the root filesystem that runs torch, found (and its torch
+// version printed) by the first benchmark that runs torch; torchFound says
+// that this happened (torchRoot stays empty with BENCH_SIDECAR_PYTHON).
+var (
+	torchRoot  string
+	torchFound bool
+)
 
-func trainerRoot(b *testing.B) string {
+// hostPython is BENCH_SIDECAR_PYTHON: a python3 with torch (and python-etcd
+// for etcd-v2) on this machine that runs the benchmarks' Python programs
+// instead of the trainer root filesystem, e.g. on a machine of more cores
+// where that is not built. Programs other than python (torchrun) need the
+// root filesystem.
+func hostPython(b *testing.B) string {
+	return knob(b, "PYTHON", "", func(s string) (string, error) { return exec.LookPath(s) })
+}
+
+// findTorch finds torch once and prints its version, before any clock starts.
+func findTorch(b *testing.B) {
 	b.Helper()
-	if trainerRootDir == "" {
+	if torchFound {
+		return
+	}
+	if py := hostPython(b); py != "" {
+		out, err := exec.Command(py, "-c", "import torch; print(torch.__version__)").CombinedOutput()
+		if err != nil {
+			b.Fatalf("BENCH_SIDECAR_PYTHON=%s: import torch: %v\n%s", py, err, out)
+		}
+		fmt.Printf("   torch %s (%s)\n", strings.TrimSpace(string(out)), py)
+	} else {
 		suite := knob(b, "SUITE", testenv.SuiteForky, func(s string) (string, error) { return s, nil })
-		root := testenv.Rootfs(b, suite)
-		v, err := testenv.RootfsTorchVersion(root)
+		torchRoot = testenv.Rootfs(b, suite)
+		v, err := testenv.RootfsTorchVersion(torchRoot)
 		if err != nil {
 			b.Fatal(err)
 		}
-		fmt.Printf("   torch %s (%s)\n", v, root)
-		trainerRootDir = root
+		fmt.Printf("   torch %s (%s)\n", v, torchRoot)
 	}
-	return trainerRootDir
+	torchFound = true
 }
 
-// startTorch runs name (a path in the trainer root filesystem) there, with
-// testenv.TorchEnv(env...).
+// torchCmd runs name (a path in the trainer root filesystem) there, or
+// with BENCH_SIDECAR_PYTHON, /usr/bin/python3 as that python.
+func torchCmd(b *testing.B, name string, args ...string) *exec.Cmd {
+	b.Helper()
+	findTorch(b)
+	if py := hostPython(b); py != "" {
+		if name != "/usr/bin/python3" {
+			b.Fatalf("BENCH_SIDECAR_PYTHON runs Python programs only; %s needs the trainer root filesystem", name)
+		}
+		return exec.Command(py, args...)
+	}
+	return testenv.InRootfs(torchRoot, name, args...)
+}
+
+// startTorch runs name with torchCmd and testenv.TorchEnv(env...).
 func startTorch(b *testing.B, procName string, env []string, name string, args ...string) *testenv.Proc {
 	b.Helper()
-	cmd := testenv.InRootfs(trainerRoot(b), name, args...)
+	cmd := torchCmd(b, name, args...)
 	cmd.Env = testenv.TorchEnv(env...)
 	return testenv.Start(b, procName, cmd)
 }
@@ -237,7 +283,7 @@ func agentArgs(backend, endpoint, runID, nnodes, conf string, extra ...string) [
 // formed and used) and its agent exited.
 func firstRendezvous(b *testing.B, endpoint, backend, runID string) time.Duration {
 	b.Helper()
-	trainerRoot(b) // before the clock starts
+	findTorch(b) // before the clock starts
 	t0 := time.Now()
 	var ps []*testenv.Proc
 	for i := range 4 {

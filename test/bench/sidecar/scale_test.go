@@ -55,12 +55,15 @@ type scaleResult struct {
 	// participants had completed it then.
 	formed, joined, left      bool
 	inRound, joinedBy, leftBy int
-	first, join, leave        time.Duration
-	reads, writes             float64 // state reads and compare-and-set writes a second, steady keep-alives
-	lost                      float64 // share of the writes that lost the compare-and-set
-	serverCPU                 float64 // the server's CPU, cores, steady keep-alives
-	clientCPU                 float64 // the participants' processes' CPU, cores
-	serverRSS                 float64 // MiB at the window's end
+	// inState is, for a round that did not form, the most participants
+	// that any of them saw in torch's state then: how far it got.
+	inState            int
+	first, join, leave time.Duration
+	reads, writes      float64 // state reads and compare-and-set writes a second, steady keep-alives
+	lost               float64 // share of the writes that lost the compare-and-set
+	serverCPU          float64 // the server's CPU, cores, steady keep-alives
+	clientCPU          float64 // the participants' processes' CPU, cores
+	serverRSS          float64 // MiB at the window's end
 }
 
 // BenchmarkRendezvousScale: a sub-benchmark per backend, settings and N;
@@ -78,7 +81,7 @@ func BenchmarkRendezvousScale(b *testing.B) {
 	fmt.Printf("   first: go → every participant done with round 1 (nnodes N:N+1, so it includes last_call); join: one " +
 		"more node's start → all N+1 in a new round; leave: the preStop script (leave_rendezvous.py) takes it out, " +
 		"it is killed and the survivors restart → all N in a new round\n")
-	trainerRoot(b)
+	findTorch(b)
 	i := 0
 	for _, backend := range backends {
 		for _, set := range settings {
@@ -89,11 +92,14 @@ func BenchmarkRendezvousScale(b *testing.B) {
 				}
 				b.Run(fmt.Sprintf("%s/%s/nodes=%d", backend, set, n), func(b *testing.B) {
 					res := map[string]scaleResult{}
+					// Each run's figures as soon as it ends: a run of 1,024
+					// nodes can take minutes.
 					for _, kind := range alternate(i, "sidecar", baselineOf[backend]) {
 						res[kind] = scaleRun(b, backend, kind, st, n, perProc, window, timeout)
+						fmt.Printf("   %-7s %-6s N=%-5d | %-8s: %s\n", backend, st.name, n, kind, res[kind])
 					}
 					i++
-					reportScale(b, backend, st.name, n, res["sidecar"], res[baselineOf[backend]], baselineOf[backend])
+					reportScale(b, backend, st.name, n, res["sidecar"], res[baselineOf[backend]])
 				})
 			}
 		}
@@ -103,9 +109,7 @@ func BenchmarkRendezvousScale(b *testing.B) {
 
 func words(s string) ([]string, error) { return strings.Split(s, ","), nil }
 
-func reportScale(b *testing.B, backend, set string, n int, s, t scaleResult, base string) {
-	fmt.Printf("   %-7s %-6s N=%-5d | %s: %s\n", backend, set, n, "sidecar ", s)
-	fmt.Printf("   %-7s %-6s N=%-5d | %-8s: %s\n", "", "", n, base, t)
+func reportScale(b *testing.B, backend, set string, n int, s, t scaleResult) {
 	if set == "chart" && n >= 1024 {
 		fmt.Printf("   %-7s %-6s N=%-5d | round of %d within 30 s with the chart's defaults: %s\n", "", "", n, n, goal(s.formed && s.first <= 30*time.Second))
 	}
@@ -130,11 +134,13 @@ func ratio(a, b time.Duration) float64 { return a.Seconds() / b.Seconds() }
 func (r scaleResult) String() string {
 	switch {
 	case !r.formed:
-		return fmt.Sprintf("first round NOT FORMED within %s (%d participants in it)", r.first, r.inRound)
+		return fmt.Sprintf("first round NOT FORMED within %s (%d participants done, %d in torch's state)", r.first, r.inRound, r.inState)
 	case !r.joined:
-		return fmt.Sprintf("first %7.2fs, after one node joined NOT FORMED within %s (%d participants in it)", r.first.Seconds(), r.join, r.joinedBy)
+		return fmt.Sprintf("first %7.2fs, after one node joined NOT FORMED within %s (%d participants done, %d in torch's state)",
+			r.first.Seconds(), r.join, r.joinedBy, r.inState)
 	case !r.left:
-		return fmt.Sprintf("first %7.2fs join %7.2fs, after it left NOT FORMED within %s (%d participants in it)", r.first.Seconds(), r.join.Seconds(), r.leave, r.leftBy)
+		return fmt.Sprintf("first %7.2fs join %7.2fs, after it left NOT FORMED within %s (%d participants done, %d in torch's state)",
+			r.first.Seconds(), r.join.Seconds(), r.leave, r.leftBy, r.inState)
 	}
 	return fmt.Sprintf("first %7.2fs join %7.2fs leave %7.2fs | steady: %6.0f reads/s %6.0f writes/s (%2.0f%% lost the CAS) "+
 		"server %.2f cores %6.1f MiB, participants %.2f cores", r.first.Seconds(), r.join.Seconds(), r.leave.Seconds(),
@@ -243,20 +249,22 @@ func touch(b *testing.B, dir, name string) {
 	}
 }
 
-// opsTotal sums the participants' state reads, writes and lost writes.
-func opsTotal(b *testing.B, ps []*participants) (reads, writes, lost float64) {
+// opsTotal sums the participants' state reads, writes and lost writes, and
+// gives the most participants any of them saw in torch's state.
+func opsTotal(b *testing.B, ps []*participants) (reads, writes, lost float64, inState int) {
 	for _, p := range ps {
 		c, err := os.ReadFile(filepath.Join(p.ctrl, fmt.Sprintf("ops-%d", p.Cmd.Process.Pid)))
 		if err != nil {
 			b.Fatalf("%s's operation counts: %v", p.Name, err)
 		}
 		var r, w, l float64
-		if _, err := fmt.Sscan(string(c), &r, &w, &l); err != nil {
+		var seen int
+		if _, err := fmt.Sscan(string(c), &r, &w, &l, &seen); err != nil {
 			b.Fatalf("%s's operation counts %q: %v", p.Name, c, err)
 		}
-		reads, writes, lost = reads+r, writes+w, lost+l
+		reads, writes, lost, inState = reads+r, writes+w, lost+l, max(inState, seen)
 	}
-	return reads, writes, lost
+	return reads, writes, lost, inState
 }
 
 func cpuOf(b *testing.B, ps ...*testenv.Proc) float64 {
@@ -298,6 +306,7 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	touch(b, ctrl, "go")
 	var formed bool
 	if r.first, r.inRound, formed = waitRound(b, ps, n, n, t0, timeout); !formed {
+		_, _, _, r.inState = opsTotal(b, ps)
 		return r
 	}
 	r.formed = true
@@ -310,10 +319,10 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	for _, p := range ps {
 		procs = append(procs, p.Proc)
 	}
-	r0, w0, l0 := opsTotal(b, ps)
+	r0, w0, l0, _ := opsTotal(b, ps)
 	s0, c0, tw := cpuOf(b, server), cpuOf(b, procs...), time.Now()
 	time.Sleep(window)
-	r1, w1, l1 := opsTotal(b, ps)
+	r1, w1, l1, _ := opsTotal(b, ps)
 	s1, c1, el := cpuOf(b, server), cpuOf(b, procs...), time.Since(tw).Seconds()
 	r.reads, r.writes = (r1-r0)/el, (w1-w0)/el
 	if w1 > w0 {
@@ -331,6 +340,7 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	t1 := time.Now()
 	touch(b, jctrl, "go")
 	if r.join, r.joinedBy, r.joined = waitRound(b, all, n+1, n+1, t1, timeout); !r.joined {
+		_, _, _, r.inState = opsTotal(b, all)
 		return r
 	}
 
@@ -340,7 +350,9 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	leave := leaveRendezvous(b, backend, endpoint, runID, nnodes, fmt.Sprintf("node-%d", n), st, joiner)
 	joiner.Kill()
 	touch(b, ctrl, "restart-1")
-	r.leave, r.leftBy, r.left = waitRound(b, ps, n, n, t2, timeout)
+	if r.leave, r.leftBy, r.left = waitRound(b, ps, n, n, t2, timeout); !r.left {
+		_, _, _, r.inState = opsTotal(b, ps)
+	}
 	if !strings.Contains(leave, "left the rendezvous before stopping") {
 		b.Fatalf("the preStop script did not take node-%d out of the rendezvous:\n%s", n, leave)
 	}
@@ -357,7 +369,7 @@ func leaveRendezvous(b *testing.B, backend, endpoint, runID, nnodes, addr string
 		conf += ",is_host=false"
 	}
 	code := fmt.Sprintf("import sys; sys.path.insert(0, %q); import leave_rendezvous as l; l.leave_rendezvous({%d})", dir, p.Cmd.Process.Pid)
-	cmd := testenv.InRootfs(trainerRoot(b), "/usr/bin/python3", "-c", code)
+	cmd := torchCmd(b, "/usr/bin/python3", "-c", code)
 	cmd.Env = testenv.TorchEnv("PET_RDZV_BACKEND="+backend, "PET_RDZV_ENDPOINT="+endpoint, "PET_RDZV_ID="+runID,
 		"PET_NNODES="+nnodes, "PET_LOCAL_ADDR="+addr,
 		"PET_RDZV_CONF="+conf, "ET_LEAVE_LOG=-")

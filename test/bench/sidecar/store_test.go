@@ -37,7 +37,7 @@ func startStore(b *testing.B, kind string) *store {
 		return &store{Proc: s.Proc, addr: s.c10d}
 	}
 	// InRootfs execs every step: the process is python's.
-	addr, p := tcpstoretest.StartTorch(b, trainerRoot(b))
+	addr, p := tcpstoretest.StartTorchWith(b, func(args ...string) *exec.Cmd { return torchCmd(b, "/usr/bin/python3", args...) })
 	return &store{Proc: p, addr: addr}
 }
 
@@ -45,7 +45,7 @@ func startStore(b *testing.B, kind string) *store {
 // agents, on a fresh store of each kind per repetition.
 func BenchmarkC10dTorchrun(b *testing.B) {
 	fmt.Println("== c10d rendezvous of real torchrun agents (--rdzv-backend=c10d, is_host=false): sidecar's store vs torch's TCPStore server")
-	trainerRoot(b) // prints the torch version
+	findTorch(b) // prints the torch version
 	reps := knob(b, "REPS", 3, count) * b.N
 	first := map[string][]time.Duration{}
 	scale := map[string][]time.Duration{}
@@ -117,7 +117,7 @@ func BenchmarkC10dLoad(b *testing.B) {
 	pin := knob(b, "C10D_PIN", true, strconv.ParseBool)
 	fmt.Printf("== c10d store load: N connections (one goroutine each, closed loop: set+get own key, add shared counter, "+
 		"wait for an existing key; %s per point): sidecar's store vs torch's classic TCPStore server\n", d)
-	trainerRoot(b) // prints the torch version
+	findTorch(b) // prints the torch version
 	stores := map[string]*store{}
 	for _, kind := range storeKinds {
 		stores[kind] = startStore(b, kind)
@@ -178,7 +178,7 @@ func BenchmarkC10dRSS(b *testing.B) {
 	raiseNoFile(b)
 	n := knob(b, "IDLE_CONNS", 1000, count)
 	fmt.Printf("== c10d store RSS with %d idle connections (each VALIDATE, then one PING answered)\n", n)
-	trainerRoot(b) // prints the torch version
+	findTorch(b) // prints the torch version
 	for _, kind := range storeKinds {
 		s := startStore(b, kind)
 		pid := s.Cmd.Process.Pid
@@ -385,7 +385,7 @@ func BenchmarkC10dClients(b *testing.B) {
 	d := knob(b, "C10D_TIME", 5*time.Second, time.ParseDuration) * 2
 	fmt.Printf("== c10d store with %d concurrent clients: %d in a bounded loop (an ADD a second each), one live client "+
 		"in a closed loop (SET, GET, WAIT for its key) timed for %s\n", n, n-1, d)
-	trainerRoot(b) // prints the torch version
+	findTorch(b) // prints the torch version
 	for _, kind := range storeKinds {
 		s := startStore(b, kind)
 		r := manyClients(s, n, d)

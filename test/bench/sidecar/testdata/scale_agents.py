@@ -11,7 +11,8 @@
 # Control files in ctrl_dir, written by the benchmark: "go" (start), "restart-K" (K-th restart of every
 # participant's workers), "stop". Output, one line each: READY once imported; "EV <addr> <round> <rank> <world>
 # <unix time>" each time a participant completes a round; "ERR <addr> <error>" when next_rendezvous fails. Every
-# second the process writes ops-<pid>: its state reads, writes, and writes that lost the compare-and-set.
+# second the process writes ops-<pid>: its state reads, writes, writes that lost the compare-and-set, and the most
+# participants that any of its handlers saw in torch's state (how far a round that does not form got).
 import os
 import sys
 import threading
@@ -29,6 +30,7 @@ if backend == "c10d":
 
 ops = {"get": 0, "set": 0, "lost": 0}
 ops_lock = threading.Lock()
+holders = []  # each participant's torch state holder
 print_lock = threading.Lock()
 
 
@@ -67,6 +69,7 @@ def participant(index):
                                   max_nodes=max_nodes, local_addr=addr, **kwargs)
     handler = get_rendezvous_handler(params)
     counted(handler._state_holder._backend)
+    holders.append(handler._state_holder)
     restarts = 0
     try:
         while not exists("stop"):
@@ -90,8 +93,9 @@ def participant(index):
 def write_ops():
     path = os.path.join(ctrl, f"ops-{os.getpid()}")
     while True:
+        seen = max((len(h.state.participants) for h in list(holders)), default=0)
         with ops_lock:
-            line = f"{ops['get']} {ops['set']} {ops['lost']}\n"
+            line = f"{ops['get']} {ops['set']} {ops['lost']} {seen}\n"
         with open(path + ".tmp", "w") as f:
             f.write(line)
         os.replace(path + ".tmp", path)
