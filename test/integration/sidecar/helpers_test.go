@@ -43,9 +43,18 @@ type server struct {
 	C10d                 string // host:port of the c10d store
 	port                 int
 	args                 []string
+	cgroup               string // if set, the cgroup.procs file serve joins before it starts
 }
 
 func startServe(t *testing.T, extra ...string) *server {
+	t.Helper()
+	s := newServe(t, extra...)
+	s.start(t)
+	return s
+}
+
+// newServe is startServe without the start.
+func newServe(t *testing.T, extra ...string) *server {
 	t.Helper()
 	s := &server{port: testenv.FreePort(t), DataDir: filepath.Join(t.TempDir(), "data")}
 	s.URL = fmt.Sprintf("http://127.0.0.1:%d", s.port)
@@ -55,13 +64,16 @@ func startServe(t *testing.T, extra ...string) *server {
 		"--listen-client-urls=" + s.URL, "--advertise-client-urls=" + s.URL,
 		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", testenv.FreePort(t)),
 		"--health-addr=" + s.Health, "--c10d-addr=" + s.C10d, "--unsafe-no-fsync"}, extra...)
-	s.start(t)
 	return s
 }
 
 func (s *server) start(t *testing.T) {
 	t.Helper()
-	s.Proc = testenv.Start(t, "serve", exec.Command(sidecarBin, s.args...))
+	cmd := exec.Command(sidecarBin, s.args...)
+	if s.cgroup != "" {
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, s.cgroup, sidecarBin}, s.args...)...)
+	}
+	s.Proc = testenv.Start(t, "serve", cmd)
 	waitReady(t, s.Proc, s.Health)
 }
 
