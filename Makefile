@@ -128,9 +128,10 @@ bench-sidecar: rootfs
 
 ## bench-scale: the rendezvous at the scale of real jobs (docs/scale.md): N = 64, 256, 1,024 of torch's own rendezvous
 ## handlers through the sidecar vs torch's TCPStore server (c10d) and etcd 3.4 (etcd-v2), the chart's settings and
-## torch's; 500 members each kept by its own join; 16,384 concurrent c10d clients. BENCH_SIDECAR_SCALE_* choose.
+## torch's; torch's join race with Go clients at 256 to 1,024 nodes; 500 members each kept by its own join; 16,384
+## concurrent c10d clients. BENCH_SIDECAR_SCALE_* choose.
 bench-scale: rootfs
-	$(GO) test -count=1 -timeout 150m -run '^$$' -bench 'RendezvousScale|^BenchmarkScale$$|C10dClients' -benchtime 1x ./test/bench/sidecar
+	$(GO) test -count=1 -timeout 150m -run '^$$' -bench 'RendezvousScale|C10dJoinRace|^BenchmarkScale$$|C10dClients' -benchtime 1x ./test/bench/sidecar
 
 ## bench-webhook: what users feel of the webhook (root): on the local cluster, seconds until the Job controller has
 ## created every pod of a 500-pod Indexed Job of the chart's PyTorch workers (scheduling-gated, nothing runs), with

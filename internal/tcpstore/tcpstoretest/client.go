@@ -81,6 +81,17 @@ func (c *Client) Reply(op tcpstore.Op) error {
 	return nil
 }
 
+// Value reads the reply to a GET or COMPARE_SET: the value.
+func (c *Client) Value() ([]byte, error) {
+	var b [8]byte
+	if _, err := io.ReadFull(c.r, b[:]); err != nil {
+		return nil, err
+	}
+	v := make([]byte, binary.LittleEndian.Uint64(b[:]))
+	_, err := io.ReadFull(c.r, v)
+	return v, err
+}
+
 // Do sends q and reads its reply.
 func (c *Client) Do(q *tcpstore.Request) error {
 	if err := c.Send(q); err != nil {

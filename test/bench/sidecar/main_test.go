@@ -1,7 +1,7 @@
 // Package sidecar_test measures rdzv-sidecar against a baseline measured in
 // the same run, one benchmark per measurement. `make bench-sidecar` runs
 // those of a small job, `make bench-scale` those of a large one
-// (RendezvousScale, Scale, C10dClients):
+// (RendezvousScale, C10dJoinRace, Scale, C10dClients):
 //
 //	go test -count=1 -timeout 150m -run '^$' -bench . -benchtime 1x ./test/bench/sidecar
 //
@@ -44,7 +44,10 @@
 //     sub-benchmark per N; BenchmarkC10dRSS: the store's RSS per 1,000 idle
 //     connections (goal ≤ 64 MiB); BenchmarkC10dClients: 16,384 concurrent
 //     clients in bounded loops and a live client's p99 (goal < 10 ms), the
-//     store's peak RSS (goal < 512 MiB).
+//     store's peak RSS (goal < 512 MiB); BenchmarkC10dJoinRace
+//     (race_test.go): torch's join race (every node adds itself to one key
+//     by COMPARE_SET, retrying at once) with Go clients, the store's share
+//     of a large job's first round, N = 256, 512, 1,024.
 //
 // Each prints what it measured, its ratios to the baseline and PASS or MISS
 // against its goals (timing never fails a benchmark; errors do), and reports
@@ -73,6 +76,8 @@
 //	BENCH_SIDECAR_SCALE_WINDOW    RendezvousScale: steady keep-alives measured for (20s)
 //	BENCH_SIDECAR_SCALE_TIMEOUT   RendezvousScale: a first round not formed by then is reported as such (5m)
 //	BENCH_SIDECAR_C10D_CLIENTS    C10dClients: concurrent clients (16384)
+//	BENCH_SIDECAR_RACE_NODES      C10dJoinRace: sizes, comma-separated (256,512,1024)
+//	BENCH_SIDECAR_RACE_TIMEOUT    C10dJoinRace: a race not done by then is reported as such (3m)
 //	BENCH_SIDECAR_C10D_CONNS  client connections of C10dLoad's points, comma-separated (64,256,1024)
 //	BENCH_SIDECAR_C10D_TIME   duration of each C10dLoad point (5s)
 //	BENCH_SIDECAR_C10D_PIN    C10dLoad: the store on the last CPU, the load client on the others (taskset),
