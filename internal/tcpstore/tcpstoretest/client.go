@@ -54,11 +54,11 @@ func (c *Client) Send(q *tcpstore.Request) error {
 func (c *Client) Reply(op tcpstore.Op) error {
 	var b [8]byte
 	switch op {
-	case tcpstore.OpGet, tcpstore.OpCompareSet: // u64 length, the value
-		if _, err := io.ReadFull(c.r, b[:8]); err != nil {
-			return err
+	case tcpstore.OpGet, tcpstore.OpCompareSet:
+		n, err := c.valueLen()
+		if err == nil {
+			_, err = c.r.Discard(int(n))
 		}
-		_, err := c.r.Discard(int(binary.LittleEndian.Uint64(b[:8])))
 		return err
 	case tcpstore.OpAdd, tcpstore.OpDeleteKey: // i64: the new value, whether the key was there
 		_, err := io.ReadFull(c.r, b[:8])
@@ -83,13 +83,20 @@ func (c *Client) Reply(op tcpstore.Op) error {
 
 // Value reads the reply to a GET or COMPARE_SET: the value.
 func (c *Client) Value() ([]byte, error) {
-	var b [8]byte
-	if _, err := io.ReadFull(c.r, b[:]); err != nil {
+	n, err := c.valueLen()
+	if err != nil {
 		return nil, err
 	}
-	v := make([]byte, binary.LittleEndian.Uint64(b[:]))
-	_, err := io.ReadFull(c.r, v)
+	v := make([]byte, n)
+	_, err = io.ReadFull(c.r, v)
 	return v, err
+}
+
+// valueLen reads the u64 length that a GET's or COMPARE_SET's value follows.
+func (c *Client) valueLen() (uint64, error) {
+	var b [8]byte
+	_, err := io.ReadFull(c.r, b[:])
+	return binary.LittleEndian.Uint64(b[:]), err
 }
 
 // Do sends q and reads its reply.

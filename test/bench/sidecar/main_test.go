@@ -58,7 +58,7 @@
 // c10d ones for torch's store, their baseline). etcd 3.4 is Debian's
 // /usr/bin/etcd (etcd-server). On a machine without Go or that root
 // filesystem but with more cores and a python with torch, a compiled
-// benchmark runs RendezvousScale, Scale and C10dClients with
+// benchmark runs RendezvousScale, C10dJoinRace, Scale and C10dClients with
 // BENCH_SIDECAR_BIN and BENCH_SIDECAR_PYTHON (docs/scale.md says how).
 //
 // Settings, from the environment (default):

@@ -435,10 +435,15 @@ func manyClients(s *store, n int, d time.Duration) clientsResult {
 	var mu sync.Mutex
 	var bg int
 	var bgErr error
-	started := time.Now()
+	// started says when every loop has made its first request (or ended).
+	var started sync.WaitGroup
+	started.Add(len(rest))
+	t00 := time.Now()
 	for i, c := range rest {
 		wg.Go(func() {
 			count := 0
+			first := sync.OnceFunc(started.Done)
+			defer first()
 			defer func() { mu.Lock(); bg += count; mu.Unlock() }()
 			q := &tcpstore.Request{Op: tcpstore.OpAdd, Key: fmt.Sprintf("bench/heartbeat/%d", i), Delta: 1}
 			t := time.NewTicker(time.Second)
@@ -456,6 +461,7 @@ func manyClients(s *store, n int, d time.Duration) clientsResult {
 					return
 				}
 				count++
+				first()
 				select {
 				case <-t.C:
 				case <-stop:
@@ -464,7 +470,7 @@ func manyClients(s *store, n int, d time.Duration) clientsResult {
 			}
 		})
 	}
-	time.Sleep(2 * time.Second) // every loop has started
+	started.Wait()
 	t0 := time.Now()
 	var lats []time.Duration
 	key := "bench/live"
@@ -491,5 +497,5 @@ func manyClients(s *store, n int, d time.Duration) clientsResult {
 	if bgErr != nil {
 		return clientsResult{err: fmt.Errorf("a background client: %w", bgErr)}
 	}
-	return clientsResult{p50: pct(lats, 0.5), p99: pct(lats, 0.99), live: len(lats), background: float64(bg) / time.Since(started).Seconds()}
+	return clientsResult{p50: pct(lats, 0.5), p99: pct(lats, 0.99), live: len(lats), background: float64(bg) / time.Since(t00).Seconds()}
 }
