@@ -83,6 +83,7 @@ func main() {
 	flag.StringVar(&pullPolicy, "sidecar-image-pull-policy", "", "imagePullPolicy of the sidecar ("+strings.Join(constants.PullPolicies, ", ")+"; empty: Kubernetes' default)")
 	flag.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS domain")
 	flag.StringVar(&cfg.WebhookNamespace, "webhook-namespace", "", "the webhook's own namespace, whose pods are never mutated")
+	flag.StringVar(&cfg.Version, "version", "", "this webhook's release (its chart's version), named when a pod of a newer job chart is denied")
 	flag.Var(&extra, "extra-accelerator", "extra resource name counted as an accelerator (repeatable or comma-separated)")
 	flag.StringVar(&d.RdzvBackend, "default-rdzv-backend", d.RdzvBackend, "rendezvous backend when a pod does not say: "+strings.Join(constants.Backends, ", "))
 	flag.IntVar(&d.JoinTimeout, "default-join-timeout", d.JoinTimeout, "seconds torchrun waits for min nodes")

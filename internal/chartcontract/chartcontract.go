@@ -27,12 +27,14 @@ type contract struct {
 	HealthPort         int               `json:"healthPort"`    // the sidecar's /rendezvous (helm test)
 	Ports              map[string]int32  `json:"ports"`         // the sidecar's default ports, by use
 	PortBase           [2]int            `json:"portBase"`      // bounds of a host-network job's first port
+	NodePortRange      [2]int            `json:"nodePortRange"` // where a host-network job's ports never go
 	MaxSlots           int               `json:"maxSlots"`
 	MaxRdzvStandbys    int               `json:"maxRdzvStandbys"`
 	SchedulingGate     string            `json:"schedulingGate"`
 	Domain             string            `json:"domain"`
 	PodAnnotations     []string          `json:"podAnnotations"`
 	MutatedAnnotation  string            `json:"mutatedAnnotation"`
+	ContractVersion    int               `json:"contractVersion"` // annotation contract on every pod
 	Accelerators       any               `json:"accelerators"`
 }
 
@@ -47,12 +49,14 @@ func current() contract {
 		Ports: map[string]int32{"client": constants.DefaultPorts.Client, "peer": constants.DefaultPorts.Peer,
 			"health": constants.DefaultPorts.Health, "c10d": constants.DefaultPorts.C10d},
 		PortBase:          [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
+		NodePortRange:     constants.NodePortRange,
 		MaxSlots:          constants.MaxSlots,
 		MaxRdzvStandbys:   constants.MaxRdzvStandbys,
 		SchedulingGate:    constants.SchedulingGate,
 		Domain:            constants.Domain,
 		PodAnnotations:    constants.PodAnnotations,
 		MutatedAnnotation: constants.AnnotationMutated,
+		ContractVersion:   constants.ContractVersion,
 		Accelerators:      gpu.Rules,
 	}
 }

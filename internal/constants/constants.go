@@ -116,7 +116,17 @@ const (
 	AnnotationForceDeleteLostPods = Domain + "/force-delete-lost-pods"
 	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
 	AnnotationMutated = Domain + "/mutated"
+	// AnnotationContract is the ContractVersion of the job chart that rendered the pod; absent: 1 (the charts
+	// before it). A webhook denies a pod of a newer contract than its own, naming both (upgrade the webhook first).
+	AnnotationContract = Domain + "/contract"
 )
+
+// ContractVersion is the version of what the job chart and the webhook agree on: the annotations, labels and
+// their meaning (docs/contract.md). It grows by one whenever a job chart may render a pod that an older webhook
+// would mutate wrongly or deny; a webhook serves every contract up to its own (CHANGELOG.md has the table).
+//   - 1: the charts up to 0.1.0 (no annotation).
+//   - 2: annotation contract.
+const ContractVersion = 2
 
 // PodAnnotations are the annotations of our Domain a pod may carry when it
 // is created (AnnotationMutated is the webhook's own); the webhook denies any
@@ -126,7 +136,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
-	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts}
+	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
@@ -178,6 +188,12 @@ const (
 	MinRdzvPortBase = 1024
 	MaxRdzvPortBase = 32764
 )
+
+// NodePortRange is Kubernetes' default range of NodePort Services
+// (--service-node-port-range), whose ports kube-proxy holds on every node:
+// the job chart never picks a host-network job's ports there and refuses a
+// base given there.
+var NodePortRange = [2]int{30000, 32767}
 
 // ReservedPort is a port the rendezvous sidecar listens on. All containers of
 // a pod share one network namespace, so no other container of a training pod

@@ -24,6 +24,8 @@ type Config struct {
 	ExtraAccelerators []string
 	// WebhookNamespace is the namespace the webhook runs in; its pods are never mutated.
 	WebhookNamespace string
+	// Version is the webhook's release (its chart's version), named when a pod of a newer contract is denied.
+	Version string
 	// Defaults for settings a pod does not carry.
 	Defaults Defaults
 }

@@ -2,6 +2,8 @@ package mutate
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -140,6 +142,14 @@ func TestDenied(t *testing.T) {
 			p.Annotations[constants.AnnotationMutated] = "yes"
 			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: constants.SchedulingGate}}
 		}, []string{"annotation elastic-training.io/mutated is the webhook's record of its own mutation, yet this pod was never mutated"}},
+		{"contract not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationContract] = "v2" },
+			[]string{`annotation elastic-training.io/contract="v2" is invalid: want the job chart's contract version`}},
+		{"a newer job chart's pod, with an annotation this webhook does not know", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationContract] = strconv.Itoa(constants.ContractVersion + 1)
+			p.Annotations[constants.Domain+"/from-the-future"] = "x"
+		}, []string{fmt.Sprintf(`annotation elastic-training.io/contract="%d": this pod's job chart needs contract %d, and this webhook (elastic-training-webhook 0.1.0) serves contracts up to %d`,
+			constants.ContractVersion+1, constants.ContractVersion+1, constants.ContractVersion),
+			"upgrade the elastic-training-webhook chart first", "CHANGELOG.md"}},
 		{"several problems reported at once", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationMinNodes] = "x"
 			p.Annotations[constants.AnnotationSlots] = "y"
@@ -156,7 +166,22 @@ func TestDenied(t *testing.T) {
 			for _, w := range tc.wants {
 				assert.Contains(t, err.Error(), w)
 			}
+			if p.Annotations[constants.AnnotationContract] == strconv.Itoa(constants.ContractVersion+1) {
+				assert.NotContains(t, err.Error(), "a typo", "a newer chart's annotations are not called typos")
+			}
 		})
+	}
+}
+
+// A pod of this webhook's contract, or of an older chart (no annotation), is mutated.
+func TestContractsServed(t *testing.T) {
+	for _, v := range []string{"", "1", strconv.Itoa(constants.ContractVersion)} {
+		p := base(t)
+		if v != "" {
+			p.Annotations[constants.AnnotationContract] = v
+		}
+		_, err := Mutate(Input{Pod: p, Namespace: "team-a", Config: testConfig()})
+		assert.NoError(t, err, "contract %q", v)
 	}
 }
 

@@ -29,6 +29,7 @@ func testConfig() Config {
 	cfg.SidecarImage = "example.com/rdzv-sidecar:v0.1.0"
 	cfg.ExtraAccelerators = []string{"example.com/tpu"}
 	cfg.WebhookNamespace = "elastic-training-system"
+	cfg.Version = "0.1.0"
 	return cfg
 }
 

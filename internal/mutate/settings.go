@@ -93,6 +93,10 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 		bad.add("label", constants.LabelJob, s.job, "a DNS label (lowercase letters, digits, '-', starting with a letter) of at most 58 characters")
 	}
 
+	if err := checkContract(ann[constants.AnnotationContract], cfg.Version); err != nil {
+		// A newer chart's other annotations would read as typos: say only what to do.
+		return nil, err
+	}
 	for _, k := range slices.Sorted(maps.Keys(ann)) {
 		if strings.HasPrefix(k, constants.Domain+"/") && !slices.Contains(constants.PodAnnotations, k) {
 			bad.add("annotation", k, ann[k], "no such annotation (a typo?); ours are "+strings.Join(constants.PodAnnotations, ", "))
@@ -374,4 +378,29 @@ func requireInt(bad *invalid, ann map[string]string, key string, lo, hi int) int
 // to the API server (the Lease, the Service's endpoint, Events, lost pods).
 func (s *settings) candidate() bool {
 	return s.rdzvHost && s.index >= 0 && s.index <= s.standbys
+}
+
+// checkContract refuses a pod rendered by a job chart of a newer contract
+// than this webhook's (AnnotationContract; absent: 1): the chart may rely on
+// what this webhook does not do, so the pod is denied with both versions and
+// the order of upgrades, instead of as a list of unknown annotations.
+func checkContract(v, webhookVersion string) error {
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return fmt.Errorf("annotation %s=%q is invalid: want the job chart's contract version, a number from 1", constants.AnnotationContract, v)
+	}
+	if n <= constants.ContractVersion {
+		return nil
+	}
+	release := ""
+	if webhookVersion != "" {
+		release = " " + webhookVersion
+	}
+	return fmt.Errorf("annotation %s=%q: this pod's job chart needs contract %d, and this webhook (elastic-training-webhook%s) serves contracts up to %d: "+
+		"upgrade the elastic-training-webhook chart first (helm upgrade <webhook release> elastic-training-webhook), then install or upgrade the job; "+
+		"CHANGELOG.md has which chart versions go together",
+		constants.AnnotationContract, v, n, release, constants.ContractVersion)
 }

@@ -158,37 +158,52 @@ func TestImageDigest(t *testing.T) {
 	assert.Equal(t, "pytorch/pytorch@"+digest, trainerOf(t, workerPod(t, group)).Image, "a group's digest, the shared repository")
 }
 
-// serviceAccount.create: the chart makes the account, every pod (the dedicated rendezvous pod too) runs as it, and
-// the serving sidecars' Role is bound to it.
+// Least privilege by default: the chart makes the job's own account, every pod (the dedicated rendezvous pod too)
+// runs as it, and the serving sidecars' Role is bound to it alone, never to the namespace's default account, which
+// every other pod of the namespace runs as (it could point the rendezvous Service at a store of its own).
 func TestJobServiceAccount(t *testing.T) {
 	for name, c := range map[string]struct {
 		over    map[string]any
 		account string
 		created bool
 	}{
-		"created":                {map[string]any{"serviceAccount": map[string]any{"create": true}}, release, true},
-		"created, named":         {map[string]any{"serviceAccount": map[string]any{"create": true, "name": "trainers"}}, "trainers", true},
-		"given":                  {map[string]any{"serviceAccount": map[string]any{"name": "existing"}}, "existing", false},
-		"created, dedicated pod": {map[string]any{"serviceAccount": map[string]any{"create": true}, "rendezvous": map[string]any{"placement": "dedicated"}}, release, true},
-		"none":                   {nil, "default", false},
+		"default":                {nil, release, true},
+		"created, named":         {map[string]any{"serviceAccount": map[string]any{"name": "trainers"}}, "trainers", true},
+		"existing":               {map[string]any{"serviceAccount": map[string]any{"create": false, "name": "existing"}}, "existing", false},
+		"serviceAccountName":     {map[string]any{"serviceAccountName": "trainer"}, "trainer", false},
+		"created, dedicated pod": {map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}, release, true},
+		"default named":          {map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}, "default", false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r, err := render(loadChart(t), pytorchJob(t, c.over), chartrender.Options{})
 			require.NoError(t, err)
 			assert.Equal(t, c.created, r.Find("ServiceAccount", c.account) != nil)
+			n := 0
 			for key, p := range podSpecs(t, r) {
-				want := c.account
-				if want == "default" {
-					want = ""
-				}
-				assert.Equal(t, want, p.Spec.ServiceAccountName, key)
+				assert.Equal(t, c.account, p.Spec.ServiceAccountName, key)
+				assert.False(t, p.Spec.AutomountServiceAccountToken == nil || *p.Spec.AutomountServiceAccountToken, "%s: the trainer gets no API token", key)
+				n++
 			}
+			require.NotZero(t, n)
 			binding := r.Find("RoleBinding", release+"-rdzv")
 			require.NotNil(t, binding)
 			subjects, _, _ := unstructured.NestedSlice(binding.Object, "subjects")
+			require.Len(t, subjects, 1)
 			assert.Equal(t, c.account, subjects[0].(map[string]any)["name"])
 		})
 	}
+}
+
+// With no account of the job's own, the Role would go to the namespace's default account: refused at install,
+// saying what to set; an upgrade of a job installed so (by an older chart, --reuse-values) still scales.
+func TestDefaultAccountRefused(t *testing.T) {
+	vals := pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}})
+	_, err := render(loadChart(t), vals, chartrender.Options{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "serviceAccount.create is false and no account is named")
+	assert.Contains(t, err.Error(), "Leave serviceAccount.create true")
+	_, err = render(loadChart(t), vals, chartrender.Options{Revision: 2})
+	assert.NoError(t, err, "an upgrade keeps what the job was installed with")
 }
 
 // A parent chart's global values reach a subchart: accepted, read by nothing.

@@ -740,3 +740,27 @@ func TestWebhookChartHelmTest(t *testing.T) {
 	r := renderWebhook(t, webhookSets(t, "tests.enabled=false"))
 	assert.Nil(t, r.Find("Pod", "elastic-training-webhook-test"))
 }
+
+// hostNetwork: the webhook pods listen on their node's address at webhook.port (the control plane reaches nodes
+// where it cannot reach the pod network), still resolve cluster names, stay restricted, and the Service targets
+// the same port; two replicas never share a node (the scheduler's host-port check and the chart's spread).
+func TestWebhookChartHostNetwork(t *testing.T) {
+	r := renderWebhook(t, map[string]any{"hostNetwork": true, "webhook": map[string]any{"port": 10260}})
+	dep := convert[appsv1.Deployment](t, r.Find("Deployment", webhookRelease))
+	spec := dep.Spec.Template.Spec
+	assert.True(t, spec.HostNetwork)
+	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, spec.DNSPolicy)
+	c := spec.Containers[0]
+	assert.Contains(t, c.Args, "--port=10260")
+	assert.Equal(t, int32(10260), c.Ports[0].ContainerPort)
+	require.NotNil(t, c.SecurityContext)
+	assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop, "no capability: the port is above 1023")
+	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
+	svc := convert[corev1.Service](t, r.Find("Service", webhookRelease))
+	assert.Equal(t, "https", svc.Spec.Ports[0].TargetPort.String())
+	assert.Equal(t, corev1.UnsatisfiableConstraintAction("DoNotSchedule"), spec.TopologySpreadConstraints[0].WhenUnsatisfiable)
+
+	def := convert[appsv1.Deployment](t, renderWebhook(t, nil).Find("Deployment", webhookRelease))
+	assert.False(t, def.Spec.Template.Spec.HostNetwork, "pod network by default")
+	assert.Contains(t, def.Spec.Template.Spec.Containers[0].Args, "--version=0.1.0", "the webhook names its release when it denies a newer job chart's pod")
+}

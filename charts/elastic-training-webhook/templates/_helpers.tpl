@@ -64,9 +64,26 @@ block every node drain, and minAvailable 0 protects nothing. */}}
 {{- end }}
 
 {{/*
-An image of ours (dict "image" <values> "root" $): the tag defaults to the chart's appVersion, which the release
-workflow sets to the version it builds the images with.
+An image of ours (dict "image" <values> "root" $): [registry/]repository[:tag][@digest]. The registry is the image's
+own `registry`, else global.imageRegistry, each replacing the registry host the repository names (its first part
+when that has a '.' or ':' or is localhost), so that one value moves every image to a mirror; the tag defaults to
+the chart's appVersion, which the release workflow sets to the version it builds the images with; a digest wins
+over the tag.
 */}}
 {{- define "elastic-training-webhook.image" -}}
-{{- printf "%s:%s" .image.repository (toString .image.tag | default .root.Chart.AppVersion) -}}
+{{- $registry := .image.registry | default ((.root.Values.global | default dict).imageRegistry) -}}
+{{- $repo := .image.repository -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repo = rest $parts | join "/" -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" $registry) $repo -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (toString .image.tag | default .root.Chart.AppVersion) -}}
+{{- end -}}
 {{- end }}

@@ -33,6 +33,10 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     1024,
     32764
   ],
+  "nodePortRange": [
+    30000,
+    32767
+  ],
   "maxSlots": 1024,
   "maxRdzvStandbys": 8,
   "schedulingGate": "elastic-training.io/webhook",
@@ -61,9 +65,11 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/rdzv-restart-survivors",
     "elastic-training.io/force-delete-lost-pods",
     "elastic-training.io/rdzv-standbys",
-    "elastic-training.io/rdzv-ports"
+    "elastic-training.io/rdzv-ports",
+    "elastic-training.io/contract"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
+  "contractVersion": 2,
   "accelerators": {
     "exact": [
       "amd.com/gpu",

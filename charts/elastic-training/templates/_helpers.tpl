@@ -158,6 +158,8 @@ Kubernetes replaces a Job's pod once it is evicted from a lost node, and never a
 {{- define "elastic-training.jobAnnotations" -}}
 {{- $v := .root.Values -}}
 {{- $plan := .plan -}}
+{{- /* The webhook denies a contract newer than its own, naming both: upgrade the webhook chart first. */ -}}
+elastic-training.io/contract: {{ (include "elastic-training.contract" .root | fromJson).contractVersion | int | quote }}
 elastic-training.io/framework: {{ $v.framework | quote }}
 elastic-training.io/run-id: {{ include "elastic-training.runId" .root | quote }}
 elastic-training.io/min-nodes: {{ $plan.minNodes | quote }}
@@ -255,9 +257,16 @@ template's digest (elastic-training.io/pod-template); the <job>-run ConfigMap ca
 to change it, start a new run that resumes from your checkpoints: {{ $data }}; then helm install {{ $job }} with the new values and --set runId={{ include "elastic-training.runId" . }} (the same run id)
 {{- end -}}
 
-{{/* . = dict "root" "apiVersion" "kind" "name" "digest": fails an upgrade that changes this object's pod template. */}}
-{{- define "elastic-training.podTemplateGuard" -}}
+{{/*
+The pod template an upgrade renders for one workload. . = dict "root" "apiVersion" "kind" "name" "digest" "template".
+Output: JSON {"digest", "template"}: the new ones, or, when no value changed but the chart did (a new chart version
+whose templates render differently), the running object's own, so that a chart upgrade alone never blocks
+`helm upgrade --set <group>.replicas=N` (a Job's pod template is immutable, and a StatefulSet's would restart every
+pod); the new chart's template applies to the next run. Fails an upgrade whose values change the pod template.
+*/}}
+{{- define "elastic-training.podTemplateOnUpgrade" -}}
 {{- $root := .root -}}
+{{- $out := dict "digest" .digest "template" .template -}}
 {{- if $root.Release.IsUpgrade -}}
 {{- $live := lookup .apiVersion .kind $root.Release.Namespace .name | default dict -}}
 {{- $was := dig "metadata" "annotations" "elastic-training.io/pod-template" "" $live -}}
@@ -267,14 +276,16 @@ to change it, start a new run that resumes from your checkpoints: {{ $data }}; t
 {{- $old := dig "data" "values-digests" "{}" $run | fromJson -}}
 {{- $new := include "elastic-training.valueDigests" $root | fromJson -}}
 {{- $changed := list -}}
-{{- range $k := concat (keys $old) (keys $new) | uniq | sortAlpha -}}
-{{- if ne (toString (index $old $k)) (toString (index $new $k)) -}}{{- $changed = append $changed $k -}}{{- end -}}
+{{- /* A value only one of the charts has (new in this chart, or gone from it) is no change of the user's. */ -}}
+{{- range $k := keys $old | sortAlpha -}}
+{{- if and (hasKey $new $k) (ne (toString (index $old $k)) (toString (index $new $k))) -}}{{- $changed = append $changed $k -}}{{- end -}}
 {{- end -}}
+{{- if and $old (not $changed) (dig "spec" "template" "" $live) -}}
+{{- $out = dict "digest" $was "template" (toYaml $live.spec.template) -}}
+{{- else -}}
 {{- $why := printf "values changed since the running revision: %s" (join ", " $changed) -}}
 {{- if not $old -}}
 {{- $why = "the running revision was installed by a chart that does not record its values" -}}
-{{- else if not $changed -}}
-{{- $why = printf "no value changed: the chart's templates did (%s -> %s)" (dig "metadata" "labels" "helm.sh/chart" "?" $live) (include "elastic-training.chart" $root) -}}
 {{- end -}}
 {{- $scale := list -}}
 {{- range $g := (include "elastic-training.plan" $root | fromYaml).groups -}}
@@ -285,14 +296,17 @@ to change it, start a new run that resumes from your checkpoints: {{ $data }}; t
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- toJson $out -}}
+{{- end -}}
 
 {{/*
 The rdzv-sidecar image of the dedicated rendezvous pod and the test pod: the tag defaults to the chart's
 appVersion, as for every image of ours (the release workflow builds them with the chart's version).
 */}}
 {{- define "elastic-training.rendezvousImage" -}}
-{{- $i := .Values.rendezvous.image -}}
-{{- printf "%s:%s" $i.repository (toString $i.tag | default .Chart.AppVersion) -}}
+{{- $i := deepCopy .Values.rendezvous.image -}}
+{{- $_ := set $i "tag" (toString $i.tag | default .Chart.AppVersion) -}}
+{{- include "elastic-training.imageRef" (dict "image" $i "root" .) -}}
 {{- end }}
 
 {{/*
@@ -322,14 +336,14 @@ The member StatefulSets whose pods the serving sidecar force-deletes once Kubern
 {{- join "," $names -}}
 {{- end }}
 
-{{/* The serving pod's service account: the rdzv-host group's, else the job's, else `default` (the dedicated
-rendezvous pod runs as `default`). Input: dict "root" $ "plan" <plan>. */}}
+{{/* The serving pod's service account: the rdzv-host group's, else the job's (the dedicated rendezvous pod runs as
+the job's), else `default`. Input: dict "root" $ "plan" <plan>. */}}
 {{- define "elastic-training.servingServiceAccount" -}}
 {{- $job := include "elastic-training.jobServiceAccount" .root -}}
 {{- $sa := $job | default "default" -}}
 {{- if not .plan.dedicated -}}
 {{- range .plan.groups -}}
-{{- if .rdzvHost -}}{{- $sa = .values.serviceAccountName | default $.root.Values.serviceAccountName | default $job | default "default" -}}{{- end -}}
+{{- if .rdzvHost -}}{{- $sa = .values.serviceAccountName | default $job | default "default" -}}{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $sa -}}
@@ -390,7 +404,7 @@ declares its sidecar's ports: Kubernetes schedules at most one pod of a host-net
 */}}
 {{- define "elastic-training.sidecarPorts" -}}
 {{- if .Values.hostNetwork -}}
-{{- $base := int (.Values.hostNetworkPortBase | default (add 20000 (mul 10 (mod (atoi (adler32sum (printf "%s/%s" .Release.Namespace (include "elastic-training.fullname" .)))) 1100)))) -}}
+{{- $base := int (.Values.hostNetworkPortBase | default (include "elastic-training.derivedPortBase" .)) -}}
 base: {{ $base }}
 client: {{ $base }}
 peer: {{ add $base 1 }}
@@ -402,16 +416,60 @@ base: 0
 {{- end -}}
 {{- end }}
 
-{{/* An image reference: repository@digest when a digest is set, else repository:tag. Input: the image's dict. */}}
-{{- define "elastic-training.imageRef" -}}
-{{- if .digest -}}{{ printf "%s@%s" .repository .digest }}{{- else -}}{{ printf "%s:%s" .repository .tag }}{{- end -}}
+{{/*
+A host-network job's port base when hostNetworkPortBase is 0: one of 20000..29990 picked from the job's namespace
+and name, below Kubernetes' NodePort range (30000-32767), whose ports kube-proxy claims on every node. Picked once:
+the run ConfigMap keeps it (rdzv-port-base), and a job installed by a chart that did not record it keeps the base
+that chart picked (20000..30990), so that an upgrade never moves a running job's ports.
+*/}}
+{{- define "elastic-training.derivedPortBase" -}}
+{{- if not (hasKey .Values "__portBase") -}}
+{{- $job := include "elastic-training.fullname" . -}}
+{{- $sum := atoi (adler32sum (printf "%s/%s" .Release.Namespace $job)) -}}
+{{- $base := add 20000 (mul 10 (mod $sum 1000)) -}}
+{{- $run := lookup "v1" "ConfigMap" .Release.Namespace (printf "%s-run" $job) | default dict -}}
+{{- if $run -}}
+{{- $base = dig "data" "rdzv-port-base" (add 20000 (mul 10 (mod $sum 1100)) | toString) $run | atoi -}}
+{{- end -}}
+{{- $_ := set .Values "__portBase" $base -}}
+{{- end -}}
+{{- index .Values "__portBase" -}}
 {{- end }}
 
-{{/* The job's own service account (serviceAccount): its name when the chart creates it or one is named, else "". */}}
+{{/*
+An image reference, [registry/]repository then @digest when a digest is set, else :tag. The registry is the image's
+own `registry`, else global.imageRegistry, each replacing the registry host the repository names (its first part
+when that has a '.' or ':' or is localhost; none: Docker Hub's), so that one value moves every image to a mirror.
+Input: dict "image" <the image's dict> "root" $.
+*/}}
+{{- define "elastic-training.imageRef" -}}
+{{- $i := .image -}}
+{{- $registry := $i.registry | default ((.root.Values.global | default dict).imageRegistry) -}}
+{{- $repo := $i.repository -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repo = rest $parts | join "/" -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" $registry) $repo -}}
+{{- end -}}
+{{- if $i.digest -}}{{ printf "%s@%s" $repo $i.digest }}{{- else -}}{{ printf "%s:%s" $repo (toString $i.tag) }}{{- end -}}
+{{- end }}
+
+{{/* The account every pod of the job runs as unless its group names one: serviceAccountName, else the job's own
+(serviceAccount: created or named), else "" (the namespace's default). */}}
 {{- define "elastic-training.jobServiceAccount" -}}
-{{- if or .Values.serviceAccount.create .Values.serviceAccount.name -}}
+{{- if .Values.serviceAccountName -}}
+{{- .Values.serviceAccountName -}}
+{{- else if or .Values.serviceAccount.create .Values.serviceAccount.name -}}
 {{- .Values.serviceAccount.name | default (include "elastic-training.fullname" .) -}}
 {{- end -}}
+{{- end }}
+
+{{/* "true" when the chart creates the job's own service account: serviceAccount.create and no serviceAccountName. */}}
+{{- define "elastic-training.createServiceAccount" -}}
+{{- if and .Values.serviceAccount.create (not .Values.serviceAccountName) }}true{{ end -}}
 {{- end }}
 
 {{/* A group's shared memory (shm): its own enabled and sizeLimit where it sets them (merge would take a group's

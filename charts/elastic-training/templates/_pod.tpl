@@ -189,7 +189,7 @@ spec:
   group- or world-writable directory. An image without OpenSSH fails here, saying so, instead of with "not found". */}}
   {{- $need := ternary (first ($rv.mpi.workerCommand | default (list "ssh"))) "ssh" (eq $g.role "worker") }}
     - name: ssh-setup
-      image: {{ include "elastic-training.imageRef" $image }}
+      image: {{ include "elastic-training.imageRef" (dict "image" $image "root" $root) }}
       imagePullPolicy: {{ $image.pullPolicy }}
       command: ["/bin/sh", "-c"]
       args:
@@ -197,7 +197,7 @@ spec:
           set -eu
           for b in ssh-keygen {{ $need }}; do
             command -v "$b" >/dev/null 2>&1 || {
-              echo "elastic-training: image {{ include "elastic-training.imageRef" $image }} has no $b: MPI pods need OpenSSH in the trainer image (ssh-keygen, and sshd on workers, ssh on the launcher; Debian: openssh-server, openssh-client)" >&2
+              echo "elastic-training: image {{ include "elastic-training.imageRef" (dict "image" $image "root" $root) }} has no $b: MPI pods need OpenSSH in the trainer image (ssh-keygen, and sshd on workers, ssh on the launcher; Debian: openssh-server, openssh-client)" >&2
               exit 1
             }
           done
@@ -225,7 +225,7 @@ spec:
   {{- end }}
   containers:
     - name: {{ $containerName }}
-      image: {{ include "elastic-training.imageRef" $image }}
+      image: {{ include "elastic-training.imageRef" (dict "image" $image "root" $root) }}
       imagePullPolicy: {{ $image.pullPolicy }}
       {{- with $command }}
       command:

@@ -1,4 +1,4 @@
-{{- /* The dedicated rendezvous pod's template (its digest guards upgrades: elastic-training.podTemplateGuard). */ -}}
+{{- /* The dedicated rendezvous pod's template (its digest guards upgrades: elastic-training.podTemplateOnUpgrade). */ -}}
 {{- define "elastic-training.rdzvPodTemplate" -}}
 {{- $plan := .plan -}}
 {{- with .root -}}

@@ -117,6 +117,19 @@ unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is 
 {{- if and $b (or (lt $b (index $c.portBase 0 | int)) (gt $b (index $c.portBase 1 | int))) -}}
 {{- fail (printf "hostNetworkPortBase: %d is outside %v..%v (above the privileged ports, below the kernel's ephemeral range; the sidecar takes it and the 3 after it)" $b (index $c.portBase 0) (index $c.portBase 1)) -}}
 {{- end -}}
+{{- $np := $c.nodePortRange -}}
+{{- if and $b (not $.Release.IsUpgrade) (ge (add $b 3) (int (index $np 0))) (le $b (int (index $np 1))) -}}
+{{- fail (printf "hostNetworkPortBase: %d..%d overlaps Kubernetes' NodePort range (%v-%v), whose ports kube-proxy holds on every node: choose a base below %d (or 0, which picks one)" $b (add $b 3) (index $np 0) (index $np 1) (sub (int (index $np 0)) 3)) -}}
+{{- end -}}
+{{- end -}}
+{{- /* Whoever runs as the serving pods' account can move the job's rendezvous (rbac.yaml): never the namespace's
+default account, which every other pod runs as, unless the user names it. An upgrade of a job installed so keeps it. */ -}}
+{{- if and (not $.Release.IsUpgrade) (eq (include "elastic-training.servingServiceAccount" (dict "root" . "plan" $plan)) "default") -}}
+{{- $named := list $v.serviceAccountName $v.serviceAccount.name -}}
+{{- range $plan.groups }}{{ if .rdzvHost }}{{ $named = append $named ((.values | default dict).serviceAccountName) }}{{ end }}{{ end -}}
+{{- if not (has "default" $named) -}}
+{{- fail "serviceAccount.create is false and no account is named, so the pods would run as the namespace's default account and the rendezvous Role (the Lease, the EndpointSlice, lost pods) would be bound to it: every other pod of the namespace could then move the job's rendezvous. Leave serviceAccount.create true (the default), or name an account of the job's own (serviceAccount.name or serviceAccountName; naming default yourself is accepted)" -}}
+{{- end -}}
 {{- end -}}
 {{- if and $v.queue.kueue $v.queue.volcano -}}
 {{- fail (printf "queue.kueue (%s) and queue.volcano (%s) are both set: a job is queued by one of them; set the other to \"\"" $v.queue.kueue $v.queue.volcano) -}}

@@ -1,0 +1,269 @@
+package helm_test
+
+// Installing and upgrading like a cluster add-on (issue 33): one registry value moves every image of both charts,
+// the job's pods carry the contract version the webhook checks, a new chart version alone never blocks a scale, and
+// a host-network job's ports never land in the NodePort range.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/strvals"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
+)
+
+// images lists every container image of every object rendered (workloads, the helm test pod), by object and
+// container.
+func images(t *testing.T, r *chartrender.Rendered) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, o := range r.Objects {
+		var spec []any
+		switch o.Kind {
+		case "Pod":
+			spec = []any{"spec"}
+		case "Job", "StatefulSet", "Deployment":
+			spec = []any{"spec", "template", "spec"}
+		default:
+			continue
+		}
+		for _, list := range []string{"initContainers", "containers"} {
+			path := make([]string, 0, len(spec)+1)
+			for _, p := range spec {
+				path = append(path, p.(string))
+			}
+			cs, _, _ := unstructured.NestedSlice(o.Obj, append(path, list)...)
+			for _, c := range cs {
+				m := c.(map[string]any)
+				out[fmt.Sprintf("%s %s", o.Key(), m["name"])] = m["image"].(string)
+			}
+		}
+	}
+	return out
+}
+
+// One value, global.imageRegistry, moves every image of the job chart (trainers of every group, MPI's ssh-setup,
+// the dedicated rendezvous pod, the helm test pod) and of the webhook chart (the webhook, its test, the sidecar it
+// injects) to a mirror, keeping each repository's path; an image's own registry wins, and a digest is kept.
+func TestOneRegistryMovesEveryImage(t *testing.T) {
+	const mirror = "registry.example.com:5000/mirror"
+	for _, values := range []string{"ci/elasticdl-values.yaml", "ci/mpi-values.yaml", "ci/pytorch-values.yaml"} {
+		t.Run(values, func(t *testing.T) {
+			vals := merge(sc(t, "charts/elastic-training/"+values), map[string]any{"global": map[string]any{"imageRegistry": mirror}})
+			r, err := render(loadChart(t), merge(vals, pinned(t)), chartrender.Options{})
+			require.NoError(t, err)
+			got := images(t, r)
+			require.NotEmpty(t, got)
+			for where, image := range got {
+				assert.True(t, strings.HasPrefix(image, mirror+"/"), "%s: %s is not from %s", where, image, mirror)
+				assert.NotContains(t, image, "ghcr.io", where)
+			}
+		})
+	}
+	r, err := render(loadChart(t), pytorchJob(t, map[string]any{
+		"global":     map[string]any{"imageRegistry": mirror},
+		"image":      map[string]any{"repository": "nvcr.io/nvidia/pytorch", "tag": "25.01-py3"},
+		"rendezvous": map[string]any{"placement": "dedicated", "image": map[string]any{"registry": "own.example.com"}},
+	}), chartrender.Options{})
+	require.NoError(t, err)
+	got := images(t, r)
+	assert.Equal(t, mirror+"/nvidia/pytorch:25.01-py3", got["Job/demo-worker trainer"], "the repository's registry host is replaced")
+	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Deployment/demo-rdzv rdzv-sidecar"], "an image's own registry wins")
+	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Pod/demo-test-rdzv test"])
+	plain, err := render(loadChart(t), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "mirror.local"}}), chartrender.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, "mirror.local/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", images(t, plain)["Job/demo-worker trainer"], "a Docker Hub repository gets the registry in front")
+
+	w := renderWebhook(t, map[string]any{"global": map[string]any{"imageRegistry": mirror}})
+	got = images(t, w)
+	require.NotEmpty(t, got)
+	for where, image := range got {
+		assert.True(t, strings.HasPrefix(image, mirror+"/elastic-training/"), "%s: %s", where, image)
+	}
+	dep := convert[appsv1.Deployment](t, w.Find("Deployment", webhookRelease))
+	assert.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--sidecar-image="+mirror+"/elastic-training/rdzv-sidecar:0.1.0", "the injected sidecar")
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	w = renderWebhook(t, map[string]any{"sidecar": map[string]any{"image": map[string]any{"repository": "ghcr.io/elastic-training/rdzv-sidecar", "registry": "own.example.com", "digest": digest}}})
+	dep = convert[appsv1.Deployment](t, w.Find("Deployment", webhookRelease))
+	assert.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--sidecar-image=own.example.com/elastic-training/rdzv-sidecar@"+digest)
+	_, err = renderWebhookChart(map[string]any{"global": map[string]any{"imageRegistry": "https://registry.example.com"}}, nil)
+	require.Error(t, err, "a URL is not a registry")
+}
+
+// Every pod the job chart renders carries the contract version (the webhook denies a newer one, naming both).
+func TestPodsCarryContractVersion(t *testing.T) {
+	for _, s := range scenarios(t) {
+		t.Run(s.name, func(t *testing.T) {
+			r, err := render(loadChart(t), merge(s.read(t), pinned(t)), chartrender.Options{})
+			require.NoError(t, err)
+			n := 0
+			for key, p := range podSpecs(t, r) {
+				assert.Equal(t, strconv.Itoa(constants.ContractVersion), p.Annotations[constants.AnnotationContract], key)
+				n++
+			}
+			require.NotZero(t, n)
+		})
+	}
+}
+
+// olderChart is the job chart as a release before this one rendered it: an older version, a different pod template
+// (here: one annotation fewer, as before the contract annotation) and fewer values (no global.imageRegistry, no
+// image.registry).
+func olderChart(t *testing.T) *chart.Chart {
+	t.Helper()
+	ch := loadChart(t)
+	ch.Metadata.Version = "0.0.9"
+	delete(ch.Values, "global")
+	delete(ch.Values["image"].(map[string]any), "registry")
+	for _, f := range ch.Templates {
+		if f.Name == "templates/_helpers.tpl" {
+			s := string(f.Data)
+			line := `elastic-training.io/contract: {{ (include "elastic-training.contract" .root | fromJson).contractVersion | int | quote }}` + "\n"
+			require.Contains(t, s, line)
+			f.Data = []byte(strings.Replace(s, line, "", 1))
+		}
+	}
+	return ch
+}
+
+// A new chart version whose templates render other pod templates never blocks `helm upgrade --reuse-values --set
+// workers.replicas=N`: the running Jobs, StatefulSets and Deployment keep their own pod templates (a Job's is
+// immutable), only their size changes; a value that changes the template is still refused.
+func TestChartUpgradeKeepsRunningPodTemplates(t *testing.T) {
+	for _, values := range []string{"ci/pytorch-values.yaml", "ci/elasticdl-values.yaml", "ci/mpi-values.yaml"} {
+		t.Run(values, func(t *testing.T) {
+			vals1 := merge(sc(t, "charts/elastic-training/"+values), pinned(t))
+			old, err := render(olderChart(t), vals1, chartrender.Options{Revision: 1})
+			require.NoError(t, err)
+			sets := scaleSets(t, vals1)
+			require.NotEmpty(t, sets)
+			over := map[string]any{}
+			for _, s := range sets {
+				require.NoError(t, strvals.ParseInto(s, over))
+			}
+			vals2 := chartutil.CoalesceTables(over, vals1)
+			// helm upgrade --reuse-values renders the new chart's templates with the old chart's default values;
+			// --reset-then-reuse-values with the new chart's.
+			reused := loadChart(t)
+			reused.Values = olderChart(t).Values
+			r2, err := render(reused, vals2, chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
+			require.NoError(t, err, "a chart upgrade with --reuse-values --set %v", sets)
+			r2reset, err := render(loadChart(t), vals2, chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
+			require.NoError(t, err, "a chart upgrade with --reset-then-reuse-values --set %v", sets)
+			for _, o := range r2reset.Objects {
+				if o.Kind == "Job" || o.Kind == "StatefulSet" || o.Kind == "Deployment" {
+					assert.Equal(t, template(t, *findObjectIn(t, old, o.Key())), template(t, o), "%s (--reset-then-reuse-values)", o.Key())
+				}
+			}
+			fresh, err := render(loadChart(t), vals2, chartrender.Options{})
+			require.NoError(t, err)
+			kept := 0
+			for _, o := range old.Objects {
+				if o.Kind != "Job" && o.Kind != "StatefulSet" && o.Kind != "Deployment" {
+					continue
+				}
+				var o2 *chartrender.Object
+				for i := range r2.Objects {
+					if r2.Objects[i].Key() == o.Key() {
+						o2 = &r2.Objects[i]
+					}
+				}
+				require.NotNil(t, o2, o.Key())
+				assert.Equal(t, template(t, o), template(t, *o2), "%s keeps its running pod template", o.Key())
+				assert.Equal(t, o.Obj["metadata"].(map[string]any)["annotations"].(map[string]any)["elastic-training.io/pod-template"],
+					o2.Obj["metadata"].(map[string]any)["annotations"].(map[string]any)["elastic-training.io/pod-template"], o.Key())
+				assert.NotEqual(t, template(t, o), template(t, *findObjectIn(t, fresh, o.Key())), "%s: the new chart does render another template", o.Key())
+				kept++
+			}
+			require.NotZero(t, kept)
+			// The size moved.
+			assert.NotEqual(t, manifest(old.Objects), manifest(r2.Objects))
+
+			// A value that changes the pod template is refused as before, whatever chart rendered the running one.
+			_, err = render(loadChart(t), chartutil.CoalesceTables(map[string]any{"env": []any{map[string]any{"name": "X", "value": "1"}}}, vals1),
+				chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "values changed since the running revision: env")
+		})
+	}
+}
+
+func findObjectIn(t *testing.T, r *chartrender.Rendered, key string) *chartrender.Object {
+	t.Helper()
+	for i := range r.Objects {
+		if r.Objects[i].Key() == key {
+			return &r.Objects[i]
+		}
+	}
+	t.Fatalf("no %s", key)
+	return nil
+}
+
+// A host-network job's four ports, picked from its namespace and name, stay below Kubernetes' NodePort range
+// (30000-32767) for every name; the pick is kept for the job's life (a job installed by a chart that picked from
+// 20000..30990 keeps its ports on upgrade); a base given in the range is refused at install.
+func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
+	ch := loadChart(t)
+	baseOf := func(t *testing.T, r *chartrender.Rendered, job string) int {
+		t.Helper()
+		p := podSpecs(t, r)["Job/"+naming.Workload(job, "worker")]
+		b, err := strconv.Atoi(p.Annotations[constants.AnnotationRdzvPorts])
+		require.NoError(t, err)
+		return b
+	}
+	seen := map[int]bool{}
+	for i := range 200 {
+		job := fmt.Sprintf("llm%d", i)
+		vals := pytorchJob(t, map[string]any{"hostNetwork": true, "fullnameOverride": job})
+		r, err := chartrender.Render(ch, vals, chartrender.Options{Release: job, Namespace: "train"})
+		require.NoError(t, err)
+		b := baseOf(t, r, job)
+		assert.True(t, b >= 20000 && b+3 < constants.NodePortRange[0], "job %s: base %d", job, b)
+		seen[b] = true
+	}
+	assert.Greater(t, len(seen), 150, "names spread over the range")
+
+	// llm18 in namespace train picked 30400 before this chart; its run ConfigMap has no rdzv-port-base. An upgrade
+	// keeps 30400 (the running pods listen there); a job installed now records its pick.
+	vals := pytorchJob(t, map[string]any{"hostNetwork": true, "fullnameOverride": "llm18"})
+	r1, err := chartrender.Render(ch, vals, chartrender.Options{Release: "llm18", Namespace: "train", Revision: 1})
+	require.NoError(t, err)
+	picked := baseOf(t, r1, "llm18")
+	assert.Less(t, picked+3, constants.NodePortRange[0])
+	run := r1.Find("ConfigMap", "llm18-run")
+	require.NotNil(t, run)
+	recorded, _, _ := unstructured.NestedString(run.Object, "data", "rdzv-port-base")
+	assert.Equal(t, strconv.Itoa(picked), recorded)
+	cluster := r1.Cluster("train")
+	for _, o := range cluster {
+		if o["kind"] == "ConfigMap" && o["metadata"].(map[string]any)["name"] == "llm18-run" {
+			delete(o["data"].(map[string]any), "rdzv-port-base")
+		}
+	}
+	r2, err := chartrender.Render(ch, vals, chartrender.Options{Release: "llm18", Namespace: "train", Revision: 2, Cluster: cluster})
+	require.NoError(t, err)
+	svc := r2.Find("Service", naming.RendezvousService("llm18"))
+	require.NotNil(t, svc)
+	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	assert.Equal(t, 30400, toInt(ports[0].(map[string]any)["targetPort"]), "an older chart's pick is kept: the Service targets the running pods' port")
+
+	for _, b := range []int{29997, 30000, 31000, 32764} {
+		_, err := render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": b}), chartrender.Options{})
+		require.Error(t, err, "base %d", b)
+		assert.Contains(t, err.Error(), "overlaps Kubernetes' NodePort range (30000-32767)")
+		assert.Contains(t, err.Error(), "choose a base below 29997")
+	}
+	_, err = render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 29996}), chartrender.Options{})
+	assert.NoError(t, err)
+}
