@@ -116,7 +116,9 @@ cluster-down:
 cluster-status:
 	@$(CLUSTER)/status.sh
 
-## images: build the local images (webhook, rdzv-sidecar, trainers) and import them into a running cluster.
+## images: build the local images (webhook, rdzv-sidecar, trainers) and import them into a running cluster;
+## REGISTRY=host[:port][/path] PUSH=1 also pushes the webhook and sidecar images there (PUSH_TRAINERS=1 the trainer
+## images too, PLAIN_HTTP=1 for a registry without TLS): docs/install.md.
 images:
 	hack/images.sh
 

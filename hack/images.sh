@@ -12,7 +12,13 @@
 #                       the project's ./cmd/webhook and ./cmd/rdzv-sidecar, static (CGO_ENABLED=0); a command
 #                       that does not exist yet is skipped with a message.
 # `make images`, `make demo`, the e2e tests (test/e2e/framework) and test/e2e/cluster/up.sh (--base) run it.
-# Real clusters build real images from build/*.Dockerfile instead.
+# The release workflow builds the published images from build/*.Dockerfile instead.
+# Push to a registry of yours (docs/install.md): `make images REGISTRY=host[:port][/path] PUSH=1` pushes the webhook
+# and the sidecar as $REGISTRY/elastic-training/{webhook,rdzv-sidecar}:<the charts' appVersion>, where both charts
+# look with global.imageRegistry=$REGISTRY; PUSH_TRAINERS=1 also pushes the local trainer images as
+# $REGISTRY/local/trainer:<suite> (gigabytes each; PUSH_TRAINERS="forky" only those suites); PLAIN_HTTP=1 for a
+# registry without TLS. crane (hack/tools)
+# pushes them, with the credentials of ~/.docker/config.json.
 # Usage: images.sh [--base | --import-only]   (--base: only pause, busybox and the trainer images; --import-only:
 # build nothing, import what $IMAGES has into the nodes that lack it)
 set -euo pipefail
@@ -89,3 +95,18 @@ for d in "$RUN"/nodes/*/; do
   [ -S "$d/containerd/containerd.sock" ] && [ -f "$d/pids/containerd.pid" ] && kill -0 "$(cat "$d/pids/containerd.pid")" 2>/dev/null || continue
   import_into "$d/containerd/containerd.sock" "$d/imported" "$(basename "$d")"
 done
+# Push (REGISTRY, PUSH, PUSH_TRAINERS, PLAIN_HTTP: the header).
+if [ -n "${PUSH:-}" ] && [ "$PUSH" != 0 ]; then
+  [ -n "${REGISTRY:-}" ] || { echo "images: PUSH=1 needs REGISTRY=host[:port][/path] (where to push)"; exit 2; }
+  REGISTRY=${REGISTRY%/}
+  version=$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' "$REPO_ROOT/charts/elastic-training/Chart.yaml")
+  (cd "$HACK_DIR/tools" && go build -o "$IMAGES/.crane" github.com/google/go-containerregistry/cmd/crane)
+  insecure=(); [ -n "${PLAIN_HTTP:-}" ] && [ "$PLAIN_HTTP" != 0 ] && insecure=(--insecure)
+  push() { "$IMAGES/.crane" push "${insecure[@]}" "$1" "$2" >/dev/null && echo "images: pushed $2"; }
+  push webhook.tar "$REGISTRY/elastic-training/webhook:$version"
+  push rdzv-sidecar.tar "$REGISTRY/elastic-training/rdzv-sidecar:$version"
+  if [ -n "${PUSH_TRAINERS:-}" ] && [ "$PUSH_TRAINERS" != 0 ]; then
+    suites=$TRAINER_SUITES; [ "$PUSH_TRAINERS" = 1 ] || suites=$PUSH_TRAINERS
+    for suite in $suites; do push "trainer-$suite.tar" "$REGISTRY/$TRAINER_IMAGE:$suite"; done
+  fi
+fi

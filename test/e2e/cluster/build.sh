@@ -1,7 +1,8 @@
 #!/bin/bash
 # Builds every binary the cluster needs from the pinned versions, through the Go module proxy, into $BIN:
 #   Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl),
-#   etcd, cri-cleanup and fake-device-plugin (module tools/), CoreDNS (tools/coredns), helm (tools/helm), and
+#   etcd, cri-cleanup and fake-device-plugin (module tools/), CoreDNS (tools/coredns), helm (tools/helm), the
+#   cluster's OCI registry (tools/registry), and
 #   kube-router ($KUBE_ROUTER_VERSION, `go install` of its own module: its go.mod and go.sum pin its dependencies),
 #   and, only when named (`build.sh kueue`: the queue tests build it on first use), Kueue ($KUEUE_VERSION, likewise).
 # A binary is rebuilt only when its stamp changes: the hash of its module's go.mod/go.sum, its main package,
@@ -25,12 +26,13 @@ KRMOD=github.com/cloudnativelabs/kube-router/v2
 KRLDF="-s -w -X $KRMOD/pkg/version.Version=$KUBE_ROUTER_VERSION -X $KRMOD/pkg/version.BuildDate=2026-01-01T00:00:00Z"
 KQMOD=sigs.k8s.io/kueue
 KQLDF="-s -w -X $KQMOD/pkg/version.GitVersion=$KUEUE_VERSION"
-all="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd cri-cleanup fake-device-plugin coredns helm kube-router"
+all="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd cri-cleanup fake-device-plugin coredns helm registry kube-router"
 spec() { # binary -> "moduledir|package|ldflags" (moduledir "-": `go install package@version`, outside any module here)
   case $1 in
     kube-router) echo "-|$KRMOD/cmd/kube-router@$KUBE_ROUTER_VERSION|$KRLDF" ;;
     kueue) echo "-|$KQMOD/cmd/kueue@$KUEUE_VERSION|$KQLDF" ;;
     coredns) echo "$TOOLS/coredns|.|-s -w" ;;
+    registry) echo "$TOOLS/registry|.|-s -w" ;;
     helm) echo "$TOOLS/helm|helm.sh/helm/v3/cmd/helm|$HLDF" ;;
     etcd|cri-cleanup|fake-device-plugin) echo "$TOOLS|./cmd/$1|-s -w" ;;
     kube-*|kubelet|kubectl) echo "$TOOLS|./cmd/$1|$KLDF" ;;

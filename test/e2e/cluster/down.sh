@@ -33,7 +33,7 @@ stop kubelet
 if [ -S "$CTR_SOCK" ] && [ -f "$PIDS/containerd.pid" ] && kill -0 "$(cat "$PIDS/containerd.pid")" 2>/dev/null; then
   "$BIN/cri-cleanup" -endpoint "unix://$CTR_SOCK" rmall || true
 fi
-stop kube-router kube-proxy coredns fake-device-plugin kube-scheduler kube-controller-manager containerd kube-apiserver
+stop kube-router kube-proxy coredns registry fake-device-plugin kube-scheduler kube-controller-manager containerd kube-apiserver
 stop etcd
 # 2. leftover shims (children of our containerd only: their socket/bundle lives under $RUN)
 for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $CTR_SOCK" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done

@@ -63,6 +63,10 @@ export KCM_PORT=${KCM_PORT:-10257} SCHED_PORT=${SCHED_PORT:-10259}
 export PROXY_METRICS_PORT=${PROXY_METRICS_PORT:-10249} PROXY_HEALTHZ_PORT=${PROXY_HEALTHZ_PORT:-10256}
 export COREDNS_HEALTH_PORT=${COREDNS_HEALTH_PORT:-18080} COREDNS_READY_PORT=${COREDNS_READY_PORT:-18181}
 export CTR_SOCK=$RUN/containerd/containerd.sock
+# The cluster's OCI registry (tools/registry, plain HTTP on the node network): what `make images REGISTRY=... PUSH=1`
+# pushes to and every node's containerd pulls from (lib.sh), as a real cluster pulls from a real registry.
+export REGISTRY_PORT=${REGISTRY_PORT:-5000}
+export LOCAL_REGISTRY=$NODE_IP:$REGISTRY_PORT
 export CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 export DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins   # hard-coded in the kubelet
 

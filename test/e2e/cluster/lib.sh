@@ -37,7 +37,7 @@ waitfor() { # desc timeout cmd...
 # DIR/kube-proxy.kubeconfig (the kubelet's is given on its command line).
 node_configs() {
   local dir=$1 node=$2 ip=$3 cidr=$4 cgroot=$5
-  mkdir -p "$dir/cni/net.d" "$dir/cni/ipam" "$dir/kubelet" "$dir/pod-logs"
+  mkdir -p "$dir/cni/net.d" "$dir/cni/ipam" "$dir/kubelet" "$dir/pod-logs" "$dir/certs.d/$LOCAL_REGISTRY"
   writecfg "$dir/containerd.toml" <<X
 version = 2
 root = "$dir/containerd/root"
@@ -69,6 +69,14 @@ state = "$dir/containerd/state"
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$dir/cni/net.d"
     max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$dir/certs.d"
+X
+  # The cluster's registry speaks plain HTTP (env.sh LOCAL_REGISTRY); every other registry as containerd's default.
+  writecfg "$dir/certs.d/$LOCAL_REGISTRY/hosts.toml" <<X
+server = "http://$LOCAL_REGISTRY"
+[host."http://$LOCAL_REGISTRY"]
+  capabilities = ["pull", "resolve"]
 X
   # No masquerade: pods keep their addresses across nodes (NetworkPolicy sees the real source), and nothing of a
   # pod may leave the machine anyway (the guard in up.sh).

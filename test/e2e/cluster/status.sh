@@ -2,7 +2,7 @@
 # Exit 0 when this checkout's cluster ($RUN) is running (node1, the control plane and every node of EXTRA_NODES)
 # and its API server answers; 1 otherwise.
 . "$(dirname "$(readlink -f "$0")")/env.sh"
-for n in etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-router coredns fake-device-plugin; do
+for n in etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-router coredns registry fake-device-plugin; do
   [ -f "$PIDS/$n.pid" ] && kill -0 "$(cat "$PIDS/$n.pid")" 2>/dev/null || { echo "cluster: $n not running"; exit 1; }
 done
 curl -sf --max-time 5 --cacert "$PKI/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz" >/dev/null || { echo "cluster: kube-apiserver not ready"; exit 1; }

@@ -165,6 +165,9 @@ writecfg "$RUN/Corefile" <<X
 }
 X
 start coredns "$BIN/coredns" -conf "$RUN/Corefile"
+# The cluster's OCI registry, on the node network only (node2's containerd reaches it there); empty at each start.
+alive registry || rm -rf "$RUN/registry"
+start registry "$BIN/registry" --addr "$LOCAL_REGISTRY" --dir "$RUN/registry"
 
 # --- kubelet
 start kubelet "$BIN/kubelet" --config "$RUN/kubelet-config.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
@@ -177,6 +180,7 @@ start kube-proxy "$BIN/kube-proxy" --config "$RUN/kube-proxy-config.yaml" --v=1
 start fake-device-plugin "$BIN/fake-device-plugin" -dir "$DEVICE_PLUGIN_DIR" $(for r in $FAKE_DEVICES; do echo "-resource $r"; done)
 
 waitfor coredns 30 curl -sf "http://127.0.0.1:$COREDNS_READY_PORT/ready"
+waitfor registry 30 curl -sf "http://$LOCAL_REGISTRY/v2/"
 waitfor kubelet 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz"
 waitfor kube-proxy 60 curl -sf "http://127.0.0.1:$PROXY_HEALTHZ_PORT/healthz"
 waitfor "node $NODE_NAME" 120 kubectl wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s

@@ -177,6 +177,20 @@ func (c *Cluster) Script(name string, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// PushImages is `make images REGISTRY=<registry> PUSH=1 PLAIN_HTTP=1 PUSH_TRAINERS=<suites>` (docs/install.md):
+// the webhook and sidecar images, and the trainer images of suites, pushed to the registry (plain HTTP).
+func (c *Cluster) PushImages(t testing.TB, registry string, suites ...string) {
+	t.Helper()
+	start := time.Now()
+	cmd := exec.CommandContext(t.Context(), c.imagesScript)
+	cmd.Env = append(os.Environ(), "REGISTRY="+registry, "PUSH=1", "PLAIN_HTTP=1", "PUSH_TRAINERS="+strings.Join(suites, " "))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make images REGISTRY=%s PUSH=1: %v\n%s", registry, err, out)
+	}
+	t.Logf("make images REGISTRY=%s PUSH=1 PUSH_TRAINERS=%q: %.1fs\n%s", registry, strings.Join(suites, " "), time.Since(start).Seconds(), out)
+}
+
 // PID returns the process id of a cluster component (etcd, kubelet, kube-controller-manager...) from its pid file.
 func (c *Cluster) PID(component string) (int, error) {
 	file := filepath.Join(settings["PIDS"], component+".pid")

@@ -35,6 +35,21 @@ func ImageValues(ref string) map[string]any {
 // when the test ends.
 func (c *Cluster) InstallWebhook(t testing.TB, probeNS string, exclude []string, opts ...HelmOption) {
 	t.Helper()
+	excluded := make([]any, len(exclude))
+	for i, ns := range exclude {
+		excluded[i] = ns
+	}
+	c.InstallWebhookValues(t, probeNS, map[string]any{
+		"image":   ImageValues(WebhookImage),
+		"sidecar": map[string]any{"image": ImageValues(SidecarImage)},
+		"webhook": map[string]any{"excludeNamespaces": excluded},
+	}, opts...)
+}
+
+// InstallWebhookValues installs the webhook chart as InstallWebhook does, with the values given (as a user's
+// `helm install --set ...` would: the images are the chart's unless values say otherwise).
+func (c *Cluster) InstallWebhookValues(t testing.TB, probeNS string, values map[string]any, opts ...HelmOption) {
+	t.Helper()
 	ctx := t.Context()
 	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: WebhookNamespace}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -43,15 +58,8 @@ func (c *Cluster) InstallWebhook(t testing.TB, probeNS string, exclude []string,
 	if _, err := c.Kubectl(ctx, "-n", WebhookNamespace, "get", "deployment", WebhookRelease); err == nil {
 		c.HelmUninstall(t, WebhookNamespace, WebhookRelease, 2*time.Minute)
 	}
-	excluded := make([]any, len(exclude))
-	for i, ns := range exclude {
-		excluded[i] = ns
-	}
-	c.HelmInstall(t, WebhookNamespace, WebhookRelease, c.RepoPath("charts/elastic-training-webhook"), map[string]any{
-		"image":   ImageValues(WebhookImage),
-		"sidecar": map[string]any{"image": ImageValues(SidecarImage)},
-		"webhook": map[string]any{"excludeNamespaces": excluded},
-	}, append([]HelmOption{Wait(3 * time.Minute)}, opts...)...)
+	c.HelmInstall(t, WebhookNamespace, WebhookRelease, c.RepoPath("charts/elastic-training-webhook"), values,
+		append([]HelmOption{Wait(3 * time.Minute)}, opts...)...)
 	// Ready pods do not mean the API server can call them yet (kube-proxy lags): a server-side dry-run of a
 	// training pod goes through admission exactly like a real create.
 	desc := "the webhook to mutate a dry-run training pod"

@@ -34,16 +34,16 @@ func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) sca
 	var s scaling
 	start := time.Now()
 	c.HelmInstall(b, ns, job, c.RepoPath(jobChart), v)
-	waitWorld(b, c, ns, sel, 2, 1, 5*time.Minute)
+	c.WaitWorld(b, ns, sel, trainer, 2, 1, 5*time.Minute)
 	s.install = time.Since(start)
 	start = time.Now()
 	c.HelmUpgrade(b, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 3}}, framework.ReuseValues())
-	waitWorld(b, c, ns, sel, 3, 1, 5*time.Minute)
+	c.WaitWorld(b, ns, sel, trainer, 3, 1, 5*time.Minute)
 	s.up = time.Since(start)
 	s.newAgent, s.workersStart = phases(b, c, ns, sel, 3, start)
 	start = time.Now()
 	c.HelmUpgrade(b, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 2}}, framework.ReuseValues())
-	waitWorld(b, c, ns, sel, 2, 1, 5*time.Minute)
+	c.WaitWorld(b, ns, sel, trainer, 2, 1, 5*time.Minute)
 	s.down = time.Since(start)
 	c.HelmUninstall(b, ns, job, 2*time.Minute)
 	return s
@@ -120,7 +120,7 @@ func BenchmarkScaling(b *testing.B) {
 func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since time.Time) (newAgent, workersStart time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pods, err := livePods(ctx, c, ns, sel)
+	pods, err := c.LivePods(ctx, ns, sel)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -34,14 +34,14 @@ func trainerRestarts(p corev1.Pod) int {
 
 func snapshot(t testing.TB, c *framework.Cluster, ns, selector string) map[string]progress {
 	t.Helper()
-	pods, err := livePods(t.Context(), c, ns, selector)
+	pods, err := c.LivePods(t.Context(), ns, selector)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]progress{}
 	for _, p := range pods {
 		logs := c.PodLogs(t, ns, p.Name, trainer)
-		step, _ := lastStep(logs)
+		step, _ := framework.LastStep(logs)
 		out[p.Name] = progress{joins: len(joinedLine.FindAllString(logs, -1)), step: step, restarts: trainerRestarts(p)}
 	}
 	return out
@@ -57,7 +57,7 @@ func waitRecovered(t *testing.T, c *framework.Cluster, ns, selector string, n in
 		furthest = max(furthest, p.step)
 	}
 	c.WaitFor(t, 4*time.Minute, fmt.Sprintf("%d workers re-joined and training at world size %d", n, n), func(ctx context.Context) (bool, error) {
-		pods, err := livePods(ctx, c, ns, selector)
+		pods, err := c.LivePods(ctx, ns, selector)
 		if err != nil || len(pods) != n {
 			return false, fmt.Errorf("%d live pods (err %v)", len(pods), err)
 		}
@@ -75,7 +75,7 @@ func waitRecovered(t *testing.T, c *framework.Cluster, ns, selector string, n in
 			if len(joins) <= already {
 				return false, fmt.Errorf("%s has not re-joined yet", p.Name)
 			}
-			if _, world := lastStep(string(logs)); world != n {
+			if _, world := framework.LastStep(string(logs)); world != n {
 				return false, fmt.Errorf("%s last trained at world %d", p.Name, world)
 			}
 			if resume, _ := strconv.Atoi(joins[len(joins)-1][2]); resume < furthest {
@@ -109,12 +109,12 @@ func TestFaults(t *testing.T) {
 	})
 	podOf := func(index int) corev1.Pod {
 		t.Helper()
-		pods, err := livePods(t.Context(), c, ns, sel)
+		pods, err := c.LivePods(t.Context(), ns, sel)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range pods {
-			if podIndex(p) == index {
+			if framework.PodIndex(p) == index {
 				return p
 			}
 		}
@@ -188,7 +188,7 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("a pod without the job label was refused while the webhook is down: %v", err)
 		}
 		// ...and the job keeps training at its size.
-		waitWorld(t, c, ns, sel, 3, 1, time.Minute)
+		c.WaitWorld(t, ns, sel, trainer, 3, 1, time.Minute)
 		before := snapshot(t, c, ns, sel)
 		start := time.Now()
 		scaleWebhook(t, c, 2)
@@ -238,12 +238,12 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4, "preemptible": true})
 	sel := installTraining(t, c, ns, job, v, 3)
 
-	pods, err := livePods(t.Context(), c, ns, sel)
+	pods, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range pods {
-		if podIndex(p) != 0 {
+		if framework.PodIndex(p) != 0 {
 			continue
 		}
 		if s, err := c.RdzvServer(t.Context(), ns, job); err != nil || s.Name == p.Name {

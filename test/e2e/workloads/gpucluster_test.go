@@ -40,7 +40,7 @@ func TestSharedMemory(t *testing.T) {
 		"command": []any{"sleep", "infinity"}}})
 	set(v, "extraObjects", []any{"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: '{{ .Release.Name }}-extra'\ndata:\n  from: extraObjects\n"})
 	sel := installTraining(t, c, ns, job, v, 1)
-	pods, err := livePods(t.Context(), c, ns, sel)
+	pods, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil || len(pods) != 1 {
 		t.Fatalf("want 1 live worker: %d, %v", len(pods), err)
 	}
@@ -115,14 +115,14 @@ func TestHostNetworkJobsShareANode(t *testing.T) {
 		return v
 	}
 	first := installTraining(t, c, ns, "hosta", values(0), 1)
-	a, err := livePods(t.Context(), c, ns, first)
+	a, err := c.LivePods(t.Context(), ns, first)
 	if err != nil || len(a) != 1 {
 		t.Fatalf("want 1 live worker of hosta: %d, %v", len(a), err)
 	}
 	baseA, _ := strconv.Atoi(a[0].Annotations[constants.AnnotationRdzvPorts])
 	baseB := 20000 + (baseA-20000+5000)%10000 // another block of ports, whatever the chart picked for hosta
 	second := installTraining(t, c, ns, "hostb", values(baseB), 1)
-	b, err := livePods(t.Context(), c, ns, second)
+	b, err := c.LivePods(t.Context(), ns, second)
 	if err != nil || len(b) != 1 {
 		t.Fatalf("want 1 live worker of hostb: %d, %v", len(b), err)
 	}
@@ -133,8 +133,8 @@ func TestHostNetworkJobsShareANode(t *testing.T) {
 	}
 	t.Logf("hosta's sidecar ports from %d, hostb's from %d, both on %s (%s)", baseA, baseB, node, a[0].Status.HostIP)
 	// Both jobs train again after a while: neither's rendezvous took the other's ports.
-	waitWorld(t, c, ns, first, 1, 1, time.Minute)
-	waitWorld(t, c, ns, second, 1, 1, time.Minute)
+	c.WaitWorld(t, ns, first, trainer, 1, 1, time.Minute)
+	c.WaitWorld(t, ns, second, trainer, 1, 1, time.Minute)
 	// Each sidecar answers on its job's health port at the node's address (what the kubelet probes).
 	for _, x := range []struct {
 		pod  corev1.Pod

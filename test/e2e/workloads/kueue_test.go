@@ -57,7 +57,7 @@ func TestKueue(t *testing.T) {
 	installTraining(t, c, ns, "b", values(2, 2, 2), 2)
 
 	scaleWorkers(t, c, ns, "a", 3)
-	waitWorld(t, c, ns, a, 3, 1, 3*time.Minute)
+	c.WaitWorld(t, ns, a, trainer, 3, 1, 3*time.Minute)
 
 	installJob(t, c, ns, "c", values(2, 2, 2))
 	c.WaitFor(t, 2*time.Minute, "job c's Workload pending on quota", func(ctx context.Context) (bool, error) {
@@ -86,12 +86,12 @@ func TestKueue(t *testing.T) {
 		}
 		return len(gated) == 2, fmt.Errorf("gated: %v", gated)
 	})
-	waitWorld(t, c, ns, a, 3, 1, time.Minute) // still trains at its admitted size
+	c.WaitWorld(t, ns, a, trainer, 3, 1, time.Minute) // still trains at its admitted size
 	t.Logf("a asks for 5 workers with 1 GPU free: 2 pods wait gated, 3 train (%s)", workloadsState(t, c, ns))
 
 	freed := time.Now()
 	c.HelmUninstall(t, ns, "b", 2*time.Minute)
-	waitWorld(t, c, ns, a, 5, 1, 3*time.Minute)
+	c.WaitWorld(t, ns, a, trainer, 5, 1, 3*time.Minute)
 	t.Logf("b uninstalled: a's gated pods admitted and a trains at 5 after %.1fs", time.Since(freed).Seconds())
 	if gated, err := gatedPods(t.Context(), c, ns, a); err != nil || len(gated) != 0 {
 		t.Errorf("pods still gated after admission: %v, %v", gated, err)

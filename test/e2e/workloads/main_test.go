@@ -8,16 +8,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
@@ -72,7 +66,7 @@ func installTraining(t testing.TB, c *framework.Cluster, ns, job string, v map[s
 	t.Helper()
 	installJob(t, c, ns, job, v)
 	sel := groupSelector(job, constants.GroupWorker)
-	waitWorld(t, c, ns, sel, n, 1, 3*time.Minute)
+	c.WaitWorld(t, ns, sel, trainer, n, 1, 3*time.Minute)
 	return sel
 }
 
@@ -138,91 +132,6 @@ func sharedDir(t testing.TB, v map[string]any, ns string) string {
 	set(v, "volumes", append(vols, map[string]any{"name": "shared", "hostPath": map[string]any{"path": dir, "type": "DirectoryOrCreate"}}))
 	set(v, "volumeMounts", append(mounts, map[string]any{"name": "shared", "mountPath": "/data"}))
 	return dir
-}
-
-// livePods are the selected pods that run and are not being deleted (a Pending replacement of a preempted pod
-// does not train), by group and completion index.
-func livePods(ctx context.Context, c *framework.Cluster, ns, selector string) ([]corev1.Pod, error) {
-	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return nil, err
-	}
-	var out []corev1.Pod
-	for _, p := range l.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
-			out = append(out, p)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		gi, gj := out[i].Labels[constants.LabelGroup], out[j].Labels[constants.LabelGroup]
-		return gi < gj || gi == gj && podIndex(out[i]) < podIndex(out[j])
-	})
-	return out, nil
-}
-
-func podIndex(p corev1.Pod) int {
-	i, _ := strconv.Atoi(p.Annotations["batch.kubernetes.io/job-completion-index"])
-	return i
-}
-
-// tailLogs reads the last lines of a container's log. A pod on a lost node is still listed, and the API server's
-// call to that node's kubelet can hang for minutes: a read gets 15 s.
-func tailLogs(ctx context.Context, c *framework.Cluster, ns, pod, container string, lines int64) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	b, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, TailLines: &lines}).DoRaw(ctx)
-	return string(b), err
-}
-
-var stepLine = regexp.MustCompile(`step=(\d+) world_size=(\d+)`)
-
-// lastStep returns the last training step a pod logged and the world size it ran at (-1 when none yet).
-func lastStep(logs string) (step, world int) {
-	m := stepLine.FindAllStringSubmatch(logs, -1)
-	if len(m) == 0 {
-		return -1, -1
-	}
-	step, _ = strconv.Atoi(m[len(m)-1][1])
-	world, _ = strconv.Atoi(m[len(m)-1][2])
-	return step, world
-}
-
-// waitWorld waits until exactly n selected pods are live and every one of them last trained at world size
-// n*slots, and returns how long that took.
-func waitWorld(t testing.TB, c *framework.Cluster, ns, selector string, n, slots int, timeout time.Duration) time.Duration {
-	t.Helper()
-	start := time.Now()
-	var last string
-	c.WaitFor(t, timeout, fmt.Sprintf("%d pods (%s) training at world size %d", n, selector, n*slots), func(ctx context.Context) (bool, error) {
-		pods, err := livePods(ctx, c, ns, selector)
-		if err != nil {
-			return false, err
-		}
-		var states []string
-		ok := len(pods) == n
-		for _, p := range pods {
-			if p.Annotations[constants.AnnotationMutated] == "" {
-				// Without the webhook torchrun runs standalone and trains alone: say so now, not at the timeout.
-				t.Fatalf("pod %s was created without the webhook's mutation (is the MutatingWebhookConfiguration installed?)", p.Name)
-			}
-			logs, err := tailLogs(ctx, c, ns, p.Name, trainer, 30)
-			if err != nil {
-				ok = false
-				states = append(states, p.Name+": "+err.Error())
-				continue
-			}
-			step, world := lastStep(logs)
-			states = append(states, fmt.Sprintf("%s: step %d world %d", p.Name, step, world))
-			ok = ok && world == n*slots
-		}
-		last = strings.Join(states, "; ")
-		if ok {
-			return true, nil
-		}
-		return false, fmt.Errorf("%d live pods: %s", len(pods), last)
-	})
-	t.Logf("%d pods at world size %d after %.1fs (%s)", n, n*slots, time.Since(start).Seconds(), last)
-	return time.Since(start)
 }
 
 // waitEmpty waits until nothing the chart created is left in ns (`helm uninstall` leaves nothing behind).

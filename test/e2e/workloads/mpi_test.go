@@ -86,7 +86,7 @@ func launcherPod(t testing.TB, c *framework.Cluster, ns, job string) string {
 	t.Helper()
 	var name string
 	c.WaitFor(t, time.Minute, "the launcher pod", func(ctx context.Context) (bool, error) {
-		pods, err := livePods(ctx, c, ns, groupSelector(job, constants.GroupLauncher))
+		pods, err := c.LivePods(ctx, ns, groupSelector(job, constants.GroupLauncher))
 		if err != nil || len(pods) != 1 {
 			return false, fmt.Errorf("%d live launcher pods (%v)", len(pods), err)
 		}
@@ -107,7 +107,7 @@ func waitLauncherLog(t testing.TB, c *framework.Cluster, ns, pod, substr string,
 		if err != nil {
 			return false, err
 		}
-		l, err := tailLogs(ctx, c, ns, pod, trainer, 500)
+		l, err := c.TailLogs(ctx, ns, pod, trainer, 500)
 		if err != nil {
 			return false, err
 		}

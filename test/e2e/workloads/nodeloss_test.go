@@ -96,14 +96,14 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	sel := installTraining(t, c, ns, job, v, 1)
 	uncordon()
 	scaleWorkers(t, c, ns, job, 3)
-	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)
-	pods, err := livePods(t.Context(), c, ns, sel)
+	c.WaitWorld(t, ns, sel, trainer, 3, 1, 3*time.Minute)
+	pods, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var lost, survivors []string
 	for _, p := range pods {
-		if podIndex(p) == 0 && p.Spec.NodeName == victim {
+		if framework.PodIndex(p) == 0 && p.Spec.NodeName == victim {
 			t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon", victim)
 		}
 		if p.Spec.NodeName == victim {
@@ -142,8 +142,8 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 
 	// Kubernetes catches up: the lost pods are evicted (the node's grace period, then nodeLossTolerationSeconds),
 	// replaced on the node left, and the job grows back to 3 by itself.
-	waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
-	pods, err = livePods(t.Context(), c, ns, sel)
+	c.WaitWorld(t, ns, sel, trainer, 3, 1, 5*time.Minute)
+	pods, err = c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 		framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, m.replaced.Seconds(), podNodes(pods))
 
 	comeBack(t, c, ns, job, sel, victim, fault, lost)
-	waitWorld(t, c, ns, sel, 3, 1, time.Minute)
+	c.WaitWorld(t, ns, sel, trainer, 3, 1, time.Minute)
 	uninstallJob(t, c, ns, job)
 	return m
 }
@@ -210,8 +210,8 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 		scaleWorkers(t, c, ns, job, 3)
 		defer uncordon()
 	}
-	waitWorld(t, c, ns, sel, 3, 1, 3*time.Minute)
-	pods, err := livePods(t.Context(), c, ns, sel)
+	c.WaitWorld(t, ns, sel, trainer, 3, 1, 3*time.Minute)
+	pods, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 	restarts := map[string]int{}
 	var survivors, lost []string
 	for _, p := range pods {
-		if placement != "dedicated" && (podIndex(p) == 0) != (p.Spec.NodeName == victim) {
+		if placement != "dedicated" && (framework.PodIndex(p) == 0) != (p.Spec.NodeName == victim) {
 			t.Fatalf("want worker 0 alone on %s: %v", victim, podNodes(pods))
 		}
 		if p.Spec.NodeName == victim {
@@ -266,7 +266,7 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 	if now.Spec.NodeName == victim || now.Name == server.Name {
 		t.Fatalf("training resumed, yet the rendezvous is served by %s on %s", now.Name, now.Spec.NodeName)
 	}
-	live, err := livePods(t.Context(), c, ns, sel)
+	live, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,8 +280,8 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 
 	if placement != "dedicated" {
 		// Kubernetes catches up: worker 0 is evicted and replaced on the node left, and the job grows back to 3.
-		waitWorld(t, c, ns, sel, 3, 1, 5*time.Minute)
-		pods, err = livePods(t.Context(), c, ns, sel)
+		c.WaitWorld(t, ns, sel, trainer, 3, 1, 5*time.Minute)
+		pods, err = c.LivePods(t.Context(), ns, sel)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -395,13 +395,13 @@ func waitTrainingAgain(ctx context.Context, c *framework.Cluster, ns string, pod
 			for _, line := range strings.Split(string(raw), "\n") {
 				ts, text, ok := strings.Cut(line, " ")
 				tm, err := time.Parse(time.RFC3339Nano, ts)
-				if ok && err == nil && tm.After(after) && stepLine.MatchString(text) && strings.Contains(text, want) {
+				if ok && err == nil && tm.After(after) && framework.StepLine.MatchString(text) && strings.Contains(text, want) {
 					first = tm
 					break
 				}
 			}
 			if first.IsZero() {
-				step, w := lastStep(string(raw))
+				step, w := framework.LastStep(string(raw))
 				return false, fmt.Errorf("%s: no step at world %d since the loss (last since: step %d world %d)", name, world, step, w)
 			}
 			if first.After(last) {
@@ -468,7 +468,7 @@ func TestNodeLossMPI(t *testing.T) {
 	waitLauncherLog(t, c, ns, launcher, "round=1 rank=1 size=2", 4*time.Minute)
 
 	sel := groupSelector(job, constants.GroupWorker)
-	pods, err := livePods(t.Context(), c, ns, sel)
+	pods, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestNodeLossMPI(t *testing.T) {
 		return true, nil
 	})
 	t.Logf("%s replaced on %s and listed again %.1fs after the crash (goal 90 s)", lost, framework.NodeName, time.Since(at).Seconds())
-	sidecarLog, err := tailLogs(t.Context(), c, ns, launcher, constants.SidecarContainerName, 200)
+	sidecarLog, err := c.TailLogs(t.Context(), ns, launcher, constants.SidecarContainerName, 200)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,7 +89,7 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 
 	for _, n := range []int{3, 4, 2} {
 		scaleWorkers(t, c, ns, job, n)
-		d := waitWorld(t, c, ns, sel, n, 1, 2*time.Minute)
+		d := c.WaitWorld(t, ns, sel, trainer, n, 1, 2*time.Minute)
 		t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
 	}
 
@@ -142,7 +142,7 @@ func useTrainer(v map[string]any, img framework.Trainer) {
 // when it joins) and logs it.
 func logTorch(t *testing.T, c *framework.Cluster, ns, job string, img framework.Trainer) {
 	t.Helper()
-	pods, err := livePods(t.Context(), c, ns, groupSelector(job, "worker"))
+	pods, err := c.LivePods(t.Context(), ns, groupSelector(job, "worker"))
 	if err != nil || len(pods) == 0 {
 		t.Fatalf("list the workers: %d pods, %v", len(pods), err)
 	}
@@ -206,7 +206,7 @@ func TestElasticPyTorchTLS(t *testing.T) {
 	set(v, "rendezvous.tls.secretName", secret)
 
 	sel := installTraining(t, c, ns, job, v, 2)
-	pods, err := livePods(t.Context(), c, ns, sel)
+	pods, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestElasticPyTorchTLS(t *testing.T) {
 
 	for _, n := range []int{3, 2} {
 		scaleWorkers(t, c, ns, job, n)
-		d := waitWorld(t, c, ns, sel, n, 1, 2*time.Minute)
+		d := c.WaitWorld(t, ns, sel, trainer, n, 1, 2*time.Minute)
 		t.Logf("with TLS: helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
 	}
 	// The serving sidecar says where it listens: https, with client certificates required.
@@ -308,7 +308,7 @@ func testNetworkPolicyEnforced(t *testing.T, rdzvNode, otherNode string) {
 	t.Logf("helm install -> the worker trains at world size 1 (its agent reached the rendezvous pod's store through the policy): %.1fs", time.Since(start).Seconds())
 
 	rdzv := c.WaitPodsReady(t, ns, groupSelector(job, constants.GroupRdzv), 1, time.Minute)[0]
-	workers, err := livePods(t.Context(), c, ns, sel)
+	workers, err := c.LivePods(t.Context(), ns, sel)
 	if err != nil || len(workers) != 1 {
 		t.Fatalf("want 1 live worker: %d, %v", len(workers), err)
 	}

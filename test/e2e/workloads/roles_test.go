@@ -67,7 +67,7 @@ func TestRolesAndPriorities(t *testing.T) {
 	if len(rdzv.Items) != 1 {
 		t.Fatalf("want one dedicated rendezvous pod (burst workers are preemptible): %d pods", len(rdzv.Items))
 	}
-	waitWorld(t, c, ns, workersSelector(job), 4, 1, 3*time.Minute)
+	c.WaitWorld(t, ns, workersSelector(job), trainer, 4, 1, 3*time.Minute)
 
 	// All 8 fake GPUs are needed by a pod above the burst workers' priority and below the core's.
 	free := framework.FakeGPUCount - 2
@@ -89,8 +89,8 @@ func TestRolesAndPriorities(t *testing.T) {
 	}
 	c.WaitPodPhase(t, ns, hog.Name, corev1.PodRunning, 2*time.Minute)
 	t.Logf("burst workers preempted, gpu-hog running after %.1fs", time.Since(start).Seconds())
-	d := waitWorld(t, c, ns, workersSelector(job), 2, 1, 2*time.Minute)
-	core, err := livePods(t.Context(), c, ns, workersSelector(job))
+	d := c.WaitWorld(t, ns, workersSelector(job), trainer, 2, 1, 2*time.Minute)
+	core, err := c.LivePods(t.Context(), ns, workersSelector(job))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestRolesAndPriorities(t *testing.T) {
 	if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), hog.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d = waitWorld(t, c, ns, workersSelector(job), 4, 1, 3*time.Minute)
+	d = c.WaitWorld(t, ns, workersSelector(job), trainer, 4, 1, 3*time.Minute)
 	t.Logf("burst workers back, world 4 again %.1fs after the GPUs were freed", d.Seconds())
 
 	uninstallJob(t, c, ns, job)
@@ -164,7 +164,7 @@ func TestMXNetParameterServer(t *testing.T) {
 
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 3*time.Minute)
 	// The scheduler is an Indexed Job's pod (Kubernetes replaces it if its node is lost): hostname <job>-scheduler-0.
-	scheds, err := livePods(t.Context(), c, ns, groupSelector(job, constants.GroupScheduler))
+	scheds, err := c.LivePods(t.Context(), ns, groupSelector(job, constants.GroupScheduler))
 	if err != nil || len(scheds) != 1 {
 		t.Fatalf("want one scheduler pod: %d, %v", len(scheds), err)
 	}
