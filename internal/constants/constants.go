@@ -264,6 +264,10 @@ const (
 // MembersPrefix is the etcd v3 key prefix under which join registers members.
 const MembersPrefix = "/elastic-training/members/"
 
+// ServerKey is the etcd v3 key where the serving sidecar names itself: its stable pod name and c10d port
+// (host:port), which a verifying sidecar checks is a pod of its own job before it carries connections there.
+const ServerKey = "/elastic-training/server"
+
 // Env vars the webhook sets in training containers besides the frameworks' own.
 const (
 	EnvJob           = "ET_JOB"

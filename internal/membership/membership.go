@@ -129,3 +129,24 @@ func Diff(before, after []Member) (joined, left []string) {
 	}
 	return joined, left
 }
+
+// SameJob checks that host is a pod of the job that self is a pod of: both are
+// stable pod names under the job's headless Service, <name>.<job>.<ns>.svc..., so
+// host is self with its first label replaced. The cluster's DNS answers such a
+// name only for a pod the job's own Service selects (its labels), which no Role of
+// the job lets anyone write; a store a job's pod may carry its trainer's
+// connections to is found under such a name, never at an address someone wrote.
+func SameJob(self, host string) error {
+	if err := ValidateHost(host); err != nil {
+		return err
+	}
+	_, suffix, ok := strings.Cut(strings.TrimSuffix(self, "."), ".")
+	if !ok || !strings.Contains(suffix, ".") {
+		return fmt.Errorf("this pod's name %q is not a pod name under a job's Service (<name>.<job>.<namespace>.svc...)", self)
+	}
+	label, rest, ok := strings.Cut(strings.TrimSuffix(host, "."), ".")
+	if !ok || label == "" || !strings.EqualFold(rest, suffix) {
+		return fmt.Errorf("%q is not a pod of this pod's job (a name <pod>.%s)", host, suffix)
+	}
+	return nil
+}

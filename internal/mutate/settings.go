@@ -59,6 +59,7 @@ type settings struct {
 	flavour                     string
 	numServers, numWorkers      int
 	psPort                      int
+	contract                    int // the job chart's (AnnotationContract; 1 when absent)
 	warnings                    []string
 }
 
@@ -96,6 +97,10 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	if err := checkContract(ann[constants.AnnotationContract], cfg.Version); err != nil {
 		// A newer chart's other annotations would read as typos: say only what to do.
 		return nil, err
+	}
+	s.contract = 1
+	if v := ann[constants.AnnotationContract]; v != "" {
+		s.contract, _ = strconv.Atoi(v) // checked above
 	}
 	for _, k := range slices.Sorted(maps.Keys(ann)) {
 		if strings.HasPrefix(k, constants.Domain+"/") && !slices.Contains(constants.PodAnnotations, k) {

@@ -75,6 +75,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		if s.index > 0 {
 			args = append(args, "--standby")
 		}
+		if s.verifiesStore() {
+			args = append(args, "--c10d-verify")
+		}
 		env = append(env,
 			corev1.EnvVar{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
 			corev1.EnvVar{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
@@ -95,6 +98,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		args = append(args, modeJoin, "--endpoints="+rdzvURL, "--health-addr="+s.healthAddr())
 		if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d {
 			args = append(args, "--c10d-addr="+s.c10dLocal(), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
+			if s.verifiesStore() && register {
+				args = append(args, "--c10d-verify")
+			}
 		}
 		if s.tlsSecret != "" {
 			// etcdctl's flag names: verify the server, authenticate with the same certificate.
@@ -146,6 +152,13 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		Resources:                *res.DeepCopy(),
 	}
+}
+
+// verifiesStore says whether the pod's sidecar carries its trainer's c10d connections only to a store that names
+// itself a pod of the job (internal/sidecar verify.go): PyTorch on c10d, from contract 2 on, whose serving sidecars
+// (admitted by a webhook of contract 2 or later) name themselves; a job of an older chart keeps the Service's word.
+func (s *settings) verifiesStore() bool {
+	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d && s.contract >= 2
 }
 
 // sidecarSecurityContext is the sidecar's: it needs no privilege at all, and

@@ -25,6 +25,9 @@ type JoinConfig struct {
 type C10dProxyConfig struct {
 	Addr     string // where the trainer connects (loopback); "" = no proxy
 	Upstream string // the store: the rendezvous Service's host:port
+	// Verify: carry the connections to the store only once it names itself a pod of this pod's job, there and
+	// not to Upstream (verify.go). Needs Member.Register (this pod's stable name).
+	Verify   bool
 	Wait     time.Duration
 	MaxConns int
 }
@@ -34,8 +37,11 @@ type C10dProxyConfig struct {
 func Join(ctx context.Context, cfg JoinConfig) error {
 	var eps []string
 	mets, err := cfg.begin(true, func() (err error) {
-		if cfg.C10d.Addr != "" && cfg.C10d.Upstream == "" {
-			return errors.New("--c10d-upstream is required with --c10d-addr")
+		if cfg.C10d.Addr != "" && cfg.C10d.Upstream == "" && !cfg.C10d.Verify {
+			return errors.New("--c10d-upstream (or --c10d-verify) is required with --c10d-addr")
+		}
+		if cfg.C10d.Verify && !cfg.Member.Register {
+			return errors.New("--c10d-verify needs --register=true: this pod's stable name tells which job's store it may reach")
 		}
 		eps, err = cfg.Client.endpoints()
 		return err
@@ -57,10 +63,17 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		if err != nil {
 			return fmt.Errorf("--c10d-addr: %w", err)
 		}
-		proxy := storeproxy.New(cfg.C10d.Upstream, cfg.C10d.Wait, cfg.C10d.MaxConns, cfg.Log.With("component", "c10d-proxy"))
+		plog := cfg.Log.With("component", "c10d-proxy")
+		upstream := storeproxy.Fixed(cfg.C10d.Upstream)
+		reset := func() {}
+		if cfg.C10d.Verify {
+			v := newVerifiedStore(cli, cfg.Member.Member.Host, plog, cfg.Metrics)
+			upstream, reset = v.resolve, v.reset
+		}
+		proxy := storeproxy.New(upstream, cfg.C10d.Wait, cfg.C10d.MaxConns, plog)
 		if cfg.Member.Register {
-			cfg.Member.OnRegistered = chain(func() { proxy.SetOpen(true) }, cfg.Member.OnRegistered)
-			cfg.Member.OnLost = chain(func() { proxy.SetOpen(false) }, cfg.Member.OnLost)
+			cfg.Member.OnRegistered = chain(func() { reset(); proxy.SetOpen(true) }, cfg.Member.OnRegistered)
+			cfg.Member.OnLost = chain(func() { proxy.SetOpen(false); reset() }, cfg.Member.OnLost)
 		} else {
 			proxy.SetOpen(true)
 		}

@@ -76,6 +76,9 @@ type LeaseConfig struct {
 	// while another pod serves; "": the advertised client URL's host, at the
 	// port of C10dAddr.
 	C10dUpstream string
+	// VerifyStore: while another pod serves, carry the trainer's connections
+	// only to a store that names itself a pod of this job (C10dProxyConfig.Verify).
+	VerifyStore bool
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -182,6 +185,14 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 		}
 		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err
+		}
+		if host := cfg.Member.Member.Host; host != "" {
+			cli := etcd.Client()
+			err := announceServer(rctx, cli, host, cfg.C10dAddr)
+			cli.Close()
+			if err != nil {
+				return err
+			}
 		}
 	}
 	if cand != nil {
@@ -348,7 +359,7 @@ func followConfig(cfg ServeConfig) (JoinConfig, error) {
 		if up == "" {
 			up = net.JoinHostPort(cfg.Etcd.AdvertiseClientURLs[0].Hostname(), port)
 		}
-		jc.C10d = C10dProxyConfig{Addr: net.JoinHostPort("127.0.0.1", port), Upstream: up, Wait: time.Minute, MaxConns: 64}
+		jc.C10d = C10dProxyConfig{Addr: net.JoinHostPort("127.0.0.1", port), Upstream: up, Verify: cfg.Lease.VerifyStore && cfg.Member.Register, Wait: time.Minute, MaxConns: 64}
 	}
 	return jc, nil
 }

@@ -30,9 +30,24 @@ import (
 	"time"
 )
 
+// Resolver says where the store is, at each dial: host:port, or an error.
+// An error wrapping ErrRefused ends the trainer's connection at once (the
+// store this pod would reach is not its job's); any other is retried until
+// the connection's wait ends.
+type Resolver func(ctx context.Context) (string, error)
+
+// ErrRefused marks a Resolver's answer that no wait can change.
+var ErrRefused = errors.New("refused")
+
+// Fixed is the Resolver of an upstream that does not move (resolved by DNS at
+// each dial).
+func Fixed(upstream string) Resolver {
+	return func(context.Context) (string, error) { return upstream, nil }
+}
+
 // Proxy forwards connections to Upstream while it is open. It starts shut.
 type Proxy struct {
-	upstream string
+	upstream Resolver
 	wait     time.Duration
 	log      *slog.Logger
 	slots    chan struct{}
@@ -44,12 +59,12 @@ type Proxy struct {
 	conns  map[net.Conn]struct{} // upstream connections; closing one ends its pair
 }
 
-// New returns a shut proxy to upstream (host:port, resolved at each dial so
-// that a moved store is found). A new connection waits up to wait for the
-// proxy to open and the store to answer a dial, then is closed (torch's store
-// client gives up after its own timeout, 60 s by default). At most maxConns
-// connections are carried at once; more are closed as they come.
-func New(upstream string, wait time.Duration, maxConns int, log *slog.Logger) *Proxy {
+// New returns a shut proxy to upstream (asked at each dial, and its name
+// resolved then, so that a moved store is found). A new connection waits up to
+// wait for the proxy to open and the store to answer a dial, then is closed
+// (torch's store client gives up after its own timeout, 60 s by default). At
+// most maxConns connections are carried at once; more are closed as they come.
+func New(upstream Resolver, wait time.Duration, maxConns int, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -72,13 +87,13 @@ func (p *Proxy) SetOpen(open bool) {
 	p.open = open
 	if open {
 		close(p.opened)
-		p.log.Info("c10d store proxy open: the trainer's store connections go through", "upstream", p.upstream)
+		p.log.Info("c10d store proxy open: the trainer's store connections go through")
 		return
 	}
 	p.gen++
 	p.opened = make(chan struct{})
 	p.log.Warn("c10d store proxy shut: this pod is no longer a member, its trainer's store connections are closed",
-		"closed", len(p.conns), "upstream", p.upstream)
+		"closed", len(p.conns))
 	for c := range p.conns {
 		c.Close()
 	}
@@ -120,8 +135,8 @@ func (p *Proxy) carry(ctx context.Context, down net.Conn) {
 	defer down.Close()
 	up, err := p.connect(ctx, time.Now().Add(p.wait))
 	if err != nil {
-		if ctx.Err() == nil {
-			p.log.Warn("c10d store proxy: closing a trainer's connection that found no store", "upstream", p.upstream, "err", err)
+		if ctx.Err() == nil && !errors.Is(err, ErrRefused) { // the resolver says why it refused, once
+			p.log.Warn("c10d store proxy: closing a trainer's connection that found no store", "err", err)
 		}
 		return
 	}
@@ -165,8 +180,15 @@ func (p *Proxy) connect(ctx context.Context, deadline time.Time) (net.Conn, erro
 				return nil, fmt.Errorf("shut (not a member): %w", errWaited)
 			}
 		}
-		d := net.Dialer{Timeout: dialAttempt}
-		up, err := d.DialContext(ctx, "tcp", p.upstream)
+		addr, err := p.upstream(ctx)
+		if errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+		var up net.Conn
+		if err == nil {
+			d := net.Dialer{Timeout: dialAttempt}
+			up, err = d.DialContext(ctx, "tcp", addr)
+		}
 		if err == nil {
 			if p.track(gen, up) {
 				return up, nil
@@ -177,7 +199,7 @@ func (p *Proxy) connect(ctx context.Context, deadline time.Time) (net.Conn, erro
 		select {
 		case <-time.After(500 * time.Millisecond):
 		case <-ctx.Done():
-			return nil, fmt.Errorf("dial %s: %w", p.upstream, err)
+			return nil, fmt.Errorf("the store: %w", err)
 		}
 	}
 }

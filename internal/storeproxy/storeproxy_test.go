@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +35,7 @@ func echoServer(t *testing.T) string {
 
 func start(t *testing.T, upstream string, wait time.Duration, maxConns int) (*Proxy, string) {
 	t.Helper()
-	p := New(upstream, wait, maxConns, nil)
+	p := New(Fixed(upstream), wait, maxConns, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -145,4 +147,41 @@ func TestConnectionsAreBounded(t *testing.T) {
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
 	_, err := c.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF, "a connection past the bound is closed")
+}
+
+// A resolver's refusal (the store this pod would reach is not its job's) ends the trainer's connection at once,
+// without a dial; a passing failure (the store cannot be asked yet) is retried until it answers.
+func TestResolverRefusesOrRetries(t *testing.T) {
+	store := echoServer(t)
+	var calls atomic.Int32
+	p := New(func(context.Context) (string, error) {
+		switch calls.Add(1) {
+		case 1:
+			return "", fmt.Errorf("not a member of this job: %w", ErrRefused)
+		case 2:
+			return "", errors.New("the store does not answer yet")
+		}
+		return store, nil
+	}, time.Minute, 8, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	p.SetOpen(true)
+
+	c, r := dial(t, ln.Addr().String())
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = roundTrip(c, r, "get a")
+	require.Error(t, err, "refused: closed")
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "closed at once, not left waiting: %v", err)
+	assert.Equal(t, int32(1), calls.Load())
+
+	c, r = dial(t, ln.Addr().String())
+	got, err := roundTrip(c, r, "set a 1")
+	require.NoError(t, err, "retried after the passing failure")
+	assert.Equal(t, "set a 1\n", got)
+	assert.Equal(t, int32(3), calls.Load())
 }

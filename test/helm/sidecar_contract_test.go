@@ -34,6 +34,7 @@ var sidecarFlagsAllowedToDiffer = map[string]string{
 	"--member-group": "each pod's own group (rdzv for the dedicated pod)",
 	"--member-index": "each pod's own index in its group",
 	"--member-slots": "a member's slot count; the dedicated pod does not register, so it leaves the flag out",
+	"--c10d-verify":  "a serving worker's trainer reaches the store through its sidecar while another pod serves; the dedicated pod has no trainer",
 }
 
 // sidecarView is what the two descriptions of the serving sidecar must agree on.

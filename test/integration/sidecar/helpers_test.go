@@ -96,6 +96,13 @@ func waitReady(t *testing.T, p *testenv.Proc, health string) {
 
 func startJoin(t *testing.T, endpoint, host string, slots int, filesDir string, extra ...string) *testenv.Proc {
 	t.Helper()
+	p, _ := startJoinHealth(t, endpoint, host, slots, filesDir, extra...)
+	return p
+}
+
+// startJoinHealth is startJoin, and the address of the join's health port (/metrics).
+func startJoinHealth(t *testing.T, endpoint, host string, slots int, filesDir string, extra ...string) (*testenv.Proc, string) {
+	t.Helper()
 	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	args := append([]string{"join", "--endpoints=" + endpoint, "--health-addr=" + health,
 		"--member-host=" + host, fmt.Sprintf("--member-slots=%d", slots), "--lease-ttl=2s"}, extra...)
@@ -104,7 +111,7 @@ func startJoin(t *testing.T, endpoint, host string, slots int, filesDir string, 
 	}
 	p := testenv.Start(t, "join "+host, exec.Command(sidecarBin, args...))
 	waitReady(t, p, health)
-	return p
+	return p, health
 }
 
 func v3client(t *testing.T, endpoint string) *clientv3.Client {
