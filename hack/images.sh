@@ -102,7 +102,14 @@ if [ -n "${PUSH:-}" ] && [ "$PUSH" != 0 ]; then
   version=$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' "$REPO_ROOT/charts/elastic-training/Chart.yaml")
   (cd "$HACK_DIR/tools" && go build -o "$IMAGES/.crane" github.com/google/go-containerregistry/cmd/crane)
   insecure=(); [ -n "${PLAIN_HTTP:-}" ] && [ "$PLAIN_HTTP" != 0 ] && insecure=(--insecure)
-  push() { "$IMAGES/.crane" push "${insecure[@]}" "$1" "$2" >/dev/null && echo "images: pushed $2"; }
+  # Each image is pushed with a label of its own, so that its image ID (its config's digest) differs from the local
+  # image of the same content: containerd 1.6's CRI keeps one reference per image ID, and a node that pulls the
+  # pushed image repoints it, losing the imported name that shares the ID (ErrImageNeverPull for it, seen).
+  push() {
+    "$IMAGES/.crane" push "${insecure[@]}" "$1" "$2" >/dev/null &&
+      "$IMAGES/.crane" mutate "${insecure[@]}" --label "io.elastic-training.pushed-to=${REGISTRY%%/*}" -t "$2" "$2" >/dev/null &&
+      echo "images: pushed $2"
+  }
   push webhook.tar "$REGISTRY/elastic-training/webhook:$version"
   push rdzv-sidecar.tar "$REGISTRY/elastic-training/rdzv-sidecar:$version"
   if [ -n "${PUSH_TRAINERS:-}" ] && [ "$PUSH_TRAINERS" != 0 ]; then
