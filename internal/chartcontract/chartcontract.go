@@ -34,7 +34,8 @@ type contract struct {
 	Domain             string            `json:"domain"`
 	PodAnnotations     []string          `json:"podAnnotations"`
 	MutatedAnnotation  string            `json:"mutatedAnnotation"`
-	ContractVersion    int               `json:"contractVersion"` // annotation contract on every pod
+	ContractVersion    int               `json:"contractVersion"`    // annotation contract on every pod
+	SidecarPlaceholder string            `json:"sidecarPlaceholder"` // the image the webhook replaces in the chart's own pods
 	Accelerators       any               `json:"accelerators"`
 }
 
@@ -48,16 +49,17 @@ func current() contract {
 		HealthPort:         constants.SidecarHealthPort,
 		Ports: map[string]int32{"client": constants.DefaultPorts.Client, "peer": constants.DefaultPorts.Peer,
 			"health": constants.DefaultPorts.Health, "c10d": constants.DefaultPorts.C10d},
-		PortBase:          [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
-		NodePortRange:     constants.NodePortRange,
-		MaxSlots:          constants.MaxSlots,
-		MaxRdzvStandbys:   constants.MaxRdzvStandbys,
-		SchedulingGate:    constants.SchedulingGate,
-		Domain:            constants.Domain,
-		PodAnnotations:    constants.PodAnnotations,
-		MutatedAnnotation: constants.AnnotationMutated,
-		ContractVersion:   constants.ContractVersion,
-		Accelerators:      gpu.Rules,
+		PortBase:           [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
+		NodePortRange:      constants.NodePortRange,
+		MaxSlots:           constants.MaxSlots,
+		MaxRdzvStandbys:    constants.MaxRdzvStandbys,
+		SchedulingGate:     constants.SchedulingGate,
+		Domain:             constants.Domain,
+		PodAnnotations:     constants.PodAnnotations,
+		MutatedAnnotation:  constants.AnnotationMutated,
+		ContractVersion:    constants.ContractVersion,
+		SidecarPlaceholder: constants.SidecarImagePlaceholder,
+		Accelerators:       gpu.Rules,
 	}
 }
 

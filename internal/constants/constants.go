@@ -31,8 +31,18 @@ const (
 	RoleLauncher  = "launcher"  // the MPI launcher: runs mpirun, not in the hostfile
 	RoleScheduler = "scheduler" // the MXNet scheduler
 	RoleServer    = "server"    // an MXNet parameter server
-	RoleRdzv      = "rdzv"      // a dedicated rendezvous pod: rendered complete by the chart, never mutated
+	RoleRdzv      = "rdzv"      // a dedicated rendezvous pod: rendered by the chart, the webhook sets only its image
+	RoleTest      = "test"      // the job chart's `helm test` pod: likewise
 )
+
+// SidecarImagePlaceholder is the image the job chart gives the rdzv-sidecar containers of its own pods (roles
+// RoleRdzv and RoleTest) when the user names none: the webhook replaces it with the sidecar image it injects, so
+// that the image is set in one place, the webhook chart. A pod still carrying it has not been through the webhook
+// (it also keeps the SchedulingGate); `.invalid` (RFC 2606) makes sure no registry ever serves it.
+const SidecarImagePlaceholder = "elastic-training.invalid/rdzv-sidecar:set-by-the-webhook"
+
+// AnnotationMutatedImage is AnnotationMutated's value on a RoleRdzv or RoleTest pod whose image the webhook set.
+const AnnotationMutatedImage = "image"
 
 // Group names (values of LabelGroup) the job chart gives its fixed groups; workload = naming.Workload(job, group).
 // User-named worker groups (chart value workerGroups.<name>) may not take these names.

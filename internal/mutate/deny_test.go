@@ -207,7 +207,7 @@ func TestShouldMutate(t *testing.T) {
 		{"no job label", func(p *corev1.Pod) { delete(p.Labels, constants.LabelJob) }, "team-a", false, "no elastic-training.io/job label"},
 		{"kube-system", func(*corev1.Pod) {}, "kube-system", false, "kube-system"},
 		{"webhook namespace", func(*corev1.Pod) {}, "elastic-training-system", false, "own namespace"},
-		{"dedicated rdzv pod", func(p *corev1.Pod) { p.Labels[constants.LabelRole] = constants.RoleRdzv }, "team-a", false, "rendered complete"},
+		{"dedicated rdzv pod (its image only)", func(p *corev1.Pod) { p.Labels[constants.LabelRole] = constants.RoleRdzv }, "team-a", true, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -64,6 +64,13 @@ func Mutate(in Input) (Result, error) {
 	if in.Namespace == "" {
 		return Result{}, errors.New("mutate: no namespace")
 	}
+	if isChartPod(pod.Labels[constants.LabelRole]) {
+		e := &editor{pod: pod}
+		if err := chartPod(e, in.Config); err != nil {
+			return Result{}, err
+		}
+		return Result{Pod: pod, Patch: e.ops}, nil
+	}
 	s, err := parseSettings(pod, in.Config)
 	if err != nil {
 		return Result{}, err

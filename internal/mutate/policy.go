@@ -24,8 +24,5 @@ func ShouldMutate(pod *corev1.Pod, namespace string, cfg Config) (bool, string) 
 	if _, ok := pod.Labels[constants.LabelJob]; !ok {
 		return false, "pod has no " + constants.LabelJob + " label"
 	}
-	if pod.Labels[constants.LabelRole] == constants.RoleRdzv {
-		return false, "role " + constants.RoleRdzv + " pods are rendered complete by the chart"
-	}
 	return true, ""
 }

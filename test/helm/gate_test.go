@@ -13,9 +13,9 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
-// TestPodsGatedUntilMutated: in every scenario, every pod template the webhook mutates carries the scheduling gate
-// only the webhook removes (constants.SchedulingGate, the chart spells it out), and the dedicated rendezvous pod,
-// which the webhook never sees, carries none (it would never be scheduled).
+// TestPodsGatedUntilMutated: in every scenario, every pod template carries the scheduling gate only the webhook
+// removes (constants.SchedulingGate, the chart spells it out): the training pods' and the dedicated rendezvous pod's
+// (the webhook gives it its sidecar image), and so does the helm test pod.
 func TestPodsGatedUntilMutated(t *testing.T) {
 	ch := loadChart(t)
 	for _, sc := range scenarios(t) {
@@ -34,10 +34,16 @@ func TestPodsGatedUntilMutated(t *testing.T) {
 				t.Fatalf("%s %s: %v", sc.name, o.Key(), err)
 			}
 			gated := slices.Contains(spec.SchedulingGates, corev1.PodSchedulingGate{Name: constants.SchedulingGate})
-			if want := roleOf(o) != constants.RoleRdzv; gated != want {
-				t.Errorf("%s %s (role %s): gated %v, want %v", sc.name, o.Key(), roleOf(o), gated, want)
+			if !gated {
+				t.Errorf("%s %s (role %s): not gated", sc.name, o.Key(), roleOf(o))
 			}
 			n++
+		}
+		if test := r.Find("Pod", ""); test != nil {
+			gates, _, _ := unstructured.NestedSlice(test.Object, "spec", "schedulingGates")
+			if len(gates) != 1 {
+				t.Errorf("%s: the helm test pod's gates: %v", sc.name, gates)
+			}
 		}
 		if n == 0 {
 			t.Errorf("%s: no workloads", sc.name)

@@ -66,6 +66,9 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 			got := images(t, r)
 			require.NotEmpty(t, got)
 			for where, image := range got {
+				if image == constants.SidecarImagePlaceholder {
+					continue // the webhook's sidecar image: the webhook chart's global.imageRegistry moves it
+				}
 				assert.True(t, strings.HasPrefix(image, mirror+"/"), "%s: %s is not from %s", where, image, mirror)
 				assert.NotContains(t, image, "ghcr.io", where)
 			}
@@ -74,13 +77,20 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 	r, err := render(loadChart(t), pytorchJob(t, map[string]any{
 		"global":     map[string]any{"imageRegistry": mirror},
 		"image":      map[string]any{"repository": "nvcr.io/nvidia/pytorch", "tag": "25.01-py3"},
-		"rendezvous": map[string]any{"placement": "dedicated", "image": map[string]any{"registry": "own.example.com"}},
+		"rendezvous": map[string]any{"placement": "dedicated", "image": map[string]any{"registry": "own.example.com", "repository": "ghcr.io/elastic-training/rdzv-sidecar"}},
 	}), chartrender.Options{})
 	require.NoError(t, err)
 	got := images(t, r)
 	assert.Equal(t, mirror+"/nvidia/pytorch:25.01-py3", got["Job/demo-worker trainer"], "the repository's registry host is replaced")
 	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Deployment/demo-rdzv rdzv-sidecar"], "an image's own registry wins")
 	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Pod/demo-test-rdzv test"])
+	// By default the chart's own pods run the sidecar image the webhook injects, which the webhook sets in them
+	// (internal/mutate chartpod.go): one place for it.
+	def, err := render(loadChart(t), pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
+	require.NoError(t, err)
+	got = images(t, def)
+	assert.Equal(t, constants.SidecarImagePlaceholder, got["Deployment/demo-rdzv rdzv-sidecar"])
+	assert.Equal(t, constants.SidecarImagePlaceholder, got["Pod/demo-test-rdzv test"])
 	plain, err := render(loadChart(t), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "mirror.local"}}), chartrender.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, "mirror.local/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", images(t, plain)["Job/demo-worker trainer"], "a Docker Hub repository gets the registry in front")
@@ -266,4 +276,16 @@ func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
 	}
 	_, err = render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 29996}), chartrender.Options{})
 	assert.NoError(t, err)
+}
+
+// NOTES' scale command pins the chart version the job runs, and a job whose serving pods run as the namespace's
+// default account (named so by the user) is warned about.
+func TestNotesPinVersionAndWarnOfDefault(t *testing.T) {
+	r, err := render(loadChart(t), pytorchJob(t, nil), chartrender.Options{})
+	require.NoError(t, err)
+	assert.Contains(t, r.Notes, "helm upgrade demo <chart> --version 0.1.0 -n ml --reuse-values --set workers.replicas=N")
+	assert.NotContains(t, r.Notes, "WARNING")
+	r, err = render(loadChart(t), pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}), chartrender.Options{})
+	require.NoError(t, err)
+	assert.Contains(t, r.Notes, "WARNING: the pods that serve the rendezvous run as the namespace's default account")
 }

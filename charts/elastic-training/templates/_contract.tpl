@@ -70,6 +70,7 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "contractVersion": 2,
+  "sidecarPlaceholder": "elastic-training.invalid/rdzv-sidecar:set-by-the-webhook",
   "accelerators": {
     "exact": [
       "amd.com/gpu",

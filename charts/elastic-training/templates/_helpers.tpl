@@ -300,13 +300,25 @@ pod); the new chart's template applies to the next run. Fails an upgrade whose v
 {{- end -}}
 
 {{/*
-The rdzv-sidecar image of the dedicated rendezvous pod and the test pod: the tag defaults to the chart's
-appVersion, as for every image of ours (the release workflow builds them with the chart's version).
+The rdzv-sidecar image of the dedicated rendezvous pod and the test pod, and its pull policy (YAML, "" for none).
+By default the image the webhook injects, set in one place (the webhook chart): the chart renders the contract's
+placeholder, which the webhook replaces with its own sidecar image and pull policy. With rendezvous.image.repository
+set, that image: its tag defaulting to the chart's appVersion, as for every image of ours.
 */}}
 {{- define "elastic-training.rendezvousImage" -}}
 {{- $i := deepCopy .Values.rendezvous.image -}}
+{{- if $i.repository -}}
 {{- $_ := set $i "tag" (toString $i.tag | default .Chart.AppVersion) -}}
 {{- include "elastic-training.imageRef" (dict "image" $i "root" .) -}}
+{{- else -}}
+{{- (include "elastic-training.contract" . | fromJson).sidecarPlaceholder -}}
+{{- end -}}
+{{- end }}
+
+{{- define "elastic-training.rendezvousPullPolicy" -}}
+{{- if and .Values.rendezvous.image.repository .Values.rendezvous.image.pullPolicy -}}
+imagePullPolicy: {{ .Values.rendezvous.image.pullPolicy }}
+{{- end -}}
 {{- end }}
 
 {{/*

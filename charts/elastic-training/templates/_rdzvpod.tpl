@@ -28,6 +28,9 @@ metadata:
     {{- include "elastic-training.jobAnnotations" (dict "root" . "plan" $plan) | nindent 4 }}
     elastic-training.io/rdzv-host: "true"
 spec:
+  # Only the webhook removes this gate, as it gives the pod its sidecar image (rendezvous.image).
+  schedulingGates:
+    - name: {{ (include "elastic-training.contract" . | fromJson).schedulingGate }}
   {{- /* The name a StatefulSet would give it: resolvable through the headless Service, the sidecar's identity. */}}
   hostname: {{ $job }}-rdzv-0
   subdomain: {{ $job }}
@@ -62,7 +65,9 @@ spec:
   containers:
     - name: rdzv-sidecar
       image: {{ include "elastic-training.rendezvousImage" . }}
-      imagePullPolicy: {{ $r.image.pullPolicy }}
+      {{- with include "elastic-training.rendezvousPullPolicy" . }}
+      {{ . }}
+      {{- end }}
       {{- with $r.command }}
       command:
         {{- toYaml . | nindent 8 }}
