@@ -19,12 +19,22 @@
 # $REGISTRY/local/trainer:<suite> (gigabytes each; PUSH_TRAINERS="forky" only those suites); PLAIN_HTTP=1 for a
 # registry without TLS. crane (hack/tools)
 # pushes them, with the credentials of ~/.docker/config.json.
-# Usage: images.sh [--base | --import-only]   (--base: only pause, busybox and the trainer images; --import-only:
-# build nothing, import what $IMAGES has into the nodes that lack it)
+# Usage: images.sh [--base | --import-only | --remove PREFIX]   (--base: only pause, busybox and the trainer images;
+# --import-only: build nothing, import what $IMAGES has into the nodes that lack it; --remove: build nothing, delete
+# from every node the images whose name starts with PREFIX, as a fresh node has none: the registry test's pulls)
 set -euo pipefail
 . "$(dirname "$(readlink -f "$0")")/../test/e2e/cluster/env.sh"
 mkdir -p "$IMAGES"; cd "$IMAGES"
 exec 9>"$IMAGES/.lock"; flock 9
+if [ "${1:-}" = --remove ]; then
+  prefix=${2:?images: --remove needs a PREFIX}
+  for sock in "$CTR_SOCK" "$RUN"/nodes/*/containerd/containerd.sock; do
+    [ -S "$sock" ] || continue
+    refs=$(ctr -a "$sock" -n k8s.io images ls -q | awk -v p="$prefix" 'index($0, p) == 1') || continue
+    [ -z "$refs" ] || { ctr -a "$sock" -n k8s.io images rm $refs >/dev/null; echo "images: removed $(echo "$refs" | wc -l) images $prefix* from $sock"; }
+  done
+  exit 0
+fi
 if [ "${1:-}" != --import-only ]; then
 mk() { "$HACK_DIR/mkimage.sh" "$@" >/dev/null; echo "images: built $(basename "$3") ($1)"; }
 # Base images only change with this script; rebuild them when it changes.

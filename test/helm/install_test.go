@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/mutate"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
@@ -288,4 +289,36 @@ func TestNotesPinVersionAndWarnOfDefault(t *testing.T) {
 	r, err = render(loadChart(t), pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}), chartrender.Options{})
 	require.NoError(t, err)
 	assert.Contains(t, r.Notes, "WARNING: the pods that serve the rendezvous run as the namespace's default account")
+}
+
+// A job chart of a newer contract than the webhook: every pod it renders (a training pod, the dedicated rendezvous
+// pod) is denied by the webhook with both versions and the order of upgrades, the message the Job's FailedCreate
+// Event shows; the chart's own contract is served, and so is an older chart's pod (no annotation).
+func TestNewerChartRefusedByOlderWebhook(t *testing.T) {
+	ch := loadChart(t)
+	newer := strconv.Itoa(constants.ContractVersion + 1)
+	r, err := render(ch, pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
+	require.NoError(t, err)
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:0.1.0"
+	cfg.Version = "0.1.0"
+	n := 0
+	for _, o := range r.Objects {
+		if o.Kind != "Job" && o.Kind != "Deployment" {
+			continue
+		}
+		pod := servingPod(t, o)
+		_, err := mutate.Mutate(mutate.Input{Pod: pod.DeepCopy(), Namespace: namespace, Config: cfg})
+		require.NoError(t, err, "%s: this chart's contract", o.Key())
+		old := pod.DeepCopy()
+		delete(old.Annotations, constants.AnnotationContract)
+		_, err = mutate.Mutate(mutate.Input{Pod: old, Namespace: namespace, Config: cfg})
+		require.NoError(t, err, "%s: an older chart's pod", o.Key())
+		pod.Annotations[constants.AnnotationContract] = newer
+		_, err = mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
+		require.Error(t, err, o.Key())
+		assert.Contains(t, err.Error(), fmt.Sprintf("this pod's job chart needs contract %s, and this webhook (elastic-training-webhook 0.1.0) serves contracts up to %d: upgrade the elastic-training-webhook chart first", newer, constants.ContractVersion), o.Key())
+		n++
+	}
+	assert.Equal(t, 2, n, "the worker Job and the dedicated rendezvous Deployment")
 }

@@ -177,6 +177,19 @@ func (c *Cluster) Script(name string, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// RemoveImages deletes from every node's containerd the images whose name starts with prefix (a registry's
+// host/), so that a test pulls them as a fresh node would, not finding an earlier run's copy under the same tag.
+func (c *Cluster) RemoveImages(t testing.TB, prefix string) {
+	t.Helper()
+	out, err := exec.Command(c.imagesScript, "--remove", prefix).CombinedOutput() // also from a Cleanup, whose test's context has ended
+	if err != nil {
+		t.Fatalf("images.sh --remove %s: %v\n%s", prefix, err, out)
+	}
+	if len(out) > 0 {
+		t.Logf("%s", out)
+	}
+}
+
 // PushImages is `make images REGISTRY=<registry> PUSH=1 PLAIN_HTTP=1 PUSH_TRAINERS=<suites>` (docs/install.md):
 // the webhook and sidecar images, and the trainer images of suites, pushed to the registry (plain HTTP).
 func (c *Cluster) PushImages(t testing.TB, registry string, suites ...string) {

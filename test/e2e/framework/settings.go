@@ -38,6 +38,8 @@ var (
 	ServiceCIDR = settings["SVC_CIDR"]
 	// FakeGPUCount is how many FakeGPUResource (and AMDGPUResource) devices the node has (FAKE_DEVICES).
 	FakeGPUCount = fakeDevices(settings["FAKE_DEVICES"], FakeGPUResource)
+	// PodCIDR holds every pod's address (host-network pods have their node's).
+	PodCIDR = settings["POD_CIDR"]
 	// LocalRegistry is the cluster's OCI registry (host:port, plain HTTP), from which every node's containerd pulls.
 	LocalRegistry = settings["LOCAL_REGISTRY"]
 	// HelmVersion is the pinned helm release of BinDir's helm.
@@ -68,7 +70,7 @@ var settingNames = []string{
 	"ET_CACHE", "BIN", "RUN", "LOGS", "PIDS", "KUBECONFIG", "HACK_DIR", "E2E_LOCK",
 	"BUSYBOX_IMAGE", "WEBHOOK_IMAGE", "SIDECAR_IMAGE", "TRAINER_IMAGE", "STOCK_TRAINER_IMAGE", "TRAINER_SUITES",
 	"NODE_NAME", "NODE_IP", "EXTRA_NODES", "CLUSTER_DOMAIN", "SVC_CIDR", "FAKE_DEVICES", "HELM_VERSION", "KUEUE_VERSION",
-	"LOCAL_REGISTRY",
+	"LOCAL_REGISTRY", "POD_CIDR",
 }
 
 // readSettings sources env.sh of this checkout and returns the variables of settingNames. A test binary that

@@ -35,6 +35,10 @@ const trainer = "trainer" // the chart's training container
 func TestInstallFromRegistry(t *testing.T) {
 	c := framework.Get(t)
 	reg := framework.LocalRegistry
+	// Nodes as fresh as the registry (emptied at each cluster start): no copy of an earlier run's images under the
+	// same tags, before and after.
+	c.RemoveImages(t, reg+"/")
+	t.Cleanup(func() { c.RemoveImages(t, reg+"/") })
 	c.PushImages(t, reg, "forky")
 	global := map[string]any{"imageRegistry": reg}
 	start := time.Now()
@@ -167,4 +171,74 @@ func leastPrivilege(t *testing.T, c *framework.Cluster, ns, job string) {
 	if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
+}
+
+// TestWebhookOnHostNetwork: a control plane that cannot reach the pod network, as on a GKE private cluster or EKS
+// with an overlay CNI, here the API server's connections to pod addresses on the webhook's port cut by a firewall
+// rule of the test's own (nftables, before iptables' rules). Installed as by default, the webhook cannot be called:
+// the Job's FailedCreate Event says so, naming the webhook. Upgraded to hostNetwork with a port of the node
+// (docs/install.md), it admits the job's pods again and the job trains.
+func TestWebhookOnHostNetwork(t *testing.T) {
+	c := framework.Get(t)
+	c.InstallWebhookValues(t, "default", map[string]any{
+		"image":   framework.ImageValues(framework.WebhookImage),
+		"sidecar": map[string]any{"image": framework.ImageValues(framework.SidecarImage)},
+	})
+	cutPodNetwork(t, 9443)
+	ns := c.Namespace(t)
+	const job = "private"
+	script, err := os.ReadFile(c.RepoPath("examples/scripts/elastic_train.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := c.Values(t, "examples/local/pytorch-elastic.yaml")
+	v["script"] = string(script)
+	v["args"] = []any{"--steps=400", "--step-seconds=0.5"}
+	c.HelmInstall(t, ns, job, c.RepoPath("charts/elastic-training"), v)
+	worker := naming.Workload(job, constants.GroupWorker)
+	var event string
+	c.WaitFor(t, 2*time.Minute, "a FailedCreate Event on Job "+worker+" that names the webhook", func(ctx context.Context) (bool, error) {
+		evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + worker + ",reason=FailedCreate"})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, `failed calling webhook "pods.elastic-training.io"`) {
+				event = e.Message
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("%d FailedCreate Events, none names the webhook", len(evs.Items))
+	})
+	t.Logf("with the pod network cut off, Job %s says: %s", worker, event)
+
+	c.HelmUpgrade(t, framework.WebhookNamespace, framework.WebhookRelease, c.RepoPath("charts/elastic-training-webhook"),
+		map[string]any{"hostNetwork": true, "webhook": map[string]any{"port": 19443}, "healthPort": 19444, "metrics": map[string]any{"port": 19445}},
+		framework.ReuseValues(), framework.Wait(3*time.Minute))
+	c.WaitFor(t, 2*time.Minute, "the webhook on host networking to mutate a dry-run training pod", func(ctx context.Context) (bool, error) {
+		return c.DryRunMutated(ctx, "default")
+	})
+	sel := constants.LabelJob + "=" + job + "," + constants.LabelGroup + "=" + constants.GroupWorker
+	c.WaitWorld(t, ns, sel, trainer, 2, 1, 5*time.Minute)
+	c.HelmUninstall(t, ns, job, 2*time.Minute)
+}
+
+// cutPodNetwork rejects this host's connections to pod addresses on port (what the API server does to call a
+// webhook) until the test ends: an nftables table of the test's own, at the output hook after NAT (a Service's
+// address is already a pod's there) and before iptables' filter, whose accepts (kube-router's) would end a rule of
+// ours in iptables first.
+func cutPodNetwork(t *testing.T, port int) {
+	t.Helper()
+	const table = "et-e2e-cut"
+	rules := fmt.Sprintf("table ip %s {\n chain output {\n  type filter hook output priority -10; policy accept;\n  ip daddr %s tcp dport %d reject with tcp reset\n }\n}\n", table, framework.PodCIDR, port)
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("nft", "delete", "table", "ip", table).CombinedOutput(); err != nil {
+			t.Errorf("nft delete table %s: %v\n%s", table, err, out)
+		}
+	})
 }

@@ -100,7 +100,8 @@ func TestRendezvousRedirectedOutsideTheJob(t *testing.T) {
 				return false, err
 			}
 			if strings.Contains(logs, "refusing to carry the trainer's store connections") {
-				t.Logf("%s's sidecar: %s", p.Name, lineWith(logs, "refusing"))
+				line, _, _ := strings.Cut(logs[strings.Index(logs, "refusing"):], "\n")
+				t.Logf("%s's sidecar: ...%s", p.Name, line)
 				return true, nil
 			}
 			return false, fmt.Errorf("%s's sidecar has not refused yet:\n%s", p.Name, logs)
@@ -113,7 +114,8 @@ func TestRendezvousRedirectedOutsideTheJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := lineWith(received, "rdzv_sidecar_tcpstore_received_bytes_total "); got != "rdzv_sidecar_tcpstore_received_bytes_total 0" {
+	const sample = "\nrdzv_sidecar_tcpstore_received_bytes_total "
+	if got := lineWith(received, sample[1:]); !strings.Contains(received, sample+"0\n") {
 		t.Errorf("the other store received c10d bytes from the job's agents: %q", got)
 	}
 
@@ -128,10 +130,10 @@ func TestRendezvousRedirectedOutsideTheJob(t *testing.T) {
 	uninstallJob(t, c, ns, job)
 }
 
-// lineWith is the first line of text that contains s ("" when none).
+// lineWith is the first line of text that starts with s ("" when none).
 func lineWith(text, s string) string {
 	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, s) {
+		if strings.HasPrefix(l, s) {
 			return strings.TrimSpace(l)
 		}
 	}
