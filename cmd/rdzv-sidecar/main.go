@@ -263,6 +263,7 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.IntVar(&cfg.C10dQuotas.Keys, "c10d-max-keys", q.Keys, "most keys (and queued elements) the c10d store holds; a write past it closes the writer's connection")
 	fs.Int64Var(&cfg.C10dQuotas.Bytes, "c10d-max-bytes", q.Bytes, "most bytes of keys and values the c10d store holds; a write past it closes the writer's connection")
 	fs.IntVar(&cfg.C10dQuotas.Connections, "c10d-max-connections", q.Connections, "most open c10d client connections; more are closed as they come")
+	fs.IntVar(&cfg.C10dQuotas.WaitingKeys, "c10d-max-waiting-keys", q.WaitingKeys, "most keys the c10d store's clients wait for at once (WAIT, BARRIER; a key counts once per client); a wait past it closes the waiter's connection")
 	fs.StringVar(&cfg.C10dAddr, "c10d-addr", fmt.Sprintf(":%d", constants.C10dPort), `address of the torch c10d TCPStore (torchrun --rdzv-backend=c10d with is_host=false); "" turns it off`)
 	fs.StringVar(&cfg.Lease.Name, "lease", "", "serve only while this pod holds the Kubernetes Lease of this name in its namespace, and meanwhile point the EndpointSlice of this name (the rendezvous Service's) at --pod-ip; until then follow the pod that serves, at --advertise-client-urls, as `join` does (needs the pod's token in "+constants.TokenDir+" and RBAC: get and patch that Lease and EndpointSlice); empty: serve at once")
 	fs.BoolVar(&cfg.Lease.Standby, "standby", false, "with --lease: a standby, which tries for the Lease only once it has been up for the Lease's duration (the first candidate serves first)")

@@ -9,6 +9,7 @@ type metrics struct {
 	ops         [numOps]prometheus.Counter
 	refused     *prometheus.CounterVec
 	waiters     prometheus.Gauge
+	waitingKeys prometheus.Gauge
 	keys        prometheus.Gauge
 	storeBytes  prometheus.Gauge
 	bytesIn     prometheus.Counter
@@ -25,6 +26,7 @@ const (
 	refusedStoreFull  = "store_full"
 	refusedConnLimit  = "too_many_connections"
 	refusedSlowReader = "slow_reader"
+	refusedWaitQuota  = "too_many_waiting_keys"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -38,6 +40,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Connections closed for a protocol error, a quota or a client that does not read, by reason.")), []string{"reason"}),
 		waiters: prometheus.NewGauge(prometheus.GaugeOpts(opts("waiters",
 			"Clients waiting in WAIT or BARRIER for keys to appear."))),
+		waitingKeys: prometheus.NewGauge(prometheus.GaugeOpts(opts("waiting_keys",
+			"Keys the waiting clients wait for, together (the quota is --c10d-max-waiting-keys)."))),
 		keys: prometheus.NewGauge(prometheus.GaugeOpts(opts("keys", "Keys in the store (queues not counted)."))),
 		storeBytes: prometheus.NewGauge(prometheus.GaugeOpts(opts("store_bytes",
 			"Bytes of the keys and values in the store, queues included (the quota is --c10d-max-bytes)."))),
@@ -48,11 +52,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.ops[i] = ops.WithLabelValues(Op(i).String())
 	}
 	for _, r := range []string{refusedNoValidate, refusedBadMagic, refusedUnknownOp, refusedTooLarge, refusedNotNumber,
-		refusedStoreFull, refusedConnLimit, refusedSlowReader} {
+		refusedStoreFull, refusedConnLimit, refusedSlowReader, refusedWaitQuota} {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connections, ops, m.refused, m.waiters, m.keys, m.storeBytes, m.bytesIn, m.bytesOut} {
+		for _, c := range []prometheus.Collector{m.connections, ops, m.refused, m.waiters, m.waitingKeys, m.keys, m.storeBytes, m.bytesIn, m.bytesOut} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -130,18 +130,20 @@ type Quotas struct {
 	Keys        int   // keys and queued elements in the store
 	Bytes       int64 // their keys' and values' lengths
 	Connections int   // open client connections
+	WaitingKeys int   // keys all pending WAITs and BARRIERs wait for, together (a key counts once per waiter)
 }
 
 // DefaultQuotas hold a rendezvous of thousands of agents many times over
 // (torch's state is a few hundred bytes per node) and keep a flood of keys
 // or connections within a few hundred MiB.
 func DefaultQuotas() Quotas {
-	return Quotas{Keys: 1 << 20, Bytes: 256 << 20, Connections: 16 << 10}
+	return Quotas{Keys: 1 << 20, Bytes: 256 << 20, Connections: 16 << 10, WaitingKeys: 1 << 20}
 }
 
 func (q Quotas) withDefaults() Quotas {
 	d := DefaultQuotas()
-	return Quotas{Keys: orDefault(q.Keys, d.Keys), Bytes: orDefault(q.Bytes, d.Bytes), Connections: orDefault(q.Connections, d.Connections)}
+	return Quotas{Keys: orDefault(q.Keys, d.Keys), Bytes: orDefault(q.Bytes, d.Bytes), Connections: orDefault(q.Connections, d.Connections),
+		WaitingKeys: orDefault(q.WaitingKeys, d.WaitingKeys)}
 }
 
 // Request is one decoded request. Which fields are set depends on Op (see

@@ -347,6 +347,8 @@ func (s *Server) refuse(c *conn, err error) {
 		reason = refusedNotNumber
 	case errors.As(err, new(*StoreFullError)):
 		reason = refusedStoreFull
+	case errors.As(err, new(*WaitQuotaError)):
+		reason = refusedWaitQuota
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		reason = refusedSlowReader
 	default:

@@ -1,6 +1,7 @@
 package tcpstore
 
 import (
+	"container/list"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,12 +21,16 @@ type store struct {
 	mu      sync.Mutex
 	kv      map[string][]byte
 	queues  map[string][][]byte
-	waiting map[string][]*waiter // key -> clients waiting for it, in arrival order
-	m       *metrics
-	lim     Limits
-	quotas  Quotas
-	items   int   // keys and queued elements
-	bytes   int64 // their keys' and values' lengths
+	waiting map[string]*list.List // key -> the waitRefs of the clients waiting for it, in arrival order
+	// waitingPeak is len(waiting) at its largest since it was last made anew: a Go map keeps its buckets when
+	// its entries go, so an index that a flood of waits grew is replaced once it has shrunk (shrinkWaiting).
+	waitingPeak int
+	waitKeys    int // keys listed in waiting, against Quotas.WaitingKeys
+	m           *metrics
+	lim         Limits
+	quotas      Quotas
+	items       int   // keys and queued elements
+	bytes       int64 // their keys' and values' lengths
 
 	// kicks are connections that a wake gave a STOP_WAITING to write and
 	// that have no flush running: the caller starts one after unlocking.
@@ -35,11 +40,31 @@ type store struct {
 }
 
 // waiter is one client's pending WAIT or BARRIER: it is listed under each of
-// keys (a key named twice is listed twice), and answered when left reaches 0.
+// keys (each once: a key named twice counts once), and answered when left
+// reaches 0. elems[i] is its entry in waiting[keys[i]], nil once that key has
+// come (or the wait ended), so that ending the wait costs O(len(keys)), not a
+// walk of every key's waiters.
 type waiter struct {
-	c    *conn
-	keys []string
-	left int
+	c     *conn
+	keys  []string
+	elems []*list.Element
+	left  int
+}
+
+// waitRef is a waiter's entry under one of its keys: keys[i].
+type waitRef struct {
+	w *waiter
+	i int
+}
+
+// WaitQuotaError is a WAIT or BARRIER that would make the store's clients
+// wait for more keys at once than Quotas.WaitingKeys.
+type WaitQuotaError struct {
+	Keys, Waiting, Quota int
+}
+
+func (e *WaitQuotaError) Error() string {
+	return fmt.Sprintf("the store's waits are full: %d more keys to wait for, %d waited for already (quota %d)", e.Keys, e.Waiting, e.Quota)
 }
 
 var (
@@ -60,7 +85,7 @@ func (e *StoreFullError) Error() string {
 }
 
 func newStore(m *metrics, lim Limits, q Quotas) *store {
-	return &store{kv: map[string][]byte{}, queues: map[string][][]byte{}, waiting: map[string][]*waiter{}, m: m, lim: lim, quotas: q}
+	return &store{kv: map[string][]byte{}, queues: map[string][][]byte{}, waiting: map[string]*list.List{}, m: m, lim: lim, quotas: q}
 }
 
 // reserve accounts for a write that adds items and bytes (either may be
@@ -189,7 +214,7 @@ func (s *store) apply(c *conn, q *Request) error {
 		if s.present(q.Keys) {
 			c.putByte(stopWaiting)
 		} else {
-			s.wait(c, q.Keys)
+			return s.wait(c, q.Keys)
 		}
 	case OpCancelWait:
 		// Always answered, pending wait or not: the client reads this byte
@@ -258,7 +283,7 @@ func (s *store) apply(c *conn, q *Request) error {
 			s.wakeAll(q.Key)
 			c.putByte(stopWaiting)
 		} else {
-			s.register(c, []string{q.Key})
+			return s.register(c, []string{q.Key})
 		}
 	}
 	return nil
@@ -298,80 +323,130 @@ func (s *store) has(k string) bool {
 	return ok || len(s.queues[k]) > 0
 }
 
-// wait registers c as waiting for the keys that are missing.
-func (s *store) wait(c *conn, keys []string) {
+// wait registers c as waiting for the keys that are missing, each once.
+func (s *store) wait(c *conn, keys []string) error {
 	var missing []string
+	seen := make(map[string]struct{}, len(keys))
 	for _, k := range keys {
-		if !s.has(k) {
-			missing = append(missing, k)
+		if _, dup := seen[k]; dup || s.has(k) {
+			continue
 		}
+		seen[k] = struct{}{}
+		missing = append(missing, k)
 	}
-	s.register(c, missing)
+	return s.register(c, missing)
 }
 
-// register makes keys c's one pending wait. Torch clients never have two (a
-// store lock is held from WAIT until its answer); a second replaces the
-// first, which then gets no answer.
-func (s *store) register(c *conn, keys []string) {
+// register makes keys (no key twice) c's one pending wait. Torch clients
+// never have two (a store lock is held from WAIT until its answer); a second
+// replaces the first, which then gets no answer.
+func (s *store) register(c *conn, keys []string) error {
 	s.cancel(c)
-	w := &waiter{c: c, keys: keys, left: len(keys)}
-	for _, k := range keys {
-		s.waiting[k] = append(s.waiting[k], w)
+	if s.waitKeys+len(keys) > s.quotas.WaitingKeys {
+		return &WaitQuotaError{Keys: len(keys), Waiting: s.waitKeys, Quota: s.quotas.WaitingKeys}
 	}
+	w := &waiter{c: c, keys: keys, elems: make([]*list.Element, len(keys)), left: len(keys)}
+	for i, k := range keys {
+		l := s.waiting[k]
+		if l == nil {
+			l = list.New()
+			s.waiting[k] = l
+		}
+		w.elems[i] = l.PushBack(waitRef{w, i})
+	}
+	s.waitingPeak = max(s.waitingPeak, len(s.waiting))
+	s.waitKeys += len(keys)
 	c.wait = w
 	s.m.waiters.Inc()
+	s.m.waitingKeys.Set(float64(s.waitKeys))
+	return nil
 }
 
-// cancel drops c's pending wait, if any, without answering it.
+// cancel drops c's pending wait, if any, without answering it: O(its keys).
 func (s *store) cancel(c *conn) {
 	w := c.wait
 	if w == nil {
 		return
 	}
-	for _, k := range w.keys {
-		ws := slices.DeleteFunc(s.waiting[k], func(x *waiter) bool { return x == w })
-		if len(ws) == 0 {
+	for i, e := range w.elems {
+		if e == nil {
+			continue
+		}
+		k := w.keys[i]
+		l := s.waiting[k]
+		l.Remove(e)
+		w.elems[i] = nil
+		s.waitKeys--
+		if l.Len() == 0 {
 			delete(s.waiting, k)
-		} else {
-			s.waiting[k] = ws
 		}
 	}
 	c.wait = nil
 	s.m.waiters.Dec()
+	s.m.waitingKeys.Set(float64(s.waitKeys))
+	s.shrinkWaiting()
+}
+
+// shrinkWaiting makes the index anew once a flood of waits that grew it has
+// mostly gone: a Go map never gives its buckets back (16 clients waiting for
+// 128 Ki keys each left about 200 MiB behind). Amortized O(1): the copy costs
+// the entries left, at most a quarter of those that went.
+func (s *store) shrinkWaiting() {
+	if s.waitingPeak < 1024 || len(s.waiting) > s.waitingPeak/4 {
+		return
+	}
+	fresh := make(map[string]*list.List, len(s.waiting))
+	for k, l := range s.waiting {
+		fresh[k] = l
+	}
+	s.waiting, s.waitingPeak = fresh, len(fresh)
+}
+
+// arrived takes r off its key's list: that key came for r's waiter.
+func (s *store) arrived(r waitRef) {
+	r.w.elems[r.i] = nil
+	s.waitKeys--
 }
 
 // wakeAll counts key as arrived for everyone waiting for it.
 func (s *store) wakeAll(key string) {
-	ws, ok := s.waiting[key]
+	l, ok := s.waiting[key]
 	if !ok {
 		return
 	}
 	delete(s.waiting, key)
-	for _, w := range ws {
-		if w.left--; w.left == 0 {
-			s.answer(w)
+	for e := l.Front(); e != nil; e = e.Next() {
+		r := e.Value.(waitRef)
+		s.arrived(r)
+		if r.w.left--; r.w.left == 0 {
+			s.answer(r.w)
 		}
 	}
+	s.m.waitingKeys.Set(float64(s.waitKeys))
+	s.shrinkWaiting()
 }
 
 // wakeOne counts key as arrived for its waiters in order until one of them
 // has all its keys (QUEUE_PUSH: one element, one client woken, as torch's
 // libuv server does).
 func (s *store) wakeOne(key string) {
-	ws := s.waiting[key]
-	for i, w := range ws {
-		if w.left--; w.left == 0 {
-			ws = ws[i+1:]
-			if len(ws) == 0 {
-				delete(s.waiting, key)
-			} else {
-				s.waiting[key] = ws
-			}
-			s.answer(w)
-			return
+	l := s.waiting[key]
+	if l == nil {
+		return
+	}
+	for e := l.Front(); e != nil; e = l.Front() {
+		r := l.Remove(e).(waitRef)
+		s.arrived(r)
+		if r.w.left--; r.w.left == 0 {
+			s.answer(r.w)
+			break
 		}
 	}
-	delete(s.waiting, key)
+	if l.Len() == 0 {
+		delete(s.waiting, key)
+	}
+	s.m.waitingKeys.Set(float64(s.waitKeys))
+	s.shrinkWaiting()
 }
 
 // answer sends w's client STOP_WAITING: every registration of w is gone.
