@@ -99,19 +99,36 @@ type Limits struct {
 	// MaxRequestLen bounds the sum of the keys' and values' lengths in one
 	// request, so that MaxKeys × MaxValueLen is not what a MULTI_SET may hold.
 	MaxRequestLen int
+	// MaxReplyLen bounds one reply (MULTI_GET, LIST_KEYS), checked before
+	// it is built: what one request may make the server hold for a client
+	// that does not read, and the time it spends building it under the
+	// store's lock.
+	MaxReplyLen int
 }
 
 // DefaultLimits are torch's libuv server's (TCPStoreLibUvBackend.cpp: 8 KiB
-// keys, 8 MiB values, 128 Ki keys a request), plus 64 MiB a request. Torch's
-// classic server has none.
+// keys, 8 MiB values, 128 Ki keys a request), plus 64 MiB a request and
+// 16 MiB a reply (two of the largest values; torch's rendezvous reads one
+// key at a time). Torch's classic server has none.
 func DefaultLimits() Limits {
-	return Limits{MaxKeyLen: 8 << 10, MaxValueLen: 8 << 20, MaxKeys: 128 << 10, MaxRequestLen: 64 << 20}
+	return Limits{MaxKeyLen: 8 << 10, MaxValueLen: 8 << 20, MaxKeys: 128 << 10, MaxRequestLen: 64 << 20, MaxReplyLen: 16 << 20}
 }
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
 	return Limits{MaxKeyLen: orDefault(l.MaxKeyLen, d.MaxKeyLen), MaxValueLen: orDefault(l.MaxValueLen, d.MaxValueLen),
-		MaxKeys: orDefault(l.MaxKeys, d.MaxKeys), MaxRequestLen: orDefault(l.MaxRequestLen, d.MaxRequestLen)}
+		MaxKeys: orDefault(l.MaxKeys, d.MaxKeys), MaxRequestLen: orDefault(l.MaxRequestLen, d.MaxRequestLen),
+		MaxReplyLen: orDefault(l.MaxReplyLen, d.MaxReplyLen)}
+}
+
+// ReplyTooLargeError is a request whose reply would pass Limits.MaxReplyLen.
+type ReplyTooLargeError struct {
+	Op       Op
+	Len, Max int64
+}
+
+func (e *ReplyTooLargeError) Error() string {
+	return fmt.Sprintf("%s would answer %d bytes, more than a reply may hold (%d)", e.Op, e.Len, e.Max)
 }
 
 // orDefault is v, or def when v is not positive.

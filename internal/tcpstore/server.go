@@ -341,7 +341,7 @@ func (s *Server) refuse(c *conn, err error) {
 		reason = refusedBadMagic
 	case errors.As(err, &op):
 		reason = refusedUnknownOp
-	case errors.As(err, &lim) || errors.Is(err, errValueLimit):
+	case errors.As(err, &lim) || errors.Is(err, errValueLimit) || errors.As(err, new(*ReplyTooLargeError)):
 		reason = refusedTooLarge
 	case errors.Is(err, errNotNumber):
 		reason = refusedNotNumber

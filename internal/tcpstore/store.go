@@ -31,6 +31,8 @@ type store struct {
 	quotas      Quotas
 	items       int   // keys and queued elements
 	bytes       int64 // their keys' and values' lengths
+	// keyBytes is the length of kv's keys together: LIST_KEYS's reply, known before it is built.
+	keyBytes int64
 
 	// kicks are connections that a wake gave a STOP_WAITING to write and
 	// that have no flush running: the caller starts one after unlocking.
@@ -182,6 +184,13 @@ func (s *store) apply(c *conn, q *Request) error {
 		// connection.
 		c.putBytes(s.kv[q.Key])
 	case OpMultiGet:
+		n := int64(0)
+		for _, k := range q.Keys {
+			n += 8 + int64(len(s.kv[k]))
+		}
+		if err := s.replyFits(q.Op, n); err != nil {
+			return err
+		}
 		for _, k := range q.Keys {
 			c.putBytes(s.kv[k])
 		}
@@ -227,11 +236,15 @@ func (s *store) apply(c *conn, q *Request) error {
 		cur, ok := s.kv[q.Key]
 		if ok {
 			s.reserve(-1, -int64(len(q.Key)+len(cur)))
+			s.keyBytes -= int64(len(q.Key))
 		}
 		delete(s.kv, q.Key)
 		s.m.keys.Set(float64(len(s.kv)))
 		c.putI64(b2i(ok))
 	case OpListKeys:
+		if err := s.replyFits(q.Op, 8+8*int64(len(s.kv))+s.keyBytes); err != nil {
+			return err
+		}
 		keys := make([]string, 0, len(s.kv))
 		for k := range s.kv {
 			keys = append(keys, k)
@@ -277,6 +290,9 @@ func (s *store) apply(c *conn, q *Request) error {
 		if err := s.reserve(s.cost(q.Key, v)); err != nil {
 			return err
 		}
+		if _, ok := s.kv[q.Key]; !ok {
+			s.keyBytes += int64(len(q.Key))
+		}
 		s.kv[q.Key] = v
 		s.m.keys.Set(float64(len(s.kv)))
 		if n >= q.WorldSize {
@@ -302,9 +318,20 @@ func (s *store) set(key string, value []byte) error {
 // put stores value under key, accounted for already, and wakes everyone
 // waiting for it.
 func (s *store) put(key string, value []byte) {
+	if _, ok := s.kv[key]; !ok {
+		s.keyBytes += int64(len(key))
+	}
 	s.kv[key] = value
 	s.m.keys.Set(float64(len(s.kv)))
 	s.wakeAll(key)
+}
+
+// replyFits refuses a reply of n bytes that would pass Limits.MaxReplyLen, before anything of it is built.
+func (s *store) replyFits(op Op, n int64) error {
+	if n > int64(s.lim.MaxReplyLen) {
+		return &ReplyTooLargeError{Op: op, Len: n, Max: int64(s.lim.MaxReplyLen)}
+	}
+	return nil
 }
 
 // present reports whether every key exists: as a key, or as a queue that is
