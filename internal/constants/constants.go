@@ -157,6 +157,10 @@ const MaxSlots = 1024
 // survive any likely loss.
 const MaxRdzvStandbys = 8
 
+// MaxForceDeleteSets bounds AnnotationForceDeleteLostPods: a job's member StatefulSets, one per MPI worker group
+// (the chart's group names are DNS labels of at most 20 characters, so no job needs more).
+const MaxForceDeleteSets = 64
+
 // Rendezvous backends (values of AnnotationRdzvBackend).
 const (
 	BackendEtcdV2 = "etcd-v2" // the webhook's default for a pod that does not say (the chart's default is c10d)

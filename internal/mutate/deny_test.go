@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -91,7 +92,7 @@ func TestDenied(t *testing.T) {
 		{"tls secret not a DNS subdomain", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvTLSSecret] = "Rdzv_Certs" },
 			[]string{`annotation elastic-training.io/rdzv-tls-secret="Rdzv_Certs" is invalid: want the name of a Secret`}},
 		{"force-delete-lost-pods not StatefulSet names", func(p *corev1.Pod) { p.Annotations[constants.AnnotationForceDeleteLostPods] = "hvd-worker,,Hvd" },
-			[]string{`annotation elastic-training.io/force-delete-lost-pods="hvd-worker,,Hvd" is invalid: want comma-separated names of the job's StatefulSets (DNS labels)`}},
+			[]string{`annotation elastic-training.io/force-delete-lost-pods="hvd-worker,,Hvd" is invalid: want comma-separated names of the job's StatefulSets (DNS labels, at most 64): "" is not a StatefulSet name`}},
 		{"ports below the unprivileged", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvPorts] = "80" },
 			[]string{`annotation elastic-training.io/rdzv-ports="80" is invalid: want a whole number from 1024 to 32764 (the first of 4 ports)`}},
 		{"a trainer port on the job's own c10d port", func(p *corev1.Pod) {
@@ -142,6 +143,11 @@ func TestDenied(t *testing.T) {
 			p.Annotations[constants.AnnotationMutated] = "yes"
 			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: constants.SchedulingGate}}
 		}, []string{"annotation elastic-training.io/mutated is the webhook's record of its own mutation, yet this pod was never mutated"}},
+		{"ps-port out of range on a PyTorch pod", func(p *corev1.Pod) { p.Annotations[constants.AnnotationPSPort] = "70000" },
+			[]string{`elastic-training.io/ps-port="70000" is invalid: want a whole number from 1 to 65535 (port)`}},
+		{"more force-delete names than a job has StatefulSets", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationForceDeleteLostPods] = strings.TrimSuffix(strings.Repeat("w,", constants.MaxForceDeleteSets+1), ",")
+		}, []string{"at most 64", "65 names, more than a job has StatefulSets", `force-delete-lost-pods="w,w,w,`, `..."`}},
 		{"contract not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationContract] = "v2" },
 			[]string{`annotation elastic-training.io/contract="v2" is invalid: want the job chart's contract version`}},
 		{"a newer job chart's pod, with an annotation this webhook does not know", func(p *corev1.Pod) {

@@ -221,7 +221,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 
 	if v := ann[constants.AnnotationForceDeleteLostPods]; v != "" {
 		if _, err := naming.StatefulSets(v); err != nil {
-			bad.add("annotation", constants.AnnotationForceDeleteLostPods, v, "comma-separated names of the job's StatefulSets (DNS labels)")
+			bad.add("annotation", constants.AnnotationForceDeleteLostPods, truncate(v, 100), fmt.Sprintf("comma-separated names of the job's StatefulSets (DNS labels, at most %d): %v", constants.MaxForceDeleteSets, err))
 		} else {
 			s.forceDeleteLostOf = v
 		}
@@ -277,11 +277,11 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationFramework, s.framework))
 		}
 	}
-	switch s.framework {
-	case constants.FrameworkMXNet:
+	// Checked on every pod that carries it, MXNet's or not: a value no port can be is a mistake wherever it is.
+	s.psPort = parseInt(&bad, ann, constants.AnnotationPSPort, constants.DefaultPSPort, 1, 65535, "port")
+	if s.framework == constants.FrameworkMXNet {
 		s.numServers = requireInt(&bad, ann, constants.AnnotationNumServers, 1, 100000)
 		s.numWorkers = requireInt(&bad, ann, constants.AnnotationNumWorkers, 1, 100000)
-		s.psPort = parseInt(&bad, ann, constants.AnnotationPSPort, constants.DefaultPSPort, 1, 65535, "port")
 	}
 	return s, bad.err()
 }
@@ -408,4 +408,12 @@ func checkContract(v, webhookVersion string) error {
 		"upgrade the elastic-training-webhook chart first (helm upgrade <webhook release> elastic-training-webhook), then install or upgrade the job; "+
 		"CHANGELOG.md has which chart versions go together",
 		constants.AnnotationContract, v, n, release, constants.ContractVersion)
+}
+
+// truncate shortens a value quoted in a denial: an annotation may hold 256 KiB.
+func truncate(v string, n int) string {
+	if len(v) <= n {
+		return v
+	}
+	return v[:n] + "..."
 }

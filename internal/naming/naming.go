@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // DefaultClusterDomain is Kubernetes' default cluster DNS domain.
@@ -47,6 +49,9 @@ func RendezvousEndpoint(job, namespace, clusterDomain string, port int) string {
 // force-delete-lost-pods annotation and the sidecar's flag of the same value):
 // every name a DNS label.
 func StatefulSets(v string) ([]string, error) {
+	if n := strings.Count(v, ",") + 1; n > constants.MaxForceDeleteSets {
+		return nil, fmt.Errorf("%d names, more than a job has StatefulSets (at most %d)", n, constants.MaxForceDeleteSets)
+	}
 	names := strings.Split(v, ",")
 	for _, name := range names {
 		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {

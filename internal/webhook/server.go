@@ -45,6 +45,22 @@ type Options struct {
 	Log     logr.Logger
 	// Ready, if not nil, is closed once every listener is up (for tests and benchmarks).
 	Ready chan<- struct{}
+	// BodyTimeout bounds reading one admission request's body; 0: DefaultBodyTimeout.
+	BodyTimeout time.Duration
+}
+
+// DefaultBodyTimeout is how long the webhook waits for an admission request's body: the API server sends it at
+// once, and its own call times out after the webhook's timeoutSeconds (5 s by default, at most 30 s). A client that
+// sends its headers and then trickles or withholds the body is cut off then, instead of holding a connection and
+// a goroutine for as long as it likes (controller-runtime's server bounds only the headers).
+const DefaultBodyTimeout = 30 * time.Second
+
+// withBodyDeadline sets the connection's read deadline for the request's body before h reads it.
+func withBodyDeadline(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d)) // HTTP/2 streams have none to set
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Run serves the admission webhook, health and metrics until ctx is done.
@@ -70,7 +86,10 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	srv.Register(PathMutatePods, &admission.Webhook{Handler: mutator})
+	if o.BodyTimeout <= 0 {
+		o.BodyTimeout = DefaultBodyTimeout
+	}
+	srv.Register(PathMutatePods, withBodyDeadline(&admission.Webhook{Handler: mutator}, o.BodyTimeout))
 
 	errs := make(chan error, 3)
 	go func() { errs <- srv.Start(ctx) }()

@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -188,4 +190,22 @@ func TestServerHTTP2(t *testing.T) {
 			assert.Equal(t, want, resp.TLS.NegotiatedProtocol)
 		})
 	}
+}
+
+// A client that sends an admission request's headers and then withholds its body is cut off once BodyTimeout has
+// passed, instead of holding its connection for as long as it likes; the server serves the next client.
+func TestServerCutsOffAWithheldBody(t *testing.T) {
+	s := startWith(t, func(o *Options) { o.BodyTimeout = 300 * time.Millisecond })
+	tr := s.client.Transport.(*http.Transport)
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(s.url, "https://"), tr.TLSClientConfig.Clone())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"apiVersion\":", PathMutatePods)
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(20*time.Second))) // the test's own bound, far above the server's
+	_, err = io.ReadAll(conn)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the server kept the connection open: %v", err)
+	r := review(t, s, PathMutatePods, readPod(t, "../mutate/testdata/pytorch-worker3-joins.yaml"))
+	assert.True(t, r.Allowed)
 }
