@@ -41,7 +41,15 @@ type Config struct {
 	OnWrite func(key, value string)
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// WriteTimeout bounds writing one reply (each event of a long-poll wait on its own), so that a client that
+	// reads nothing of it does not hold the reply in memory for as long as it stays connected (etcd's client port
+	// sets no write deadline); 0: DefaultWriteTimeout.
+	WriteTimeout time.Duration
 }
+
+// DefaultWriteTimeout is long enough for any reply to a client that reads it (python-etcd reads at once; a
+// recursive GET of the largest tree torch writes is a few MiB) and short enough that unread replies are let go.
+const DefaultWriteTimeout = 30 * time.Second
 
 // Server is the v2 keys API handler.
 type Server struct {
@@ -71,7 +79,16 @@ func New(cfg Config) *Server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.dirs = newDirTTLs(cfg.MaxDirTTL)
+	if s.cfg.WriteTimeout <= 0 {
+		s.cfg.WriteTimeout = DefaultWriteTimeout
+	}
 	return s
+}
+
+// writeDeadline gives the reply about to be written (or the wait's next event) WriteTimeout to go out. The server
+// that serves the handler may offer no deadline (then there is none to set).
+func (s *Server) writeDeadline(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) // real time, not the TTLs' clock
 }
 
 // Store is the store behind the API (for watchers such as the round logger).
@@ -110,6 +127,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	if s.cfg.ClusterID != nil {
 		w.Header().Set("X-Etcd-Cluster-Id", s.cfg.ClusterID())
 	}
+	s.writeDeadline(w)
 	r, perr := parseRequest(hr)
 	if perr != nil {
 		s.cfg.Metrics.request("invalid", "error")
@@ -320,6 +338,7 @@ func (s *Server) serveWait(ctx context.Context, w http.ResponseWriter, wa v2stor
 			ev = ev.Clone()
 			trimNode(ev.Node)
 			trimNode(ev.PrevNode)
+			s.writeDeadline(w) // the wait itself may last; each event gets its own time to go out
 			if err := enc.Encode(ev); err != nil || !stream {
 				return
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -244,4 +245,28 @@ func TestEnsureDir(t *testing.T) {
 	require.Contains(t, body, `"dir":true`)
 	do(t, s.mux(), "PUT", "/v2/keys/file", "value=x")
 	require.Error(t, s.EnsureDir("/file/sub"))
+}
+
+// A reply that its client does not read is let go after WriteTimeout (the connection closed), instead of being held
+// for as long as the client stays connected: a recursive GET of a tree of some MiB, unread for longer than that,
+// then read, comes out short.
+func TestUnreadReplyLetGo(t *testing.T) {
+	s := New(Config{WriteTimeout: 300 * time.Millisecond})
+	t.Cleanup(s.Close)
+	srv := httptest.NewServer((&testServer{s}).mux())
+	t.Cleanup(srv.Close)
+	value := strings.Repeat("v", 64<<10)
+	for i := range 128 { // 8 MiB of values
+		code, body := do(t, srv.Config.Handler, "PUT", fmt.Sprintf("/v2/keys/tree/k%d", i), "value="+value)
+		require.Equal(t, 201, code, body)
+	}
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = fmt.Fprintf(c, "GET /v2/keys/tree?recursive=true HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	time.Sleep(2 * time.Second) // read nothing meanwhile: the server's writes fill the socket's buffers and block
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Second)))
+	got, _ := io.ReadAll(c)
+	require.Less(t, len(got), 128*len(value), "the whole reply went out to a client that read nothing of it for 2 s")
 }
