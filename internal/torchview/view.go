@@ -47,8 +47,14 @@ const (
 )
 
 // maxRuns bounds the runs a Tracker remembers: a job has one run at a time,
-// a few more when it is reinstalled with the same sidecar.
-const maxRuns = 16
+// a few more when it is reinstalled with the same sidecar. maxStateBytes bounds
+// their states together: a state is the store's value, held by reference, so
+// a run remembered keeps a value the store has replaced alive outside the
+// store's quota (16 runs of the largest value were 128 MiB).
+const (
+	maxRuns       = 16
+	maxStateBytes = 32 << 20
+)
 
 // Tracker follows torch's rendezvous through the writes it is handed.
 type Tracker struct {
@@ -133,6 +139,17 @@ func (t *Tracker) setState(k runKey, state []byte) {
 	defer t.mu.Unlock()
 	r := t.runLocked(k)
 	r.state, r.decoded, r.decodeErr = state, nil, nil
+	for t.stateBytesLocked() > maxStateBytes && t.evictLocked(k) {
+	}
+}
+
+// stateBytesLocked is the size of the states the Tracker keeps.
+func (t *Tracker) stateBytesLocked() int {
+	n := 0
+	for _, r := range t.runs {
+		n += len(r.state)
+	}
+	return n
 }
 
 // runLocked returns k's run, making room for a new one by forgetting the run
@@ -144,18 +161,28 @@ func (t *Tracker) runLocked(k runKey) *run {
 		return r
 	}
 	if len(t.runs) >= maxRuns {
-		var oldest runKey
-		var min uint64
-		for rk, r := range t.runs {
-			if (t.last == nil || rk != (runKey{t.last.Backend, t.last.RunID})) && (min == 0 || r.seq < min) {
-				oldest, min = rk, r.seq
-			}
-		}
-		delete(t.runs, oldest)
+		t.evictLocked(k)
 	}
 	r := &run{seq: t.seq}
 	t.runs[k] = r
 	return r
+}
+
+// evictLocked forgets the run written to least recently, but the one /rendezvous shows and keep; false when there
+// is none to forget.
+func (t *Tracker) evictLocked(keep runKey) bool {
+	var oldest runKey
+	var min uint64
+	for rk, r := range t.runs {
+		if rk != keep && (t.last == nil || rk != (runKey{t.last.Backend, t.last.RunID})) && (min == 0 || r.seq < min) {
+			oldest, min = rk, r.seq
+		}
+	}
+	if min == 0 {
+		return false
+	}
+	delete(t.runs, oldest)
+	return true
 }
 
 // stateLocked decodes k's state, once per change; ok is false when the run

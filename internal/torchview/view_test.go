@@ -151,6 +151,14 @@ func TestRunsBounded(t *testing.T) {
 	}
 	require.Len(t, l.runs, maxRuns)
 	require.Contains(t, l.runs, runKey{"c10d", "shown"})
+	// Their states, together, at most maxStateBytes (and the newest kept, whatever its size).
+	big := make([]byte, 8<<20)
+	for i := range maxRuns {
+		l.C10dWrite(fmt.Sprintf("/torch.rendezvous.big-%d", i), big)
+		require.LessOrEqual(t, l.stateBytesLocked(), maxStateBytes)
+		require.Contains(t, l.runs, runKey{"c10d", fmt.Sprintf("big-%d", i)})
+	}
+	require.Contains(t, l.runs, runKey{"c10d", "shown"})
 	// A round logged once is not logged again.
 	var logs bytes.Buffer
 	l = New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
