@@ -3,6 +3,7 @@ package tcpstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -44,7 +45,7 @@ func TestStoreQuotas(t *testing.T) {
 		require.NotContains(t, s.kv, "q")
 	})
 	t.Run("bytes", func(t *testing.T) {
-		s, do := newQuotaStore(t, Quotas{Bytes: 20})
+		s, do := newQuotaStore(t, Quotas{Bytes: 22})                                        // 20 for keys outside the rendezvous' reserve (22/8 = 2)
 		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: make([]byte, 9)}))       // 10
 		require.NoError(t, do(&Request{Op: OpAppend, Key: "a", Value: make([]byte, 5)}))    // 15
 		require.True(t, full(do(&Request{Op: OpAppend, Key: "a", Value: make([]byte, 6)}))) // 21
@@ -55,6 +56,21 @@ func TestStoreQuotas(t *testing.T) {
 		require.NotContains(t, s.kv, "b")
 		require.NoError(t, do(&Request{Op: OpSet, Key: "a", Value: nil})) // 1
 		require.Equal(t, int64(1), s.bytes)
+	})
+	t.Run("the rendezvous' reserve", func(t *testing.T) {
+		s, do := newQuotaStore(t, Quotas{Keys: 16, Bytes: 1 << 20})
+		for i := range 14 { // 16 - 16/8: the keys of anyone
+			require.NoError(t, do(&Request{Op: OpSet, Key: fmt.Sprint("junk", i), Value: nil}))
+		}
+		err := do(&Request{Op: OpSet, Key: "junk-more", Value: nil})
+		require.True(t, full(err))
+		require.Contains(t, err.Error(), "the last eighth of each is kept for torch's rendezvous keys")
+		require.True(t, full(do(&Request{Op: OpMultiSet, Keys: []string{"/torch.rendezvous.r", "junk-more"}, Values: [][]byte{nil, nil}})),
+			"a MULTI_SET with one key outside the rendezvous' is held to the smaller quota")
+		require.NoError(t, do(&Request{Op: OpSet, Key: "/torch.rendezvous.run-1", Value: []byte("state")}), "torch's state still goes in")
+		require.NoError(t, do(&Request{Op: OpAdd, Key: "/torch.rendezvous.run-1.0/counter", Delta: 1}))
+		require.True(t, full(do(&Request{Op: OpSet, Key: "/torch.rendezvous.run-1.0/x", Value: nil})), "all 16 taken")
+		require.Equal(t, 16, s.items)
 	})
 	t.Run("a MULTI_SET is all or nothing", func(t *testing.T) {
 		s, do := newQuotaStore(t, Quotas{Keys: 2, Bytes: 100})

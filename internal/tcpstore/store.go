@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -79,28 +80,55 @@ type StoreFullError struct {
 	Items int   // keys and queued elements, with the write
 	Bytes int64 // their bytes, with the write
 	Quotas
+	Reserved bool // the last eighth of the quotas is the rendezvous', and the write's keys are not
 }
 
 func (e *StoreFullError) Error() string {
-	return fmt.Sprintf("the store is full: the write would make %d keys (quota %d) of %d bytes (quota %d)",
-		e.Items, e.Quotas.Keys, e.Bytes, e.Quotas.Bytes)
+	reserve := ""
+	if e.Reserved {
+		reserve = " (the last eighth of each is kept for torch's rendezvous keys, " + rendezvousPrefix + "*)"
+	}
+	return fmt.Sprintf("the store is full: the write would make %d keys (quota %d) of %d bytes (quota %d)%s",
+		e.Items, e.Quotas.Keys, e.Bytes, e.Quotas.Bytes, reserve)
 }
 
 func newStore(m *metrics, lim Limits, q Quotas) *store {
 	return &store{kv: map[string][]byte{}, queues: map[string][][]byte{}, waiting: map[string]*list.List{}, m: m, lim: lim, quotas: q}
 }
 
+// rendezvousPrefix begins every key torch's c10d rendezvous writes (its state,
+// and each round's store; torch's client puts the "/" in front). The last
+// eighth of the store's quotas is theirs alone: a client that fills the store
+// with keys of its own leaves room for the rendezvous to go on. (A client
+// that writes under torch's own prefix competes with torch: who may reach the
+// store at all is the NetworkPolicy's and the verifying sidecars' to decide.)
+const rendezvousPrefix = "/torch.rendezvous."
+
+// isRendezvousKey says whether key may use the reserve.
+func isRendezvousKey(key string) bool { return strings.HasPrefix(key, rendezvousPrefix) }
+
 // reserve accounts for a write that adds items and bytes (either may be
-// negative), or refuses it when it would pass a quota. Writes that shrink
+// negative), or refuses it when it would pass a quota: all of it for the
+// rendezvous' keys (rdzv), seven eighths for any other. Writes that shrink
 // the store always pass.
-func (s *store) reserve(items int, bytes int64) error {
+func (s *store) reserve(items int, bytes int64, rdzv bool) error {
 	ni, nb := s.items+items, s.bytes+bytes
-	if (items > 0 && ni > s.quotas.Keys) || (bytes > 0 && nb > s.quotas.Bytes) {
-		return &StoreFullError{Items: ni, Bytes: nb, Quotas: s.quotas}
+	keys, max := s.quotas.Keys, s.quotas.Bytes
+	if !rdzv {
+		keys, max = keys-keys/8, max-max/8
+	}
+	if (items > 0 && ni > keys) || (bytes > 0 && nb > max) {
+		return &StoreFullError{Items: ni, Bytes: nb, Quotas: s.quotas, Reserved: !rdzv}
 	}
 	s.items, s.bytes = ni, nb
 	s.m.storeBytes.Set(float64(s.bytes))
 	return nil
+}
+
+// costOf is cost, and whether key may use the reserve: reserve's arguments.
+func (s *store) costOf(key string, value []byte) (int, int64, bool) {
+	items, bytes := s.cost(key, value)
+	return items, bytes, isRendezvousKey(key)
 }
 
 // cost is what storing value under key adds to the store.
@@ -149,7 +177,11 @@ func (s *store) apply(c *conn, q *Request) error {
 			}
 			lens[k] = len(q.Values[i])
 		}
-		if err := s.reserve(items, bytes); err != nil {
+		rdzv := true
+		for _, k := range q.Keys {
+			rdzv = rdzv && isRendezvousKey(k)
+		}
+		if err := s.reserve(items, bytes, rdzv); err != nil {
 			return err
 		}
 		for i, k := range q.Keys {
@@ -235,7 +267,7 @@ func (s *store) apply(c *conn, q *Request) error {
 	case OpDeleteKey:
 		cur, ok := s.kv[q.Key]
 		if ok {
-			s.reserve(-1, -int64(len(q.Key)+len(cur)))
+			s.reserve(-1, -int64(len(q.Key)+len(cur)), true)
 			s.keyBytes -= int64(len(q.Key))
 		}
 		delete(s.kv, q.Key)
@@ -255,7 +287,7 @@ func (s *store) apply(c *conn, q *Request) error {
 			c.putString(k)
 		}
 	case OpQueuePush:
-		if err := s.reserve(1, int64(len(q.Key)+len(q.Value))); err != nil {
+		if err := s.reserve(1, int64(len(q.Key)+len(q.Value)), isRendezvousKey(q.Key)); err != nil {
 			return err
 		}
 		s.queues[q.Key] = append(s.queues[q.Key], q.Value)
@@ -265,7 +297,7 @@ func (s *store) apply(c *conn, q *Request) error {
 		c.putI64(int64(len(qu)))
 		if len(qu) > 0 {
 			c.putBytes(qu[0])
-			s.reserve(-1, -int64(len(q.Key)+len(qu[0])))
+			s.reserve(-1, -int64(len(q.Key)+len(qu[0])), true)
 			qu[0] = nil
 			if qu = qu[1:]; len(qu) == 0 {
 				delete(s.queues, q.Key)
@@ -287,7 +319,7 @@ func (s *store) apply(c *conn, q *Request) error {
 		// The counter is an ordinary key, and never reset. Torch's servers
 		// store it without waking anyone until the last one arrives.
 		v := strconv.AppendInt(nil, n, 10)
-		if err := s.reserve(s.cost(q.Key, v)); err != nil {
+		if err := s.reserve(s.costOf(q.Key, v)); err != nil {
 			return err
 		}
 		if _, ok := s.kv[q.Key]; !ok {
@@ -308,7 +340,7 @@ func (s *store) apply(c *conn, q *Request) error {
 // set stores value under key and wakes everyone waiting for it, unless the
 // quotas leave no room for it.
 func (s *store) set(key string, value []byte) error {
-	if err := s.reserve(s.cost(key, value)); err != nil {
+	if err := s.reserve(s.costOf(key, value)); err != nil {
 		return err
 	}
 	s.put(key, value)

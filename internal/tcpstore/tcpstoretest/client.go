@@ -70,6 +70,15 @@ func (c *Client) Reply(op tcpstore.Op) error {
 		if b[0] != 0 {
 			return fmt.Errorf("WAIT answered %d", b[0])
 		}
+	case tcpstore.OpCancelWait: // u8 WAIT_CANCELED, after a STOP_WAITING that was on its way
+		if _, err := io.ReadFull(c.r, b[:1]); err != nil {
+			return err
+		}
+		if b[0] == 0 { // STOP_WAITING first
+			if _, err := io.ReadFull(c.r, b[:1]); err != nil {
+				return err
+			}
+		}
 	case tcpstore.OpPing: // the nonce
 		if _, err := io.ReadFull(c.r, b[:4]); err != nil {
 			return err

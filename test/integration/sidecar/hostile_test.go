@@ -28,7 +28,7 @@ import (
 // well-behaved c10d client keeps pinging: the sidecar stays up, its memory
 // and CPU stay bounded, and the live client's round trips stay short.
 func TestHostileClients(t *testing.T) {
-	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256")
+	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256", "--c10d-max-waiting-keys=200000")
 	pid := s.Cmd.Process.Pid
 	live := startLiveClient(t, s.C10d)
 	rss0, cpu0 := procStats(t, pid)
@@ -71,6 +71,42 @@ func TestHostileClients(t *testing.T) {
 		require.NoError(t, d.Do(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed}))
 		require.Error(t, err, "10,000 values of 100 KiB were all taken")
 		waitLog(t, s, "reason=store_full")
+	})
+	step("a WAIT on one key named 64 Ki times, by two clients, cancelled and dropped", func(t *testing.T) {
+		keys := make([]string, 64<<10)
+		for i := range keys {
+			keys[i] = "/w"
+		}
+		a, b := dialStore(t, s.C10d), dialStore(t, s.C10d)
+		require.NoError(t, a.Send(&tcpstore.Request{Op: tcpstore.OpWait, Keys: keys}))
+		require.NoError(t, b.Send(&tcpstore.Request{Op: tcpstore.OpWait, Keys: keys}))
+		require.NoError(t, a.Send(&tcpstore.Request{Op: tcpstore.OpCancelWait}))
+		require.NoError(t, a.Reply(tcpstore.OpCancelWait))
+		b.Close()
+	})
+	step("WAITs for more keys than the waiting quota", func(t *testing.T) {
+		keys := func(prefix string) []string {
+			k := make([]string, 128<<10)
+			for i := range k {
+				k[i] = fmt.Sprintf("/%s%d", prefix, i)
+			}
+			return k
+		}
+		a, b := dialStore(t, s.C10d), dialStore(t, s.C10d)
+		require.NoError(t, a.Send(&tcpstore.Request{Op: tcpstore.OpWait, Keys: keys("a")}))
+		require.NoError(t, b.Send(&tcpstore.Request{Op: tcpstore.OpWait, Keys: keys("b")}))
+		waitLog(t, s, "reason=too_many_waiting_keys") // no earlier step waits at all
+		a.Close()
+	})
+	step("a MULTI_GET whose reply would pass 16 MiB", func(t *testing.T) {
+		c := dialStore(t, s.C10d)
+		require.NoError(t, c.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/big", Value: bytes.Repeat([]byte("v"), 4<<20)}))
+		before := strings.Count(s.Output(), "reason=too_large")
+		require.NoError(t, c.Send(&tcpstore.Request{Op: tcpstore.OpMultiGet, Keys: []string{"/big", "/big", "/big", "/big", "/big"}}))
+		require.Eventually(t, func() bool { return strings.Count(s.Output(), "reason=too_large") > before }, 10*time.Second, 20*time.Millisecond,
+			"a MULTI_GET of 20 MiB was not refused")
+		d := dialStore(t, s.C10d)
+		require.NoError(t, d.Do(&tcpstore.Request{Op: tcpstore.OpDeleteKey, Key: "/big"}))
 	})
 	step("more connections than the cap", func(t *testing.T) {
 		var conns []net.Conn
