@@ -144,6 +144,9 @@ func (s *store) cost(key string, value []byte) (int, int64) {
 // bytes c has queued, whether a COMPARE_SET stored its value, and an error
 // that means c is to be closed, as torch's server closes it.
 func (s *store) do(c *conn, q *Request) (kicks []*conn, queued int, stored bool, err error) {
+	if q.Op == OpWait && len(q.Keys) > 1 {
+		q.Keys = uniq(q.Keys) // before the lock: what every other client waits for is the lock's time
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err = s.apply(c, q)
@@ -383,17 +386,28 @@ func (s *store) has(k string) bool {
 }
 
 // wait registers c as waiting for the keys that are missing, each once.
+// (keys holds no key twice: do removed the repeats.)
 func (s *store) wait(c *conn, keys []string) error {
 	var missing []string
-	seen := make(map[string]struct{}, len(keys))
 	for _, k := range keys {
-		if _, dup := seen[k]; dup || s.has(k) {
-			continue
+		if !s.has(k) {
+			missing = append(missing, k)
 		}
-		seen[k] = struct{}{}
-		missing = append(missing, k)
 	}
 	return s.register(c, missing)
+}
+
+// uniq is keys without repeats, in the order they first come.
+func uniq(keys []string) []string {
+	seen := make(map[string]struct{}, len(keys))
+	out := keys[:0:0]
+	for _, k := range keys {
+		if _, dup := seen[k]; !dup {
+			seen[k] = struct{}{}
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // register makes keys (no key twice) c's one pending wait. Torch clients
