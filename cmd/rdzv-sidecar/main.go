@@ -29,6 +29,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/v2api"
 )
 
 const usage = `rdzv-sidecar: the rendezvous sidecar of an elastic-training job.
@@ -248,6 +249,9 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Etcd.TrustedCAFile, "trusted-ca-file", "", "CA that client certificates must be signed by")
 	fs.BoolVar(&cfg.Etcd.ClientCertAuth, "client-cert-auth", false, "require client certificates signed by --trusted-ca-file")
 	fs.DurationVar(&cfg.MaxDirTTL, "v2-max-dir-ttl", 0, "cap on v2 directory TTLs (0: none); a directory still lives while keys under it are written")
+	fs.IntVar(&cfg.V2Limits.MaxValueLen, "v2-max-value-bytes", v2api.DefaultMaxValueLen, "largest v2 value; a larger one is refused (etcd error 209)")
+	fs.IntVar(&cfg.V2Limits.MaxKeyLen, "v2-max-key-bytes", v2api.DefaultMaxKeyLen, "longest v2 key; a longer one is refused (etcd error 209)")
+	fs.Int64Var(&cfg.V2Limits.MaxBytes, "v2-max-bytes", v2api.DefaultMaxBytes, "most bytes the v2 store holds: keys, values, and values replaced or deleted that etcd's 1,000-event history still holds; the last eighth is kept for torch's keys; a write past it is refused (etcd error 300)")
 	fs.BoolVar(&cfg.Etcd.UnsafeNoFsync, "unsafe-no-fsync", false, "skip fsync (tests; the store is rebuilt by the agents anyway)")
 	fs.StringVar(&cfg.Etcd.LogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")

@@ -43,6 +43,8 @@ type ServeConfig struct {
 	Etcd rdzvetcd.Config
 	// MaxDirTTL caps v2 directory TTLs (see v2api's dirttl.go).
 	MaxDirTTL time.Duration
+	// V2Limits bound the v2 keys API's keys, values and store (zero fields: v2api's defaults).
+	V2Limits v2api.Limits
 	// C10dAddr is where torch's c10d TCPStore is served ("" = not at all).
 	C10dAddr string
 	// C10dQuotas bound the c10d store (zero fields: tcpstore's defaults).
@@ -133,7 +135,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	cfg.Etcd.Log = log
 	etcd := rdzvetcd.New(cfg.Etcd)
 	v2 := v2api.New(v2api.Config{ClusterID: etcd.ClusterID, ClientURLs: etcd.ClientURLs, Raft: etcd.Raft,
-		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: view.V2Write, Logger: log})
+		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: view.V2Write, Logger: log, Limits: cfg.V2Limits})
 	if err := restoreV2(v2, cfg.Etcd.DataDir, log); err != nil {
 		return err
 	}

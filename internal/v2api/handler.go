@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v2error"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v2store"
 )
@@ -45,6 +47,15 @@ type Config struct {
 	// reads nothing of it does not hold the reply in memory for as long as it stays connected (etcd's client port
 	// sets no write deadline); 0: DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// Limits bound a value, a key, and the store with the values its history still holds (quota.go).
+	Limits Limits
+}
+
+// Limits bound what the v2 store holds; a zero field takes its default.
+type Limits struct {
+	MaxValueLen int   // DefaultMaxValueLen
+	MaxKeyLen   int   // DefaultMaxKeyLen
+	MaxBytes    int64 // DefaultMaxBytes
 }
 
 // DefaultWriteTimeout is long enough for any reply to a client that reads it (python-etcd reads at once; a
@@ -60,6 +71,11 @@ type Server struct {
 	log     *slog.Logger
 	closing chan struct{}
 	once    sync.Once
+	// wmu serialises the writes (and expiry passes) with the quota's account of them; reads need only the store.
+	wmu   sync.Mutex
+	quota *quota
+	// logRefusals keeps the refusals' log lines to a few a second (the metric counts them all).
+	logRefusals *rate.Limiter
 }
 
 // NewStore returns an empty v2 store laid out as etcd's ("/0" cluster data,
@@ -82,6 +98,10 @@ func New(cfg Config) *Server {
 	if s.cfg.WriteTimeout <= 0 {
 		s.cfg.WriteTimeout = DefaultWriteTimeout
 	}
+	l := s.cfg.Limits
+	s.quota = newQuota(orDefault(l.MaxBytes, DefaultMaxBytes), orDefault(l.MaxValueLen, DefaultMaxValueLen), orDefault(l.MaxKeyLen, DefaultMaxKeyLen))
+	s.quota.rebuild(s.store)
+	s.logRefusals = rate.NewLimiter(10, 20)
 	return s
 }
 
@@ -137,6 +157,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	o := r.op()
 	ev, wa, err := s.do(r, o)
 	if err != nil {
+		var ref *refusal
+		if errors.As(err, &ref) {
+			s.cfg.Metrics.refused(ref.reason)
+			if s.logRefusals.Allow() {
+				s.log.Warn("v2 write refused", "remote", hr.RemoteAddr, "reason", ref.reason, "key", clip(strings.TrimPrefix(r.Path, storeKeysPrefix), 100), "err", ref.err.Cause)
+			}
+			err = ref.err
+		}
 		s.cfg.Metrics.request(string(o), outcome(err))
 		writeError(w, err)
 		return
@@ -148,6 +176,29 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	}
 	s.cfg.Metrics.request(string(o), "ok")
 	s.writeEvent(w, ev, r.NoValueOnSuccess)
+}
+
+// refusal is a write refused by a bound of this server (not by etcd's store): counted by reason and logged.
+type refusal struct {
+	reason string
+	err    *v2error.Error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+
+// clip quotes at most n bytes of s.
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+func orDefault[T int | int64](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 func outcome(err error) string {
@@ -179,6 +230,22 @@ func (s *Server) do(r *request, o op) (*v2store.Event, v2store.Watcher, error) {
 	case opGet:
 		ev, err = s.store.Get(r.Path, r.Recursive, r.Sorted)
 		return ev, nil, err
+	}
+	if e := s.quota.checkRequest(r); e != nil {
+		return nil, nil, &refusal{reason: "too_large", err: e}
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if o != opDelete && o != opCompareAndDelete && !r.Refresh { // a refresh keeps the value it has
+		p := r.Path
+		if o == opCreateInOrder {
+			p += "/00000000000000000000" // the key etcd will make: as long as its own
+		}
+		if e := s.quota.admit(p, len(r.Value), s.store.Index()); e != nil {
+			return nil, nil, &refusal{reason: "store_full", err: e}
+		}
+	}
+	switch o {
 	case opCreateInOrder:
 		ev, err = s.store.Create(r.Path, r.Dir, r.Value, true, ttlOpts)
 	case opCreate:
@@ -203,11 +270,21 @@ func (s *Server) do(r *request, o op) (*v2store.Event, v2store.Watcher, error) {
 	switch o {
 	case opDelete, opCompareAndDelete:
 		s.dirs.forget(ev.Node.Key)
-	case opSet, opCreate, opCreateInOrder:
-		if dirTTL {
-			s.dirs.set(ev.Node.Key, ttlDuration(*r.TTL), ev.Node.CreatedIndex, now)
+		s.quota.deleted(ev.Node.Key, ev.EtcdIndex)
+	default:
+		if o == opSet || o == opCreate || o == opCreateInOrder {
+			if dirTTL {
+				s.dirs.set(ev.Node.Key, ttlDuration(*r.TTL), ev.Node.CreatedIndex, now)
+			}
 		}
+		value := ""
+		if ev.Node.Value != nil {
+			value = *ev.Node.Value
+		}
+		s.quota.written(ev.Node.Key, ev.Node.Dir, value, ttlOpts.ExpireTime, r.Refresh, ev.EtcdIndex)
 	}
+	s.quota.release(s.store.Index())
+	s.cfg.Metrics.storeBytes(s.quota.used)
 	s.dirs.touch(ev.Node.Key, now)
 	if s.cfg.OnWrite != nil && ev.Node.Value != nil {
 		s.cfg.OnWrite(strings.TrimPrefix(ev.Node.Key, storeKeysPrefix), *ev.Node.Value)
@@ -253,10 +330,15 @@ func (s *Server) RunExpiry(ctx context.Context, interval time.Duration) {
 
 // ExpireNow runs one expiry pass.
 func (s *Server) ExpireNow() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	now := s.now()
 	if s.store.HasTTLKeys() {
 		s.store.DeleteExpiredKeys(now)
 	}
+	s.quota.expired(now, s.store.Index())
+	s.quota.release(s.store.Index())
+	defer func() { s.cfg.Metrics.storeBytes(s.quota.used) }()
 	for p, created := range s.dirs.due(now) {
 		cur, err := s.store.Get(p, true, false)
 		if err != nil || !cur.Node.Dir || cur.Node.CreatedIndex != created {
@@ -269,7 +351,8 @@ func (s *Server) ExpireNow() {
 			s.dirs.postpone(p, now.Add(time.Second))
 			continue
 		}
-		if _, err := s.store.Delete(p, true, true); err == nil {
+		if ev, err := s.store.Delete(p, true, true); err == nil {
+			s.quota.deleted(p, ev.EtcdIndex)
 			s.log.Info("v2 directory expired", "key", strings.TrimPrefix(p, storeKeysPrefix))
 		}
 		s.dirs.forget(p)

@@ -6,6 +6,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	Requests    *prometheus.CounterVec
 	ActiveWaits prometheus.Gauge
+	Refused     *prometheus.CounterVec
+	StoreBytes  prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -19,8 +21,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "active_waits",
 			Help: "Open long-poll wait=true requests.",
 		}),
+		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "refused_total",
+			Help: "v2 writes refused by a bound of the sidecar: too_large (a key or value), store_full (--v2-max-bytes).",
+		}, []string{"reason"}),
+		StoreBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "store_bytes",
+			Help: "What the v2 store holds against --v2-max-bytes: its keys, values and nodes, and the values replaced or deleted that its event history still holds.",
+		}),
 	}
-	reg.MustRegister(m.Requests, m.ActiveWaits)
+	reg.MustRegister(m.Requests, m.ActiveWaits, m.Refused, m.StoreBytes)
 	return m
 }
 
@@ -39,5 +49,17 @@ func (m *Metrics) waitStarted() {
 func (m *Metrics) waitEnded() {
 	if m != nil {
 		m.ActiveWaits.Dec()
+	}
+}
+
+func (m *Metrics) refused(reason string) {
+	if m != nil {
+		m.Refused.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) storeBytes(n int64) {
+	if m != nil {
+		m.StoreBytes.Set(float64(n))
 	}
 }

@@ -93,9 +93,12 @@ func (s *Server) Restore(data []byte) error {
 	if err := json.Unmarshal(data, &snap); err != nil {
 		return fmt.Errorf("restore v2 store: %w", err)
 	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	if err := s.store.Recovery(snap.Store); err != nil {
 		return fmt.Errorf("restore v2 store: %w", err)
 	}
+	s.quota.rebuild(s.store)
 	s.dirs.mu.Lock()
 	defer s.dirs.mu.Unlock()
 	for p, e := range snap.Dirs {
@@ -107,7 +110,12 @@ func (s *Server) Restore(data []byte) error {
 // EnsureDir creates the permanent directory key (as clients name it) unless
 // it exists.
 func (s *Server) EnsureDir(key string) error {
-	_, err := s.store.Create(path.Join(storeKeysPrefix, key), true, "", false, v2store.TTLOptionSet{})
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	ev, err := s.store.Create(path.Join(storeKeysPrefix, key), true, "", false, v2store.TTLOptionSet{})
+	if err == nil {
+		s.quota.written(ev.Node.Key, true, "", time.Time{}, false, ev.EtcdIndex)
+	}
 	var e *v2error.Error
 	if errors.As(err, &e) && e.ErrorCode == v2error.EcodeNodeExist {
 		return nil

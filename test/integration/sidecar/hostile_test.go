@@ -28,7 +28,7 @@ import (
 // well-behaved c10d client keeps pinging: the sidecar stays up, its memory
 // and CPU stay bounded, and the live client's round trips stay short.
 func TestHostileClients(t *testing.T) {
-	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256", "--c10d-max-waiting-keys=200000")
+	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256", "--c10d-max-waiting-keys=200000", "--v2-max-bytes=67108864")
 	pid := s.Cmd.Process.Pid
 	live := startLiveClient(t, s.C10d)
 	rss0, cpu0 := procStats(t, pid)
@@ -192,6 +192,49 @@ func TestHostileClients(t *testing.T) {
 		require.Equal(t, 400, resp.StatusCode, string(b))
 		require.Contains(t, string(b), `"errorCode":210`)
 	})
+	step("a v2 value of 8 MB", func(t *testing.T) {
+		code, body := v2put(t, s.URL+"/v2/keys/big", strings.Repeat("x", 8_000_000))
+		require.Equal(t, 400, code, body)
+		require.Contains(t, body, `"errorCode":209`)
+		require.Contains(t, body, "--v2-max-value-bytes")
+		waitLog(t, s, "reason=too_large")
+	})
+	step("the v2 store filled with 1 MiB values, emptied, filled again", func(t *testing.T) {
+		big := strings.Repeat("x", 1<<20)
+		fill := func() (n int, body string) {
+			for ; n < 100; n++ {
+				var code int
+				if code, body = v2put(t, fmt.Sprintf("%s/v2/keys/fill/%d", s.URL, n), big); code != 201 {
+					require.Equal(t, 500, code, body)
+					return n, body
+				}
+			}
+			return n, body
+		}
+		n, body := fill()
+		require.Less(t, n, 100, "100 values of 1 MiB taken by a 64 MiB store")
+		require.Contains(t, body, "store full")
+		t.Logf("%d values of 1 MiB taken, then: %s", n, body)
+		code, body := v2put(t, s.URL+"/v2/keys/torch/elastic/rendezvous/run", strings.Repeat("s", 200<<10))
+		require.Equal(t, 201, code, "torch's rendezvous key refused in a full store: %s", body)
+		req, _ := http.NewRequest("DELETE", s.URL+"/v2/keys/fill?recursive=true", nil)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		again, _ := fill()
+		require.Zero(t, again, "the deleted values still count: etcd's history holds them")
+		for i := range 1000 {
+			code, body = v2put(t, s.URL+"/v2/keys/torch/elastic/rendezvous/run", fmt.Sprint(i))
+			require.Less(t, code, 300, body)
+		}
+		again, _ = fill()
+		require.Equal(t, n, again, "1,000 changes later the history has let them go")
+		req, _ = http.NewRequest("DELETE", s.URL+"/v2/keys/fill?recursive=true", nil)
+		resp, err = http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		waitLog(t, s, "reason=store_full")
+	})
 	step("writes and debug pages on the open ports", func(t *testing.T) {
 		for _, m := range []string{"POST", "PUT", "DELETE"} {
 			req, _ := http.NewRequest(m, "http://"+s.Health+"/rendezvous", nil)
@@ -214,6 +257,18 @@ func TestHostileClients(t *testing.T) {
 	require.Less(t, cpu-cpu0, 60.0, "CPU seconds spent on hostile requests")
 	require.Less(t, live.p99(), 200*time.Millisecond, "a well-behaved client's p99 round trip")
 	require.Equal(t, 0, live.errors(), "the well-behaved client lost its connection")
+}
+
+// v2put writes one v2 key as python-etcd does (a form body).
+func v2put(t *testing.T, url, value string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("PUT", url, strings.NewReader("value="+value))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // waitLog waits for the sidecar to log line: its log reaches the test
