@@ -17,8 +17,10 @@
 //     is cut off itself) and the Lease has not changed for its whole duration
 //     (measured on the standby's own clock, as client-go does: clocks may
 //     disagree, their rates do not).
-//   - The holder renews the Lease every Retry. When its last renewal is older
-//     than Stale it keeps serving only while no member has left since, and it
+//   - The holder renews the Lease every Retry. When it cannot tell that it
+//     still holds the Lease (its last renewal is older than Stale, or the last
+//     one failed, or one hangs past Retry/2) it keeps serving only while no
+//     member has left since, and it
 //     steps down at the first departure, before anyone else hears of it (the
 //     survivors' restart among them: a holder cut off with a few members must
 //     not start a round of its own). A standby's registration ends at the
@@ -85,8 +87,8 @@ type Config struct {
 	Address string
 	// Duration is how long a Lease nobody renews stays its holder's; the
 	// holder renews every Retry; a holder whose last renewal is older than
-	// Stale steps down at a member's departure. Duration > Stale > Retry
-	// (Check).
+	// Stale (or failed, or hangs past Retry/2) steps down at a member's
+	// departure. Duration > Stale > Retry (Check).
 	Duration, Stale, Retry time.Duration
 	Log                    *slog.Logger
 	// Now is the clock (tests); nil = time.Now.
@@ -122,9 +124,8 @@ type Candidate struct {
 	mu       sync.Mutex
 	seen     Record    // the last record read or written
 	seenAt   time.Time // when seen last changed, on this pod's clock
-	renewed  time.Time // this pod's last successful renewal
-	departed time.Time // the last time a member left while this pod served
-	down     bool      // decided to step down: it serves no more
+	standing standing
+	down     bool // decided to step down: it serves no more
 	kick     chan struct{}
 }
 
@@ -216,7 +217,7 @@ func (c *Candidate) tryAcquire(ctx context.Context, may func() bool) (Handover, 
 		return Handover{}, false, rec.Holder, fmt.Errorf("take the lease from %q: %w", rec.Holder, err)
 	}
 	c.mu.Lock()
-	c.seen, c.seenAt, c.renewed, c.departed = got, now, now, time.Time{}
+	c.seen, c.seenAt, c.standing = got, now, standing{renewed: now}
 	c.mu.Unlock()
 	c.log.Info("this pod serves the rendezvous now: it holds the lease", "previous_holder", rec.Holder, "released", h.Released, "transitions", got.Transitions)
 	return h, true, c.cfg.Identity, nil
@@ -244,7 +245,7 @@ func (c *Candidate) MembersChanged(_, left []string) {
 		return
 	}
 	c.mu.Lock()
-	c.departed = c.cfg.Now()
+	c.standing.departed = c.cfg.Now()
 	c.mu.Unlock()
 	c.stepDown()
 	select {
@@ -264,14 +265,29 @@ func (c *Candidate) Serving() bool {
 func (c *Candidate) stepDown() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.down = c.down || mustStepDown(c.renewed, c.departed, c.cfg.Now(), c.cfg.Stale)
+	c.down = c.down || mustStepDown(c.standing, c.cfg.Now(), c.cfg.Stale, c.cfg.Retry/2)
 	return c.down
 }
 
-// mustStepDown is the holder's rule: its last renewal is older than stale and
-// a member left since.
-func mustStepDown(renewed, departed, now time.Time, stale time.Duration) bool {
-	return now.Sub(renewed) > stale && departed.After(renewed)
+// standing is what the holder knows of its own hold on the Lease.
+type standing struct {
+	renewed  time.Time // the last successful renewal
+	attempt  time.Time // when the renewal now in flight began (zero: none)
+	failed   bool      // the last renewal failed
+	departed time.Time // the last time a member left while this pod served
+}
+
+// mustStepDown is the holder's rule: a member left since its last renewal, and it cannot tell that it still holds
+// the Lease: the renewal is older than stale, the last one failed, or one has gone unanswered for longer than slow
+// (an API server answers a Lease write in milliseconds). The last two matter: a holder cut off just after a renewal
+// hears of its members' departure (their registrations expire) 3 to 5 s later, when the renewal may be younger than
+// stale but the next one hangs, and the survivors' restart at that departure would let its own agent start a round
+// alone (seen in TestNodeLossPyTorch/store/partition).
+func mustStepDown(s standing, now time.Time, stale, slow time.Duration) bool {
+	if !s.departed.After(s.renewed) {
+		return false
+	}
+	return now.Sub(s.renewed) > stale || s.failed || (!s.attempt.IsZero() && now.Sub(s.attempt) > slow)
 }
 
 // Lead keeps the Lease and points the EndpointSlice at this pod, from
@@ -289,33 +305,64 @@ func (c *Candidate) Lead(ctx context.Context, publish time.Time) error {
 	}
 	tick := time.NewTicker(c.cfg.Retry)
 	defer tick.Stop()
-	for n := 1; ; n++ {
+	// The rule is looked at again between renewals, and a renewal runs on its own: one that hangs (the API server
+	// cut off) must not keep this pod serving past the moment it must step down.
+	check := time.NewTicker(c.cfg.Retry / 4)
+	defer check.Stop()
+	results := make(chan error, 1)
+	inFlight := false
+	for n := 1; ; {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-			if err := c.renew(ctx); err != nil {
-				if errors.Is(err, ErrSteppedDown) {
-					return err
-				}
-				if ctx.Err() == nil {
-					c.log.Warn("cannot renew the rendezvous lease; serving on while no member leaves", "err", err)
-				}
+			if !inFlight {
+				inFlight = true
+				// The Service must point here: a helm upgrade may have rendered an older address, or the first
+				// write failed.
+				publish := n%5 == 0
+				n++
+				go func() { results <- c.attemptRenewal(ctx, publish) }()
 			}
-			// The Service must point here: a helm upgrade may have rendered an
-			// older address, or the first write failed.
-			if n%5 == 0 {
-				if err := c.publish(ctx); err != nil && ctx.Err() == nil {
-					c.log.Error("cannot point the rendezvous Service at this pod; retrying", "err", err)
-				}
+		case err := <-results:
+			inFlight = false
+			if errors.Is(err, ErrSteppedDown) {
+				return err
+			}
+			if err != nil && ctx.Err() == nil {
+				c.log.Warn("cannot renew the rendezvous lease; serving on while no member leaves", "err", err)
 			}
 		case <-c.kick:
+		case <-check.C:
 		}
 		if c.stepDown() {
-			return fmt.Errorf("%w: the lease went unrenewed for over %s and a member left meanwhile (it may serve elsewhere now)",
-				ErrSteppedDown, c.cfg.Stale)
+			return fmt.Errorf("%w: a member left meanwhile and the lease's last renewal is %s old (it may serve elsewhere now)",
+				ErrSteppedDown, c.renewalAge().Round(time.Millisecond))
 		}
 	}
+}
+
+// attemptRenewal renews the Lease, keeping the standing up to date, and with publish points the Service here too.
+func (c *Candidate) attemptRenewal(ctx context.Context, publish bool) error {
+	c.mu.Lock()
+	c.standing.attempt = c.cfg.Now()
+	c.mu.Unlock()
+	err := c.renew(ctx)
+	c.mu.Lock()
+	c.standing.attempt, c.standing.failed = time.Time{}, err != nil
+	c.mu.Unlock()
+	if err == nil && publish {
+		if err := c.publish(ctx); err != nil && ctx.Err() == nil {
+			c.log.Error("cannot point the rendezvous Service at this pod; retrying", "err", err)
+		}
+	}
+	return err
+}
+
+func (c *Candidate) renewalAge() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg.Now().Sub(c.standing.renewed)
 }
 
 // renew writes the Lease again; ErrSteppedDown when another pod holds it.
@@ -349,7 +396,7 @@ func (c *Candidate) renew(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	c.seen, c.seenAt, c.renewed = got, now, now
+	c.seen, c.seenAt, c.standing.renewed = got, now, now
 	c.mu.Unlock()
 	return nil
 }

@@ -39,10 +39,12 @@ func TestMayTake(t *testing.T) {
 
 func TestMustStepDown(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	const stale = 4 * time.Second
+	const stale, slow = 4 * time.Second, time.Second
 	for _, tc := range []struct {
 		name              string
 		departed, now     time.Duration // after the last renewal; departed < 0: before it
+		attempt           time.Duration // a renewal in flight since (0: none)
+		failed            bool
 		noDeparture, want bool
 	}{
 		{name: "renewed lately, a member left", departed: time.Second, now: 2 * time.Second, want: false},
@@ -51,13 +53,22 @@ func TestMustStepDown(t *testing.T) {
 		{name: "not renewed for long, a member left since", departed: 5 * time.Second, now: 5 * time.Second, want: true},
 		{name: "a member left, one renewal late", departed: 3 * time.Second, now: 3 * time.Second, want: false},
 		{name: "a member left, then a renewal went missing", departed: 3 * time.Second, now: 5 * time.Second, want: true},
+		// Cut off just after a renewal: the members' registrations expire 3.3 to 5 s later, while the next renewal
+		// (begun 2 s after the last) hangs.
+		{name: "a member left while a renewal hangs", departed: 3500 * time.Millisecond, now: 3500 * time.Millisecond, attempt: 2 * time.Second, want: true},
+		{name: "a member left while a renewal is under way", departed: 2500 * time.Millisecond, now: 2500 * time.Millisecond, attempt: 2 * time.Second, want: false},
+		{name: "a member left after a renewal failed", departed: 3 * time.Second, now: 3 * time.Second, failed: true, want: true},
+		{name: "a renewal failed, nobody left", noDeparture: true, now: 3 * time.Second, failed: true, want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			departed := t0.Add(tc.departed)
+			s := standing{renewed: t0, departed: t0.Add(tc.departed), failed: tc.failed}
 			if tc.noDeparture {
-				departed = time.Time{}
+				s.departed = time.Time{}
 			}
-			assert.Equal(t, tc.want, mustStepDown(t0, departed, t0.Add(tc.now), stale))
+			if tc.attempt != 0 {
+				s.attempt = t0.Add(tc.attempt)
+			}
+			assert.Equal(t, tc.want, mustStepDown(s, t0.Add(tc.now), stale, slow))
 		})
 	}
 }
