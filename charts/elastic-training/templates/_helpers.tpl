@@ -499,3 +499,41 @@ sizeLimit: {{ $own.sizeLimit | default $job.sizeLimit | quote }}
 {{- if eq .name "health" }}{{ .targetPort }}{{ end -}}
 {{- end -}}
 {{- end }}
+
+{{/* The pod settings a group takes from the top level unless it names them in notInherited (JSON list): every list
+and map a pod has. */}}
+{{- define "elastic-training.inheritable" -}}
+{{- list "env" "envFrom" "volumes" "volumeMounts" "initContainers" "extraContainers" "imagePullSecrets" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "podLabels" "podAnnotations" "podSecurityContext" "securityContext" | toJson -}}
+{{- end -}}
+
+{{/* deepMerge: map .over merged into a copy of map .base (either may be empty), .over winning key by key all the way
+down; a key .over sets to null is dropped. JSON. */}}
+{{- define "elastic-training.deepMerge" -}}
+{{- $out := deepCopy (.base | default dict) -}}
+{{- range $k, $v := (.over | default dict) -}}
+{{- if kindIs "invalid" $v -}}
+{{- $_ := unset $out $k -}}
+{{- else if and (kindIs "map" $v) (kindIs "map" (index $out $k)) -}}
+{{- $_ := set $out $k (include "elastic-training.deepMerge" (dict "base" (index $out $k) "over" $v) | fromJson) -}}
+{{- else -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* mergeList: the entries of list .base whose .key field no entry of list .over has, then .over's (a group's env
+variable, volume or mount replaces the top level's of the same name or path); an entry equal to an earlier one is
+kept once. JSON. */}}
+{{- define "elastic-training.mergeList" -}}
+{{- $key := .key -}}
+{{- $taken := dict -}}
+{{- range (.over | default list) -}}
+{{- with (index . $key) }}{{ $_ := set $taken (toString .) true }}{{ end -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range (.base | default list) -}}
+{{- if not (hasKey $taken (toString (index . $key))) -}}{{- $out = append $out . -}}{{- end -}}
+{{- end -}}
+{{- concat $out (.over | default list) | uniq | toJson -}}
+{{- end -}}

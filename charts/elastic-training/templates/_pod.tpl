@@ -14,6 +14,15 @@ byte-identical when `helm upgrade --set workers.replicas=N` scales the job. No c
 {{- $hasScript := include "elastic-training.hasScript" $root -}}
 {{- $scriptPath := printf "%s/%s" (include "elastic-training.scriptDir" $root) $rv.scriptName -}}
 {{- $image := merge (deepCopy ($gv.image | default dict)) $rv.image -}}
+{{/* What the group takes from the top level (README "Pod settings"): every list and map, unless the group names it
+in notInherited. Lists are appended (an entry equal to one above is kept once), maps merged with the group winning
+key by key, all the way down (a key the group sets to null is dropped). */}}
+{{- $in := dict -}}
+{{- range $k := include "elastic-training.inheritable" . | fromJsonArray -}}
+{{- if not (has $k ($gv.notInherited | default list)) -}}
+{{- $_ := set $in $k (index $rv $k) -}}
+{{- end -}}
+{{- end -}}
 {{/* command and args */}}
 {{- $command := $gv.command | default list -}}
 {{- $args := $gv.args | default list -}}
@@ -47,8 +56,9 @@ accelerator limit */}}
 {{- $_ := set $resources "limits" $limits -}}
 {{- end -}}
 {{/* volumes */}}
-{{- $volumes := concat ($rv.volumes | default list) ($gv.volumes | default list) -}}
-{{- $mounts := concat ($rv.volumeMounts | default list) ($gv.volumeMounts | default list) -}}
+{{- $volumes := include "elastic-training.mergeList" (dict "base" $in.volumes "over" $gv.volumes "key" "name") | fromJsonArray -}}
+{{- $userMounts := include "elastic-training.mergeList" (dict "base" $in.volumeMounts "over" $gv.volumeMounts "key" "mountPath") | fromJsonArray -}}
+{{- $mounts := $userMounts -}}
 {{- if $hasScript -}}
 {{- $volumes = append $volumes (dict "name" "script" "configMap" (dict "name" (printf "%s-script" $job) "defaultMode" 365)) -}}
 {{- $mounts = append $mounts (dict "name" "script" "mountPath" (include "elastic-training.scriptDir" $root) "readOnly" true) -}}
@@ -73,18 +83,18 @@ accelerator limit */}}
 {{/* scheduling */}}
 {{- $schedulerName := $gv.schedulerName | default $rv.schedulerName | default (ternary "volcano" "" (not (empty $rv.queue.volcano))) -}}
 {{- $spread := list -}}
-{{- range ($gv.topologySpreadConstraints | default $rv.topologySpreadConstraints) -}}
+{{- range (concat ($in.topologySpreadConstraints | default list) ($gv.topologySpreadConstraints | default list) | uniq) -}}
 {{- $c := deepCopy . -}}
 {{- if not (hasKey $c "labelSelector") -}}
 {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "elastic-training.groupSelector" (dict "root" $root "group" $g.name) | fromYaml)) -}}
 {{- end -}}
 {{- $spread = append $spread $c -}}
 {{- end -}}
-{{- $podLabels := merge (deepCopy ($gv.podLabels | default dict)) ($rv.podLabels | default dict) -}}
-{{- $podAnnotations := merge (deepCopy ($gv.podAnnotations | default dict)) ($rv.podAnnotations | default dict) -}}
+{{- $podLabels := include "elastic-training.deepMerge" (dict "base" $in.podLabels "over" $gv.podLabels) | fromJson -}}
+{{- $podAnnotations := include "elastic-training.deepMerge" (dict "base" $in.podAnnotations "over" $gv.podAnnotations) | fromJson -}}
 {{- $containerName := $rv.containerName -}}
-{{- $inits := concat ($rv.initContainers | default list) ($gv.initContainers | default list) -}}
-{{- $extra := concat ($rv.extraContainers | default list) ($gv.extraContainers | default list) -}}
+{{- $inits := concat ($in.initContainers | default list) ($gv.initContainers | default list) -}}
+{{- $extra := concat ($in.extraContainers | default list) ($gv.extraContainers | default list) -}}
 {{- $sa := $gv.serviceAccountName | default $rv.serviceAccountName | default (include "elastic-training.jobServiceAccount" $root) -}}
 metadata:
   labels:
@@ -156,19 +166,19 @@ spec:
   priorityClassName: {{ . }}
   {{- end }}
   terminationGracePeriodSeconds: {{ hasKey $gv "terminationGracePeriodSeconds" | ternary $gv.terminationGracePeriodSeconds $rv.terminationGracePeriodSeconds | int }}
-  {{- with ($gv.imagePullSecrets | default $rv.imagePullSecrets) }}
+  {{- with (concat ($in.imagePullSecrets | default list) ($gv.imagePullSecrets | default list) | uniq) }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with ($gv.nodeSelector | default $rv.nodeSelector) }}
+  {{- with (include "elastic-training.deepMerge" (dict "base" $in.nodeSelector "over" $gv.nodeSelector) | fromJson) }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with (include "elastic-training.tolerations" (dict "root" $root "user" ($gv.tolerations | default $rv.tolerations)) | fromYamlArray) }}
+  {{- with (include "elastic-training.tolerations" (dict "root" $root "user" (concat ($in.tolerations | default list) ($gv.tolerations | default list) | uniq)) | fromYamlArray) }}
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with ($gv.affinity | default $rv.affinity) }}
+  {{- with (include "elastic-training.deepMerge" (dict "base" $in.affinity "over" $gv.affinity) | fromJson) }}
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -176,7 +186,7 @@ spec:
   topologySpreadConstraints:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with ($gv.podSecurityContext | default $rv.podSecurityContext) }}
+  {{- with (include "elastic-training.deepMerge" (dict "base" $in.podSecurityContext "over" $gv.podSecurityContext) | fromJson) }}
   securityContext:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -210,7 +220,7 @@ spec:
           printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  IdentityFile %s/id_ecdsa\n' "$d" > "$d/config"
           chmod 0600 "$d/authorized_keys" "$d/config"
       volumeMounts:
-        {{- with (concat ($rv.volumeMounts | default list) ($gv.volumeMounts | default list)) }}
+        {{- with $userMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
         - name: ssh-key
@@ -235,11 +245,11 @@ spec:
       args:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with (concat ($rv.env | default list) ($gv.env | default list)) }}
+      {{- with (include "elastic-training.mergeList" (dict "base" $in.env "over" $gv.env "key" "name") | fromJsonArray) }}
       env:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with (concat ($rv.envFrom | default list) ($gv.envFrom | default list)) }}
+      {{- with (concat ($in.envFrom | default list) ($gv.envFrom | default list) | uniq) }}
       envFrom:
         {{- toYaml . | nindent 8 }}
       {{- end }}
@@ -247,7 +257,7 @@ spec:
       resources:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with ($gv.securityContext | default $rv.securityContext) }}
+      {{- with (include "elastic-training.deepMerge" (dict "base" $in.securityContext "over" $gv.securityContext) | fromJson) }}
       securityContext:
         {{- toYaml . | nindent 8 }}
       {{- end }}
