@@ -93,6 +93,26 @@ func TestRejected(t *testing.T) {
 		{"custom job with nothing to run", []string{"framework=custom"}, "workers: nothing to run: set command"},
 		{"MXNet scheduler with nothing to run", []string{"framework=mxnet", "workers.command={python3,train.py}"}, "mxnet.scheduler: nothing to run"},
 		{"worker group with nothing to run", []string{"workers.command={torchrun,t.py}", "workerGroups.burst.replicas=1"}, "workerGroups.burst: nothing to run"},
+		// Containers beside the webhook's and flags over its environment: denied or overridden after the install.
+		{"extra container named like the sidecar", []string{"command={torchrun,t.py}", "extraContainers[0].name=rdzv-sidecar", "extraContainers[0].image=busybox"},
+			`extraContainers[0].name: "rdzv-sidecar" is the rendezvous sidecar the webhook injects (it would deny the pod, or replace yours): rename it`},
+		{"init container named like the sidecar", []string{"command={torchrun,t.py}", "workers.initContainers[0].name=rdzv-sidecar", "workers.initContainers[0].image=busybox"},
+			`workers.initContainers[0].name: "rdzv-sidecar" is the rendezvous sidecar`},
+		{"extra container named like the trainer", []string{"command={torchrun,t.py}", "extraContainers[0].name=trainer", "extraContainers[0].image=busybox"},
+			`extraContainers[0].name: "trainer" is the trainer's name (containerName): rename it`},
+		{"extra container on the c10d port", []string{"command={torchrun,t.py}", "extraContainers[0].name=exporter", "extraContainers[0].image=busybox", "json:extraContainers[0].ports=[{\"containerPort\":29400}]"},
+			"extraContainers[0].ports[0].containerPort: 29400 is the c10d store's port (the containers of a pod share its ports; the webhook would deny every pod): use another port"},
+		{"extra container on the health port", []string{"command={torchrun,t.py}", "workers.extraContainers[0].name=exporter", "workers.extraContainers[0].image=busybox", "json:workers.extraContainers[0].ports=[{\"containerPort\":2381}]"},
+			"workers.extraContainers[0].ports[0].containerPort: 2381 is the rendezvous sidecar's health port"},
+		{"extra container on a host-network job's shifted port", []string{"command={torchrun,t.py}", "hostNetwork=true", "hostNetworkPortBase=21000", "extraContainers[0].name=exporter", "extraContainers[0].image=busybox", "json:extraContainers[0].ports=[{\"containerPort\":21003}]"},
+			"extraContainers[0].ports[0].containerPort: 21003 is the c10d store's port"},
+		{"torchrun's --nnodes from a PyTorchJob", []string{"command={torchrun,--nnodes=4,--nproc-per-node=8,train.py}"},
+			"workers.command/args: torchrun's --nnodes would override what the chart and the webhook set (torchrun's flags win over its PET_* environment): remove it; here it comes from workers.minReplicas/maxReplicas (summed over the groups)"},
+		{"torchrun's --rdzv_endpoint with a value apart", []string{"command={torchrun,--rdzv_endpoint,master:29400,train.py}"}, "torchrun's --rdzv_endpoint would override"},
+		{"torchrun's --rdzv-backend in a shell command", []string{"command={sh,-c}", "args={pip install -q x && torchrun --rdzv-backend=c10d train.py}"}, "torchrun's --rdzv-backend would override"},
+		{"python -m torch.distributed.run --nproc_per_node", []string{"command={python3,-m,torch.distributed.run,--nproc_per_node=8,train.py}"}, "torchrun's --nproc_per_node would override what the chart and the webhook set (torchrun's flags win over its PET_* environment): remove it; here it comes from gpus (or slots)"},
+		{"torchrun's --standalone in a group", []string{"command={torchrun,t.py}", "workerGroups.big.replicas=1", "workerGroups.big.command={torchrun,--standalone,t.py}"}, "workerGroups.big.command/args: torchrun's --standalone would override"},
+		{"scriptLauncher with --max-restarts", []string{"script=print(1)", "scriptLauncher={torchrun,--max-restarts=3}"}, "scriptLauncher: torchrun's --max-restarts would override"},
 	}
 	if len(cases) < 20 {
 		t.Fatalf("want at least 20 negative cases, have %d", len(cases))
@@ -126,8 +146,11 @@ func TestSomethingToRun(t *testing.T) {
 	for _, sets := range [][]string{
 		{"command={torchrun,/app/train.py}"},
 		{"workers.command={torchrun,/app/train.py}"},
-		{"args={--epochs,three}"},                                                       // an image whose entrypoint trains
-		{"script=print(1)", "command={torchrun,/etc/elastic-training-script/train.py}"}, // a command that runs the script
+		{"command={torchrun,--log-dir,/logs,--redirects=3,/app/train.py,--nnodes=4,--max-restarts,two}"}, // the script's own flags, after it
+		{"command={torchrun,--tee=3,-m,trainer.main,--standalone}"},                                      // a module's
+		{"command={sh,-c,echo --nnodes=4 && torchrun /app/train.py --rdzv-id x}"},                        // not torchrun's
+		{"args={--epochs,three}"},                                                                        // an image whose entrypoint trains
+		{"script=print(1)", "command={torchrun,/etc/elastic-training-script/train.py}"},                  // a command that runs the script
 		{"command={torchrun,t.py}", "gpuResource=gpu.intel.com/xe", "workers.gpus=1"},
 		{"command={torchrun,t.py}", "gpuResource=nvidia.com/mig-1g.10gb", "workers.gpus=1"},
 		{"command={torchrun,t.py}", "gpuResource=example.com/npu", "workers.gpus=1", "workers.slots=1"}, // the webhook's extraAccelerators

@@ -93,6 +93,76 @@ would silently not do what the values say, fails here with the value to fix. Inp
 {{- range (concat ($rv.imagePullSecrets | default list) ($gv.imagePullSecrets | default list)) -}}
 {{- include "elastic-training.checkName" (dict "path" "imagePullSecrets" "v" .name) -}}
 {{- end -}}
+{{- include "elastic-training.checkContainers" . -}}
+{{- if eq $rv.framework "pytorch" -}}
+{{- include "elastic-training.checkTorchrunFlags" (dict "path" (printf "%s.command/args" $p) "argv" (concat ($gv.command | default $rv.command | default list) ($gv.args | default $rv.args | default list))) -}}
+{{- include "elastic-training.checkTorchrunFlags" (dict "path" "scriptLauncher" "argv" ($rv.scriptLauncher | default list)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The user's init and extra containers beside what the webhook injects: a name the sidecar or the trainer has,
+or a port the rendezvous listens on (the job's own ports: shifted on host networking), is denied by the webhook
+after the install succeeded, or silently replaced. . = the podTemplate's dict. */}}
+{{- define "elastic-training.checkContainers" -}}
+{{- $c := include "elastic-training.contract" . | fromJson -}}
+{{- $rv := .root.Values -}}
+{{- $gv := .g.values | default dict -}}
+{{- $p := .g.path -}}
+{{- $ports := include "elastic-training.sidecarPorts" .root | fromYaml -}}
+{{- $taken := dict -}}
+{{- range $k, $default := $c.ports -}}
+{{- $_ := set $taken (toString (index $ports $k)) (index $c.reservedPorts (toString $default)) -}}
+{{- end -}}
+{{- range $kind := list "initContainers" "extraContainers" -}}
+{{- range $where := list (dict "path" $kind "list" (index $rv $kind)) (dict "path" (printf "%s.%s" $p $kind) "list" (index $gv $kind)) -}}
+{{- range $i, $ctr := $where.list -}}
+{{- if eq (toString $ctr.name) $c.sidecarContainer -}}
+{{- fail (printf "%s[%d].name: %q is the rendezvous sidecar the webhook injects (it would deny the pod, or replace yours): rename it" $where.path $i $ctr.name) -}}
+{{- end -}}
+{{- if eq (toString $ctr.name) $rv.containerName -}}
+{{- fail (printf "%s[%d].name: %q is the trainer's name (containerName): rename it" $where.path $i $ctr.name) -}}
+{{- end -}}
+{{- range $j, $port := ($ctr.ports | default list) -}}
+{{- with (index $taken (toString (int $port.containerPort))) -}}
+{{- fail (printf "%s[%d].ports[%d].containerPort: %d is %s (the containers of a pod share its ports; the webhook would deny every pod): use another port" $where.path $i $j (int $port.containerPort) .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* torchrun flags that would override what the webhook sets through PET_* (torchrun's command-line flags win over
+its environment), e.g. copied from a PyTorchJob: refused, naming the value that sets it here. Only torchrun's own
+flags count: those before the script (or -m module) it runs. . = dict "path" "argv" (a command line; elements
+with spaces, as in sh -c "...", are split into words). */}}
+{{- define "elastic-training.checkTorchrunFlags" -}}
+{{- $owned := dict "nnodes" "workers.minReplicas/maxReplicas (summed over the groups)" "nproc-per-node" "gpus (or slots)" "rdzv-backend" "rendezvous.backend" "rdzv-endpoint" "the rendezvous Service (the webhook)" "rdzv-id" "runId" "rdzv-conf" "rendezvous.* timeouts" "max-restarts" "rendezvous.maxRestarts" "monitor-interval" "the webhook (--monitor-interval)" "local-addr" "the pod's own name (the webhook)" "master-addr" "the rendezvous (a static master is not elastic)" "master-port" "the rendezvous (a static master is not elastic)" "node-rank" "the rendezvous (ranks are assigned per round)" "standalone" "the job's rendezvous (standalone trains on one node)" -}}
+{{- $withValue := list "nnodes" "nproc-per-node" "rdzv-backend" "rdzv-endpoint" "rdzv-id" "rdzv-conf" "max-restarts" "monitor-interval" "local-addr" "master-addr" "master-port" "node-rank" "start-method" "role" "log-dir" "redirects" "tee" "local-ranks-filter" "logs-specs" "rdzv-timeout" "numa-binding" "event-log-handler" "signals-to-handle" -}}
+{{- $words := list -}}
+{{- range .argv -}}{{- $words = concat $words (splitList " " (toString . | replace "\n" " " | replace "\t" " ") | compact) -}}{{- end -}}
+{{- $in := false -}}
+{{- $skip := false -}}
+{{- $done := false -}}
+{{- $path := .path -}}
+{{- range $i, $w := $words -}}
+{{- if $done -}}
+{{- else if not $in -}}
+{{- if or (eq (base $w) "torchrun") (and (eq $w "torch.distributed.run") (gt $i 0) (eq (index $words (sub $i 1)) "-m")) (and (eq $w "torch.distributed.launch") (gt $i 0) (eq (index $words (sub $i 1)) "-m")) -}}
+{{- $in = true -}}
+{{- end -}}
+{{- else if $skip -}}
+{{- $skip = false -}}
+{{- else if hasPrefix "-" $w -}}
+{{- $flag := regexReplaceAll "^--?" (regexReplaceAll "=.*$" $w "") "" | replace "_" "-" -}}
+{{- with (index $owned $flag) -}}
+{{- fail (printf "%s: torchrun's %s would override what the chart and the webhook set (torchrun's flags win over its PET_* environment): remove it; here it comes from %s" $path (regexReplaceAll "=.*$" $w "") .) -}}
+{{- end -}}
+{{- if and (has $flag $withValue) (not (contains "=" $w)) -}}{{- $skip = true -}}{{- end -}}
+{{- else -}}
+{{- $done = true -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* . = dict "path" "v": a Kubernetes object name (a DNS subdomain), or empty. */}}

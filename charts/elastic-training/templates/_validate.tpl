@@ -140,6 +140,7 @@ default account, which every other pod runs as, unless the user names it. An upg
 {{- if and $v.persistence.enabled (not $v.persistence.existingClaim) (has "ReadWriteOncePod" $v.persistence.accessModes) (gt (len $plan.groups) 1 | or (gt (int $plan.maxNodes) 1)) -}}
 {{- fail "persistence.accessModes: ReadWriteOncePod lets one pod mount the volume, and this job has several: use ReadWriteMany (or ReadWriteOnce when every pod runs on one node)" -}}
 {{- end -}}
+{{- include "elastic-training.checkSharedVolume" (dict "root" . "plan" $plan) -}}
 {{- if eq $v.framework "mxnet" -}}
 {{- if $v.workerGroups -}}
 {{- fail (printf "workerGroups (%s): MXNet jobs have one worker group, workers (DMLC_WORKER_ID is a worker's index, so a second group would repeat the ids)" (keys $v.workerGroups | sortAlpha | join ", ")) -}}
@@ -157,6 +158,42 @@ so the Job would end Complete having trained nothing. MPI workers run sshd (mpi.
 {{- $gv := $g.values | default dict -}}
 {{- if not (or $gv.command $gv.args $v.command $v.args (and (eq $v.framework "mpi") (eq $g.role "worker"))) -}}
 {{- fail (printf "%s: nothing to run: set command (e.g. --set-json 'command=[\"torchrun\",\"/app/train.py\"]'), or script (the chart runs it with %s), or args for an image whose entrypoint trains; the image's own entrypoint (%s) would start, and the job would end Complete having trained nothing" $g.path (eq $v.framework "pytorch" | ternary "torchrun" "python3") (printf "%s:%s" $v.image.repository (toString $v.image.tag))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The data volume every pod mounts (persistence), against the StorageClass it comes from, read from the cluster
+at install (helm template reads none and checks nothing here): a class whose provisioner makes disks that attach to
+one node (EBS, PD, Azure Disk, Cinder) fails a ReadWriteOnce volume on the second node's pods (Multi-Attach, at
+runtime), and no block or local provisioner gives ReadWriteMany (the claim stays Pending, with no word at install).
+ReadWriteOnce elsewhere (NFS, EFS, local paths, which pin the pods to the volume's node) works. . = dict "root"
+"plan". */}}
+{{- define "elastic-training.checkSharedVolume" -}}
+{{- $v := .root.Values -}}
+{{- $pv := $v.persistence -}}
+{{- if and $pv.enabled (not $pv.existingClaim) -}}
+{{- $class := dict -}}
+{{- if $pv.storageClassName -}}
+{{- $class = lookup "storage.k8s.io/v1" "StorageClass" "" $pv.storageClassName | default dict -}}
+{{- else -}}
+{{- range (lookup "storage.k8s.io/v1" "StorageClass" "" "").items | default list -}}
+{{- if eq (index (.metadata.annotations | default dict) "storageclass.kubernetes.io/is-default-class") "true" -}}{{- $class = . -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $class -}}
+{{- $which := printf "StorageClass %s (%s, provisioner %s)" $class.metadata.name (ternary "persistence.storageClassName" "the cluster's default" (not (empty $pv.storageClassName))) $class.provisioner -}}
+{{- $attach := list "ebs.csi.aws.com" "kubernetes.io/aws-ebs" "pd.csi.storage.gke.io" "kubernetes.io/gce-pd" "disk.csi.azure.com" "kubernetes.io/azure-disk" "cinder.csi.openstack.org" "kubernetes.io/cinder" -}}
+{{- $local := list "rancher.io/local-path" "kubernetes.io/no-provisioner" -}}
+{{- $classes := "Amazon EFS: efs.csi.aws.com, Google Filestore: filestore.csi.storage.gke.io, FSx for Lustre: fsx.csi.aws.com, Azure Files: file.csi.azure.com, NFS; docs/gpu-cluster.md" -}}
+{{- $pods := 0 -}}
+{{- range .plan.groups }}{{ $pods = add $pods (int .maxReplicas) }}{{ end -}}
+{{- $oneNode := hasKey ($v.nodeSelector | default dict) "kubernetes.io/hostname" -}}
+{{- if and (has "ReadWriteMany" $pv.accessModes) (has $class.provisioner (concat $attach $local)) -}}
+{{- fail (printf "persistence.accessModes: ReadWriteMany from %s stays Pending: that provisioner makes volumes that one node mounts. Set persistence.storageClassName to a class that gives ReadWriteMany (%s), or persistence.existingClaim" $which $classes) -}}
+{{- end -}}
+{{- if and (has "ReadWriteOnce" $pv.accessModes) (gt (int $pods) 1) (not $oneNode) (has $class.provisioner $attach) -}}
+{{- fail (printf "persistence.accessModes: ReadWriteOnce from %s attaches the data volume to one node, and this job's pods (up to %d) may run on several, where the others fail with Multi-Attach: use ReadWriteMany from a class that gives it (persistence.storageClassName: %s), or persistence.existingClaim, or pin every pod to one node (nodeSelector kubernetes.io/hostname)" $which (int $pods) $classes) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

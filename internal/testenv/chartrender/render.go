@@ -231,3 +231,16 @@ func (r *fakeResource) Get(_ context.Context, name string, _ metav1.GetOptions, 
 	}
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: strings.ToLower(r.kind) + "s"}, name)
 }
+
+// List answers a lookup without a name: every object of the kind (in the namespace, when one is given).
+func (r *fakeResource) List(_ context.Context, _ metav1.ListOptions) (*unstructured.UnstructuredList, error) {
+	l := &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": r.apiVersion, "kind": r.kind + "List"}}
+	for _, o := range r.objs {
+		u := unstructured.Unstructured{Object: o}
+		if u.GetAPIVersion() == r.apiVersion && u.GetKind() == r.kind &&
+			(r.namespace == "" || u.GetNamespace() == "" || u.GetNamespace() == r.namespace) {
+			l.Items = append(l.Items, *u.DeepCopy())
+		}
+	}
+	return l, nil
+}
