@@ -124,6 +124,13 @@ const (
 	// sidecar force-deletes once Kubernetes evicts them from a lost node (internal/lostpods; the chart sets it with
 	// the RBAC that allows it). Empty: none, no token for it.
 	AnnotationForceDeleteLostPods = Domain + "/force-delete-lost-pods"
+	// AnnotationSidecarResources sets the injected sidecar's resources for this pod (the chart renders it from
+	// rendezvous.sidecarResources on every pod of the job): JSON {"serve": <resources>, "join": <resources>}, each key
+	// optional, each a container's resources ({"requests": {...}, "limits": {...}} of SidecarResourceNames). A mode it
+	// names replaces the webhook's default for that mode whole (--sidecar-serve-resources, --sidecar-join-resources);
+	// a mode it leaves out keeps the default. Whatever the value, a sidecar beside a Guaranteed-shaped trainer is made
+	// Guaranteed-shaped too (docs/contract.md), or the pod could never be Guaranteed.
+	AnnotationSidecarResources = Domain + "/sidecar-resources"
 	// AnnotationMutated is written by the webhook; its presence makes a second mutation a no-op.
 	AnnotationMutated = Domain + "/mutated"
 	// AnnotationContract is the ContractVersion of the job chart that rendered the pod; absent: 1 (the charts
@@ -146,7 +153,8 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvLastCallTimeout, AnnotationRdzvCloseTimeout, AnnotationMaxRestarts, AnnotationMonitorInterval,
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
-	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract}
+	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
+	AnnotationSidecarResources}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
@@ -160,6 +168,14 @@ const MaxRdzvStandbys = 8
 // MaxForceDeleteSets bounds AnnotationForceDeleteLostPods: a job's member StatefulSets, one per MPI worker group
 // (the chart's group names are DNS labels of at most 20 characters, so no job needs more).
 const MaxForceDeleteSets = 64
+
+// MaxSidecarResourcesBytes bounds AnnotationSidecarResources before it is parsed: two modes of requests and limits
+// of three resources take a few hundred bytes, and the webhook decodes it on every pod it admits.
+const MaxSidecarResourcesBytes = 4096
+
+// SidecarResourceNames are the resources AnnotationSidecarResources may set. The sidecar uses no accelerator, and
+// an extended resource there would be a typo that the scheduler then waits on forever.
+var SidecarResourceNames = []string{"cpu", "memory", "ephemeral-storage"}
 
 // Rendezvous backends (values of AnnotationRdzvBackend).
 const (

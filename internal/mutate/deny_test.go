@@ -234,7 +234,7 @@ func TestShouldMutate(t *testing.T) {
 // patch of the result, applied to the bytes, must give the result.
 func FuzzMutate(f *testing.F) {
 	for _, file := range []string{"testdata/pytorch-worker0-serves-rdzv.yaml", "testdata/mpi-launcher-serves-rdzv.yaml",
-		"testdata/mxnet-worker.yaml", "testdata/pytorch-user-values-win.yaml"} {
+		"testdata/mxnet-worker.yaml", "testdata/pytorch-user-values-win.yaml", "testdata/pytorch-guaranteed-sidecar-resources.yaml"} {
 		p := readPod(f, file)
 		b, err := json.Marshal(p)
 		require.NoError(f, err)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -164,7 +165,13 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 
 	// The native sidecar, first among the init containers so that everything
 	// after it (user init containers, then the trainer) starts once it is ready.
-	setSidecar(e, sidecar(cfg, s, mode, register, fqdn, rdzvHost, rdzvURL))
+	sc := sidecar(cfg, s, mode, register, fqdn, rdzvHost, rdzvURL)
+	if missing := missingQoSResources(sc.Resources); s.guaranteed && len(missing) > 0 {
+		// Nothing to raise to: a limit made up here would be a guess at what the sidecar needs.
+		e.warn("container %q has cpu and memory limits equal to its requests, but the %s sidecar's resources (annotation %s, else the webhook's --sidecar-%s-resources) have no %s: the pod is not Guaranteed; give the sidecar cpu and memory",
+			c.Name, mode, constants.AnnotationSidecarResources, mode, strings.Join(missing, " and no "))
+	}
+	setSidecar(e, sc)
 
 	// Last: the pod may be scheduled only once everything above is in it.
 	openGate(e)

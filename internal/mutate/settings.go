@@ -61,6 +61,9 @@ type settings struct {
 	psPort                      int
 	contract                    int // the job chart's (AnnotationContract; 1 when absent)
 	warnings                    []string
+
+	sidecarRes SidecarResources // per mode: AnnotationSidecarResources over the webhook's defaults
+	guaranteed bool             // the trainer is Guaranteed-shaped, so the sidecar is made so too (sidecarResources)
 }
 
 // invalid collects readable problems, each naming the key and what would be valid.
@@ -155,6 +158,18 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 			bad = append(bad, fmt.Sprintf("container name %q is reserved for the injected sidecar: rename the container", c.Name))
 		}
 	}
+
+	s.sidecarRes = cfg.Defaults.SidecarResources
+	if v := ann[constants.AnnotationSidecarResources]; v != "" {
+		if r, err := parseSidecarResources(v, s.sidecarRes); err != nil {
+			bad.add("annotation", constants.AnnotationSidecarResources, truncate(v, 100), sidecarResourcesWant+": "+err.Error())
+		} else {
+			s.sidecarRes = r
+		}
+	}
+	// Pod-level resources (spec.resources), where the pod has them, decide its QoS class instead of its containers',
+	// and raising the sidecar's requests would only eat into them.
+	s.guaranteed = s.container >= 0 && pod.Spec.Resources == nil && guaranteedShaped(pod.Spec.Containers[s.container].Resources)
 
 	// Slots: the annotation wins over the accelerator count.
 	if s.container >= 0 {

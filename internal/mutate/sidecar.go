@@ -43,11 +43,9 @@ func setSidecar(e *editor, sc corev1.Container) {
 func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost, rdzvURL string) corev1.Container {
 	var args []string
 	var env []corev1.EnvVar
-	res := cfg.Defaults.SidecarResources.Join
 	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
 	var ports []corev1.ContainerPort
 	if mode == modeServe {
-		res = cfg.Defaults.SidecarResources.Serve
 		args = append(args, modeServe,
 			"--data-dir="+constants.DataDir,
 			"--listen-client-urls="+scheme(s)+"://0.0.0.0:"+port(s.ports.Client),
@@ -150,7 +148,7 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		VolumeMounts:             mounts,
 		SecurityContext:          sidecarSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-		Resources:                *res.DeepCopy(),
+		Resources:                s.sidecarResources(mode),
 	}
 }
 

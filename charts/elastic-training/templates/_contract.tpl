@@ -66,7 +66,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/force-delete-lost-pods",
     "elastic-training.io/rdzv-standbys",
     "elastic-training.io/rdzv-ports",
-    "elastic-training.io/contract"
+    "elastic-training.io/contract",
+    "elastic-training.io/sidecar-resources"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "contractVersion": 2,

@@ -176,6 +176,11 @@ elastic-training.io/rdzv-tls-secret: {{ . | quote }}
 {{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.restartSurvivors false) }}
 elastic-training.io/rdzv-restart-survivors: "false"
 {{- end }}
+{{- $sidecar := dict -}}
+{{- range $mode, $r := ($v.rendezvous.sidecarResources | default dict) }}{{ if $r }}{{ $_ := set $sidecar $mode $r }}{{ end }}{{ end -}}
+{{- with $sidecar }}
+elastic-training.io/sidecar-resources: {{ toJson . | quote }}
+{{- end }}
 {{- with include "elastic-training.eventsJob" (dict "root" .root "plan" $plan) }}
 elastic-training.io/rdzv-events: {{ . | quote }}
 {{- end }}
@@ -536,4 +541,16 @@ kept once. JSON. */}}
 {{- if not (hasKey $taken (toString (index . $key))) -}}{{- $out = append $out . -}}{{- end -}}
 {{- end -}}
 {{- concat $out (.over | default list) | uniq | toJson -}}
+{{- end -}}
+
+{{/* guaranteedShaped: "true" when resources (a container's) give CPU and memory limits, each request missing or
+equal to its limit: what Kubernetes needs of every container of a Guaranteed pod. */}}
+{{- define "elastic-training.guaranteedShaped" -}}
+{{- $l := .limits | default dict -}}
+{{- $r := .requests | default dict -}}
+{{- $ok := and (hasKey $l "cpu") (hasKey $l "memory") -}}
+{{- range $k := list "cpu" "memory" -}}
+{{- if and (hasKey $r $k) (ne (toString (index $r $k)) (toString (index $l $k))) -}}{{- $ok = false -}}{{- end -}}
+{{- end -}}
+{{- if $ok }}true{{ end -}}
 {{- end -}}

@@ -219,6 +219,13 @@ spec:
           cp "$d/id_ecdsa.pub" "$d/authorized_keys"
           printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  IdentityFile %s/id_ecdsa\n' "$d" > "$d/config"
           chmod 0600 "$d/authorized_keys" "$d/config"
+      {{- if include "elastic-training.guaranteedShaped" $resources }}
+      {{- /* The pod is Guaranteed only when every container is, init containers too (the webhook shapes the
+      sidecar likewise, internal/mutate resources.go). */}}
+      resources:
+        requests: {cpu: 100m, memory: 64Mi}
+        limits: {cpu: 100m, memory: 64Mi}
+      {{- end }}
       volumeMounts:
         {{- with $userMounts }}
         {{- toYaml . | nindent 8 }}
