@@ -40,6 +40,7 @@ func TestSharedVolumeClass(t *testing.T) {
 		"ReadWriteMany from a local path":                                     {local, map[string]any{"enabled": true}, nil, "ReadWriteMany from StorageClass local-path (the cluster's default, provisioner rancher.io/local-path) stays Pending"},
 		"an existing claim":                                                   {eks, map[string]any{"enabled": true, "existingClaim": "datasets"}, nil, ""},
 		"no cluster to read (helm template)":                                  {nil, map[string]any{"enabled": true, "accessModes": []any{"ReadWriteOnce"}}, nil, ""},
+		"no check (no permission to list StorageClasses)":                     {eks, map[string]any{"enabled": true, "checkStorageClass": false}, nil, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v := merge(base, map[string]any{"persistence": c.persistence})

@@ -172,7 +172,7 @@ ReadWriteOnce elsewhere (NFS, EFS, local paths, which pin the pods to the volume
 {{- define "elastic-training.checkSharedVolume" -}}
 {{- $v := .root.Values -}}
 {{- $pv := $v.persistence -}}
-{{- if and $pv.enabled (not $pv.existingClaim) -}}
+{{- if and $pv.enabled (not $pv.existingClaim) $pv.checkStorageClass -}}
 {{- $class := dict -}}
 {{- if $pv.storageClassName -}}
 {{- $class = lookup "storage.k8s.io/v1" "StorageClass" "" $pv.storageClassName | default dict -}}
