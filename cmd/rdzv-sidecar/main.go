@@ -60,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
 		"serve": serveCmd, "join": joinCmd, "wait": waitCmd, "hosts": hostsCmd, "progress": progressCmd,
-		"supervise": superviseCmd,
+		"supervise": superviseCmd, "launch": launchCmd,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
@@ -321,6 +321,39 @@ func superviseCmd(args []string, _, stderr io.Writer) error {
 	ctx, stop := signalContext()
 	defer stop()
 	code, err := sidecar.Supervise(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitCode(code)
+	}
+	return nil
+}
+
+func launchCmd(args []string, _, stderr io.Writer) error {
+	fs := newFlagSet("launch", "Wait for at least --members members, registered unchanged for --settle, then run the command after -- (mpirun, mpiexec) under supervise once the hostfile lists every member and each answers on --ssh-port; when a member leaves during a run, run it again the same way, on the members there are then (up to --restarts times). The MPI launcher's default (the job chart's mpi.launcher.waitForWorkers).", stderr)
+	var cfg sidecar.LaunchConfig
+	addQueryFlags(fs, &cfg.QueryConfig, 10*time.Minute, "how long to wait for the members, and then for the hostfile and their SSH ports before each run (exit status 1)")
+	fs.IntVar(&cfg.Members, "members", 1, "how many members a run needs (the job's minimum): each run waits for them")
+	fs.DurationVar(&cfg.Settle, "settle", 3*time.Second, "how long the membership must stay unchanged before a run (more members may be coming)")
+	fs.StringVar(&cfg.Hostfile, "hostfile", os.Getenv(constants.EnvHostfile), "the hostfile this pod's sidecar writes (default $"+constants.EnvHostfile+")")
+	fs.IntVar(&cfg.SSHPort, "ssh-port", 22, "port every member must answer on before a run (0: no check)")
+	fs.IntVar(&cfg.Restarts, "restarts", 10, "how many times the command runs again after a member left during a run")
+	fs.BoolVar(&cfg.Once, "once", false, "run the command once, unsupervised (a launcher that follows the membership itself: horovodrun --host-discovery-script)")
+	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg.Command = fs.Args()
+	if len(cfg.Command) == 0 {
+		return usageError{errors.New("no command: rdzv-sidecar launch [flags] -- mpirun ...")}
+	}
+	if cfg.Hostfile == "" {
+		return usageError{errors.New("--hostfile (or $" + constants.EnvHostfile + ", which the webhook sets) is required")}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	code, err := sidecar.Launch(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}

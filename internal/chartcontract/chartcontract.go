@@ -20,7 +20,9 @@ const generatedFile = "charts/elastic-training/templates/_contract.tpl"
 
 // contract is what the chart's checks need of the webhook's rules.
 type contract struct {
-	SidecarContainer   string            `json:"sidecarContainer"`
+	SidecarContainer string `json:"sidecarContainer"`
+	// SidecarBinary is where every mutated pod finds the rdzv-sidecar binary (the MPI launcher runs its launch).
+	SidecarBinary      string            `json:"sidecarBinary"`
 	ReservedVolumes    []string          `json:"reservedVolumes"`
 	ReservedMountPaths []string          `json:"reservedMountPaths"`
 	ReservedPorts      map[string]string `json:"reservedPorts"` // port -> what uses it
@@ -43,6 +45,7 @@ type contract struct {
 func current() contract {
 	return contract{
 		SidecarContainer:   constants.SidecarContainerName,
+		SidecarBinary:      constants.FilesDir + "/" + constants.SidecarBinaryName,
 		ReservedVolumes:    []string{constants.FilesVolumeName, constants.TLSVolumeName, constants.TokenVolumeName, constants.DataVolumeName},
 		ReservedMountPaths: []string{constants.FilesDir, constants.TLSDir},
 		ReservedPorts:      reservedPorts(),

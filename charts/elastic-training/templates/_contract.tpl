@@ -6,6 +6,7 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
 {{- define "elastic-training.contract" -}}
 {
   "sidecarContainer": "rdzv-sidecar",
+  "sidecarBinary": "/etc/elastic-training/rdzv-sidecar",
   "reservedVolumes": [
     "elastic-training",
     "elastic-training-tls",

@@ -554,3 +554,16 @@ equal to its limit: what Kubernetes needs of every container of a Guaranteed pod
 {{- end -}}
 {{- if $ok }}true{{ end -}}
 {{- end -}}
+
+{{/* The MPI workers' sshd when mpi.workerCommand is empty: in the foreground, logging to the container's stderr, with
+the host key and the authorized key ssh-setup put into mpi.ssh.mountPath. /run/sshd is the privilege separation
+directory Debian's and Ubuntu's sshd need, which images rarely hold. */}}
+{{- define "elastic-training.sshd" -}}
+set -eu
+d={{ .Values.mpi.ssh.mountPath }}
+[ -d /run/sshd ] || mkdir -p -m 0755 /run/sshd
+sshd=$(command -v sshd || echo /usr/sbin/sshd)
+exec "$sshd" -De -f /dev/null -h "$d/ssh_host_ed25519_key" -o PidFile=none -o UsePAM=no \
+  -o AuthorizedKeysFile="$d/authorized_keys" -o PermitRootLogin=prohibit-password \
+  -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no
+{{- end -}}

@@ -26,8 +26,15 @@ key by key, all the way down (a key the group sets to null is dropped). */}}
 {{/* command and args */}}
 {{- $command := $gv.command | default list -}}
 {{- $args := $gv.args | default list -}}
+{{- $ownSshd := false -}}
 {{- if and $isMPI (eq $g.role "worker") -}}
 {{- $command = $command | default $rv.mpi.workerCommand -}}
+{{- if and (not $command) $rv.mpi.ssh.enabled -}}
+{{- /* The chart's sshd: its host key made by ssh-setup (no image layer holds one; Debian's packages make them at
+install time, and images delete them), no config file, PAM or password; the job's key from ssh-setup logs in. */ -}}
+{{- $ownSshd = true -}}
+{{- $command = list "/bin/sh" "-c" (include "elastic-training.sshd" $root) -}}
+{{- end -}}
 {{- else -}}
 {{- $command = $command | default $rv.command -}}
 {{- $args = $args | default $rv.args -}}
@@ -35,6 +42,19 @@ key by key, all the way down (a key the group sets to null is dropped). */}}
 {{- $launcher := $rv.scriptLauncher | default (eq $rv.framework "pytorch" | ternary (list "torchrun") (list "python3")) -}}
 {{- $command = $launcher -}}
 {{- $args = prepend $args $scriptPath -}}
+{{- end -}}
+{{- if and $isMPI (eq $g.role "launcher") $rv.mpi.launcher.waitForWorkers $command -}}
+{{- /* rdzv-sidecar launch (the webhook copies the binary into every pod): mpirun starts once the job's minimum of
+workers is registered, settled, in the hostfile and answering ssh, and runs again when one is lost. */ -}}
+{{- $launch := list (include "elastic-training.contract" $root | fromJson).sidecarBinary "launch" (printf "--members=%d" (int .plan.minNodes)) -}}
+{{- if contains "--host-discovery-script" (join " " (concat $command $args)) -}}
+{{- /* horovodrun follows the membership itself through the discovery script: wait, then leave it be. */ -}}
+{{- $launch = append $launch "--once" -}}
+{{- end -}}
+{{- if $rv.rendezvous.tls.secretName -}}
+{{- $launch = concat $launch (list "--cacert=/etc/elastic-training-tls/ca.crt" "--cert=/etc/elastic-training-tls/tls.crt" "--key=/etc/elastic-training-tls/tls.key") -}}
+{{- end -}}
+{{- $command = concat $launch (list "--") $command -}}
 {{- end -}}
 {{- end -}}
 {{/* resources: the group's requests and limits win, resource by resource, over the shared ones; gpus add the
@@ -197,7 +217,7 @@ spec:
   {{- /* ssh-setup runs in the trainer image, so it gets the trainer's own volumeMounts too (an image may bring
   its tools through them). chmod: an emptyDir is created 0777, and sshd's StrictModes rejects authorized_keys in a
   group- or world-writable directory. An image without OpenSSH fails here, saying so, instead of with "not found". */}}
-  {{- $need := ternary (first ($rv.mpi.workerCommand | default (list "ssh"))) "ssh" (eq $g.role "worker") }}
+  {{- $need := ternary (first ($rv.mpi.workerCommand | default (list "/usr/sbin/sshd"))) "ssh" (eq $g.role "worker") }}
     - name: ssh-setup
       image: {{ include "elastic-training.imageRef" (dict "image" $image "root" $root) }}
       imagePullPolicy: {{ $image.pullPolicy }}
@@ -219,6 +239,9 @@ spec:
           cp "$d/id_ecdsa.pub" "$d/authorized_keys"
           printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  IdentityFile %s/id_ecdsa\n' "$d" > "$d/config"
           chmod 0600 "$d/authorized_keys" "$d/config"
+          {{- if $ownSshd }}
+          ssh-keygen -q -t ed25519 -N '' -C '' -f "$d/ssh_host_ed25519_key"
+          {{- end }}
       {{- if include "elastic-training.guaranteedShaped" $resources }}
       {{- /* The pod is Guaranteed only when every container is, init containers too (the webhook shapes the
       sidecar likewise, internal/mutate resources.go). */}}

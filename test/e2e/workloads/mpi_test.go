@@ -295,3 +295,50 @@ func hostfileLine(flavour, host string, slots int) string {
 	}
 	return fmt.Sprintf("%s:%d", host, slots)
 }
+
+// TestMPIFromDefaults installs what an MPI user writes (examples/local/mpi-allreduce.yaml: image, mpirun command,
+// workers) and nothing else: the workers run the chart's sshd, and the launcher's mpirun, run through
+// `rdzv-sidecar launch`, starts once both workers answer and places a rank on each. Then, with a run that lasts, a
+// worker pod is deleted: launch stops mpirun, waits for the StatefulSet's replacement, and runs it again to the end.
+func TestMPIFromDefaults(t *testing.T) {
+	c, ns := startTest(t)
+	const job = "allreduce"
+	v := jobValues(t, c, "examples/local/mpi-allreduce.yaml", "")
+	set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
+	installJob(t, c, ns, job, v)
+	launcher := launcherPod(t, c, ns, job)
+	waitLauncherLog(t, c, ns, launcher, "sum=1", 4*time.Minute)
+	c.WaitPodPhase(t, ns, launcher, corev1.PodSucceeded, 2*time.Minute)
+	log, err := c.TailLogs(t.Context(), ns, launcher, trainer, 500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	workers := c.WaitPodsReady(t, ns, constants.LabelJob+"="+job+","+constants.LabelRole+"="+constants.RoleWorker, 2, time.Minute)
+	checkPlacement(t, log, 1, slotsByPod(t, workers))
+	t.Logf("launcher log:\n%s", log)
+	uninstallJob(t, c, ns, job)
+
+	// A run of 120 allreduces, one every half second, and a worker lost in the middle of it.
+	ns2 := c.Namespace(t)
+	set(v, "env", []any{map[string]any{"name": "OMPI_MCA_btl_tcp_if_include", "value": "eth0"}, map[string]any{"name": "ITERS", "value": "120"}})
+	installJob(t, c, ns2, job, v)
+	launcher = launcherPod(t, c, ns2, job)
+	waitLauncherLog(t, c, ns2, launcher, "sum=1", 4*time.Minute)
+	victim := job + "-worker-1"
+	if err := c.Client.CoreV1().Pods(ns2).Delete(t.Context(), victim, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	waitLauncherLog(t, c, ns2, launcher, "running mpirun.openmpi again", 2*time.Minute)
+	t.Logf("%s deleted -> launch stopped mpirun: %.1fs", victim, time.Since(deleted).Seconds())
+	c.WaitPodPhase(t, ns2, launcher, corev1.PodSucceeded, 4*time.Minute)
+	log, err = c.TailLogs(t.Context(), ns2, launcher, trainer, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second run's rank lines: both workers again, the replacement among them.
+	last := log[strings.LastIndex(log, "rdzv-sidecar launch: "):]
+	workers = c.WaitPodsReady(t, ns2, constants.LabelJob+"="+job+","+constants.LabelRole+"="+constants.RoleWorker, 2, time.Minute)
+	checkPlacement(t, last, 1, slotsByPod(t, workers))
+	t.Logf("the run again after %s was lost ended %.1fs after the deletion; launcher log:\n%s", victim, time.Since(deleted).Seconds(), log)
+}

@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -210,4 +211,63 @@ func TestSupervise(t *testing.T) {
 	err = p.Wait(t, 30*time.Second)
 	require.ErrorAs(t, err, &ee)
 	require.Equal(t, 3, ee.ExitCode(), "%s", p.Output())
+}
+
+// launch, the MPI launcher's default: started before any worker, it runs a real Open MPI mpirun only once two
+// members are registered and the launcher's hostfile lists them; when one member's sidecar dies (its node lost) it
+// stops mpirun, waits for the member's replacement (the job needs two), and runs mpirun again on the two once the
+// hostfile lists them, passing on that run's exit status.
+func TestLaunch(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
+	}
+	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
+	s := startServe(t)
+	dir := t.TempDir()
+	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
+	hf := filepath.Join(dir, "hostfile")
+	agent, err := filepath.Abs("testdata/fake-ssh.sh")
+	require.NoError(t, err)
+	work := t.TempDir()
+	pids, done := filepath.Join(work, "pids"), filepath.Join(work, "done")
+	// Every rank records itself; the second run's ranks end at once.
+	p := testenv.Start(t, "launch", exec.Command(sidecarBin, "launch", "--endpoints="+s.URL, "--members=2", "--settle=500ms",
+		"--hostfile="+hf, "--ssh-port=0", "--restarts=1", "--grace=2s", "--timeout=1m", "--",
+		"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
+		"--mca", "orte_keep_fqdn_hostnames", "true", "sh", "-c", "echo $$ >> "+pids+"; [ -e "+done+" ] || exec sleep 600"))
+	ranks := func(n int) func() error {
+		return func() error {
+			if got := len(strings.Fields(readFile(pids))); got != n {
+				return fmt.Errorf("%d ranks so far", got)
+			}
+			return nil
+		}
+	}
+
+	a := startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0")
+	testenv.Eventually(t, 10*time.Second, "one member in the hostfile", func() error {
+		if n := strings.Count(readFile(hf), "\n"); n != 1 {
+			return fmt.Errorf("%d lines: %q", n, readFile(hf))
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // launch looks every 250 ms: it would have run mpirun by now with one member
+	require.NoError(t, ranks(0)(), "mpirun ran with one member of two:\n%s", p.Output())
+
+	startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
+	testenv.Eventually(t, 30*time.Second, "both ranks of the first run", ranks(2))
+	require.NoError(t, os.WriteFile(done, nil, 0o644))
+	a.Signal(syscall.SIGKILL)
+	testenv.Eventually(t, leaseTTL+15*time.Second, "the first run stopped", func() error {
+		if !strings.Contains(p.Output(), "a member left during run 1; running /usr/bin/mpirun.openmpi again (restart 1 of 1)") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	require.NoError(t, ranks(2)(), "a run with one member of two:\n%s", p.Output())
+	startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0") // the lost pod's replacement
+	require.NoError(t, p.Wait(t, 30*time.Second), "the second run ends with status 0:\n%s", p.Output())
+	require.NoError(t, ranks(4)(), "two ranks in the second run:\n%s", p.Output())
+	require.Contains(t, p.Output(), "job-worker-0.job.ns.svc.cluster.local left the membership")
 }
