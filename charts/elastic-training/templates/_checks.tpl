@@ -113,6 +113,13 @@ after the install succeeded, or silently replaced. . = the podTemplate's dict. *
 {{- range $k, $default := $c.ports -}}
 {{- $_ := set $taken (toString (index $ports $k)) (index $c.reservedPorts (toString $default)) -}}
 {{- end -}}
+{{- range $where := list (dict "path" "ports" "list" $rv.ports) (dict "path" (printf "%s.ports" $p) "list" $gv.ports) -}}
+{{- range $j, $port := ($where.list | default list) -}}
+{{- with (index $taken (toString (int $port.containerPort))) -}}
+{{- fail (printf "%s[%d].containerPort: %d is %s (the containers of a pod share its ports; the webhook would deny every pod): use another port" $where.path $j (int $port.containerPort) .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- range $kind := list "initContainers" "extraContainers" -}}
 {{- range $where := list (dict "path" $kind "list" (index $rv $kind)) (dict "path" (printf "%s.%s" $p $kind) "list" (index $gv $kind)) -}}
 {{- range $i, $ctr := $where.list -}}

@@ -508,7 +508,7 @@ sizeLimit: {{ $own.sizeLimit | default $job.sizeLimit | quote }}
 {{/* The pod settings a group takes from the top level unless it names them in notInherited (JSON list): every list
 and map a pod has. */}}
 {{- define "elastic-training.inheritable" -}}
-{{- list "env" "envFrom" "volumes" "volumeMounts" "initContainers" "extraContainers" "imagePullSecrets" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "podLabels" "podAnnotations" "podSecurityContext" "securityContext" | toJson -}}
+{{- list "env" "envFrom" "volumes" "volumeMounts" "initContainers" "extraContainers" "imagePullSecrets" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "podLabels" "podAnnotations" "podSecurityContext" "securityContext" "ports" "dnsConfig" "hostAliases" "resourceClaims" | toJson -}}
 {{- end -}}
 
 {{/* deepMerge: map .over merged into a copy of map .base (either may be empty), .over winning key by key all the way
@@ -566,4 +566,13 @@ sshd=$(command -v sshd || echo /usr/sbin/sshd)
 exec "$sshd" -De -f /dev/null -h "$d/ssh_host_ed25519_key" -o PidFile=none -o UsePAM=no \
   -o AuthorizedKeysFile="$d/authorized_keys" -o PermitRootLogin=prohibit-password \
   -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no
+{{- end -}}
+
+{{/* The serving pods' annotations that keep node autoscalers from draining their node to consolidate it
+(rendezvous.doNotDisrupt): Karpenter's and the cluster autoscaler's. A lost store costs the job a round. */}}
+{{- define "elastic-training.doNotDisrupt" -}}
+{{- if .Values.rendezvous.doNotDisrupt -}}
+karpenter.sh/do-not-disrupt: "true"
+cluster-autoscaler.kubernetes.io/safe-to-evict: "false"
+{{- end -}}
 {{- end -}}

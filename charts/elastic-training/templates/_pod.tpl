@@ -139,6 +139,7 @@ metadata:
     {{- end }}
     {{- if $g.rdzvHost }}
     elastic-training.io/rdzv-host: "true"
+    {{- include "elastic-training.doNotDisrupt" $root | nindent 4 }}
     {{- if .plan.standbys }}
     elastic-training.io/rdzv-standbys: {{ .plan.standbys | quote }}
     {{- end }}
@@ -168,6 +169,18 @@ spec:
   {{- end }}
   {{- with ($rv.dnsPolicy | default (ternary "ClusterFirstWithHostNet" "" $rv.hostNetwork)) }}
   dnsPolicy: {{ . }}
+  {{- end }}
+  {{- with (include "elastic-training.deepMerge" (dict "base" $in.dnsConfig "over" $gv.dnsConfig) | fromJson) }}
+  dnsConfig:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with (concat ($in.hostAliases | default list) ($gv.hostAliases | default list) | uniq) }}
+  hostAliases:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with (include "elastic-training.mergeList" (dict "base" $in.resourceClaims "over" $gv.resourceClaims "key" "name") | fromJsonArray) }}
+  resourceClaims:
+    {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if $rv.hostIPC }}
   hostIPC: true
@@ -275,6 +288,13 @@ spec:
       args:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with ($gv.workingDir | default $rv.workingDir) }}
+      workingDir: {{ . }}
+      {{- end }}
+      {{- with (include "elastic-training.mergeList" (dict "base" $in.ports "over" $gv.ports "key" "containerPort") | fromJsonArray) }}
+      ports:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       {{- with (include "elastic-training.mergeList" (dict "base" $in.env "over" $gv.env "key" "name") | fromJsonArray) }}
       env:
         {{- toYaml . | nindent 8 }}
@@ -294,6 +314,15 @@ spec:
       {{- with $mounts }}
       volumeMounts:
         {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- /* A probe or hook is one handler: a group's replaces the top level's whole. For PyTorch, a preStop of
+      your own replaces the webhook's, which leaves the rendezvous at once on a scale-down (run
+      /etc/elastic-training/leave-rendezvous.py from yours). */}}
+      {{- range $k := list "livenessProbe" "readinessProbe" "startupProbe" "lifecycle" }}
+      {{- with (index $gv $k | default (index $rv $k)) }}
+      {{ $k }}:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       {{- end }}
   {{- with $extra }}
     {{- toYaml . | nindent 4 }}

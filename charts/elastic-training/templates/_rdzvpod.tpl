@@ -27,6 +27,7 @@ metadata:
     kubectl.kubernetes.io/default-container: rdzv-sidecar
     {{- include "elastic-training.jobAnnotations" (dict "root" . "plan" $plan) | nindent 4 }}
     elastic-training.io/rdzv-host: "true"
+    {{- include "elastic-training.doNotDisrupt" . | nindent 4 }}
 spec:
   # Only the webhook removes this gate, as it gives the pod its sidecar image (rendezvous.image).
   schedulingGates:
