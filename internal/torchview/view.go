@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -257,7 +258,8 @@ func (t *Tracker) round(r Round) {
 func eventMessage(r Round, nodes []string) string {
 	ev := fmt.Sprintf("Round %s of run %s", r.Round, r.RunID)
 	if r.Participants >= 0 {
-		ev += fmt.Sprintf(": world size %d", r.Participants)
+		// torch's agents, one per pod: WORLD_SIZE is this times each pod's processes (nproc-per-node).
+		ev += fmt.Sprintf(": %d nodes", r.Participants)
 	}
 	if nodes != nil {
 		short := make([]string, len(nodes))
@@ -331,17 +333,53 @@ func (t *Tracker) view() (View, bool, error) {
 	return v, true, nil
 }
 
-// ServeHTTP is GET /rendezvous on the health port.
-func (t *Tracker) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+// ServeHTTP is GET /rendezvous on the health port: JSON, or with ?format=table one line per agent (its node rank,
+// pod and last keep-alive) for `kubectl get --raw` to print as it is.
+func (t *Tracker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	v, ok, err := t.view()
+	table := r.URL.Query().Get("format") == "table"
 	switch {
 	case err != nil:
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 	case !ok:
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no torch rendezvous round has completed on this sidecar yet"})
+	case table:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte(v.Table()))
 	default:
 		writeJSON(w, http.StatusOK, v)
 	}
+}
+
+// Table is v as text: a line for the round, then one per agent by node rank (NODE_RANK, POD, KEEP-ALIVE AGO), then
+// the agents waiting for the next round.
+func (v View) Table() string {
+	var b strings.Builder
+	state := "forming"
+	switch {
+	case v.Closed:
+		state = "closed"
+	case v.Complete:
+		state = "complete"
+	}
+	fmt.Fprintf(&b, "run %s, round %d (%s), %d nodes (WORLD_SIZE = nodes x each pod's processes), backend %s\n", v.RunID, v.Round, state, v.WorldSize, v.Backend)
+	if len(v.Participants) > 0 {
+		fmt.Fprintf(&b, "%-9s %-48s %s\n", "NODE_RANK", "POD", "KEEP-ALIVE")
+	}
+	nodes := slices.Clone(v.Participants)
+	slices.SortFunc(nodes, func(a, b ViewNode) int { return a.Rank - b.Rank })
+	for _, n := range nodes {
+		pod, _, _ := strings.Cut(n.Addr, ".")
+		ago := "-"
+		if n.LastHeartbeat != nil {
+			ago = v.Now.Sub(*n.LastHeartbeat).Round(100*time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(&b, "%-9d %-48s %s\n", n.Rank, pod, ago)
+	}
+	for _, w := range v.Waiting {
+		fmt.Fprintf(&b, "waiting for the next round: %s\n", w)
+	}
+	return b.String()
 }
 
 // writeJSON answers v as JSON, or 500 with the reason when v cannot be

@@ -203,3 +203,23 @@ func TestForgedRoundsBounded(t *testing.T) {
 	l.C10dWrite("/torch.rendezvous.forged.5000/MASTER_ADDR", []byte("x"))
 	require.Contains(t, logs.String(), "unreported_before=")
 }
+
+// The table NOTES shows through kubectl get --raw: one line per agent by node rank, its pod's name.
+func TestViewTable(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 10, 0, time.UTC)
+	hb := now.Add(-1500 * time.Millisecond)
+	v := View{Backend: "c10d", RunID: "r1", Round: 3, Complete: true, WorldSize: 2, Now: now,
+		Participants: []ViewNode{
+			{Node: "job-worker-1.job.ns.svc.cluster.local_7_0", Addr: "job-worker-1.job.ns.svc.cluster.local", Rank: 1, LastHeartbeat: &hb},
+			{Node: "job-worker-0.job.ns.svc.cluster.local_9_0", Addr: "job-worker-0.job.ns.svc.cluster.local", Rank: 0},
+		},
+		Waiting: []string{"job-worker-2.job.ns.svc.cluster.local_5_0"}}
+	want := "run r1, round 3 (complete), 2 nodes (WORLD_SIZE = nodes x each pod's processes), backend c10d\n" +
+		"NODE_RANK POD                                              KEEP-ALIVE\n" +
+		"0         job-worker-0                                     -\n" +
+		"1         job-worker-1                                     1.5s ago\n" +
+		"waiting for the next round: job-worker-2.job.ns.svc.cluster.local_5_0\n"
+	if got := v.Table(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
