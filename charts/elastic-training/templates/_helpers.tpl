@@ -557,15 +557,19 @@ equal to its limit: what Kubernetes needs of every container of a Guaranteed pod
 
 {{/* The MPI workers' sshd when mpi.workerCommand is empty: in the foreground, logging to the container's stderr, with
 the host key and the authorized key ssh-setup put into mpi.ssh.mountPath. /run/sshd is the privilege separation
-directory Debian's and Ubuntu's sshd need, which images rarely hold. */}}
+directory Debian's and Ubuntu's sshd need, which images rarely hold. The ranks mpirun starts over ssh get the
+container's environment (env, envFrom, the webhook's, the image's PATH), which an ssh session would not: sshd reads
+it from ~/.ssh/environment (PermitUserEnvironment; one line per variable, so a value with a newline is left out). */}}
 {{- define "elastic-training.sshd" -}}
 set -eu
 d={{ .Values.mpi.ssh.mountPath }}
 [ -d /run/sshd ] || mkdir -p -m 0755 /run/sshd
+env | grep -E '^[A-Za-z_][A-Za-z0-9_]*=' | grep -vE '^(HOME|HOSTNAME|PWD|SHLVL|_)=' > "$d/environment" || true
+chmod 0600 "$d/environment"
 sshd=$(command -v sshd || echo /usr/sbin/sshd)
 exec "$sshd" -De -f /dev/null -h "$d/ssh_host_ed25519_key" -o PidFile=none -o UsePAM=no \
   -o AuthorizedKeysFile="$d/authorized_keys" -o PermitRootLogin=prohibit-password \
-  -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no
+  -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o PermitUserEnvironment=yes
 {{- end -}}
 
 {{/* The serving pods' annotations that keep node autoscalers from draining their node to consolidate it

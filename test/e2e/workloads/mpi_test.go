@@ -166,6 +166,14 @@ func checkPlacement(t testing.TB, log string, round int, slots map[string]int) {
 			used[short], _ = strconv.Atoi(n)
 		}
 	}
+	// Or as rdzv-sidecar launch printed it before its last run: "... slots: <fqdn>:N <fqdn>:N listed in <hostfile>".
+	if ms := regexp.MustCompile(`(?m)^rdzv-sidecar launch: .* slots: (.*) listed in `).FindAllStringSubmatch(log, -1); len(used) == 0 && ms != nil {
+		for _, hs := range strings.Fields(ms[len(ms)-1][1]) {
+			host, n, _ := strings.Cut(hs, ":")
+			short, _, _ := strings.Cut(host, ".")
+			used[short], _ = strconv.Atoi(n)
+		}
+	}
 	if fmt.Sprint(used) != fmt.Sprint(slots) {
 		t.Errorf("round %d: the launcher's hostfile gave slots %v, want %v (the webhook's per pod)", round, used, slots)
 	}
@@ -307,7 +315,9 @@ func TestMPIFromDefaults(t *testing.T) {
 	set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
 	installJob(t, c, ns, job, v)
 	launcher := launcherPod(t, c, ns, job)
-	waitLauncherLog(t, c, ns, launcher, "sum=1", 4*time.Minute)
+	log := waitLauncherLog(t, c, ns, launcher, "rdzv-sidecar launch: ", 4*time.Minute)
+	log = waitLauncherLog(t, c, ns, launcher, "sum=1", 4*time.Minute)
+	t.Logf("launcher log:\n%s", log)
 	c.WaitPodPhase(t, ns, launcher, corev1.PodSucceeded, 2*time.Minute)
 	log, err := c.TailLogs(t.Context(), ns, launcher, trainer, 500)
 	if err != nil {
@@ -315,7 +325,6 @@ func TestMPIFromDefaults(t *testing.T) {
 	}
 	workers := c.WaitPodsReady(t, ns, constants.LabelJob+"="+job+","+constants.LabelRole+"="+constants.RoleWorker, 2, time.Minute)
 	checkPlacement(t, log, 1, slotsByPod(t, workers))
-	t.Logf("launcher log:\n%s", log)
 	uninstallJob(t, c, ns, job)
 
 	// A run of 120 allreduces, one every half second, and a worker lost in the middle of it.

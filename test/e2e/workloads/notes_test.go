@@ -38,7 +38,9 @@ func TestNotesCommands(t *testing.T) {
 		"custom-columns": func(out string) bool {
 			return strings.Contains(out, "MUTATED") && strings.Contains(out, job+"-worker-0") && !strings.Contains(out, constants.SchedulingGate)
 		},
-		"--prefix":        func(out string) bool { return strings.Contains(out, "[pod/"+job+"-worker-1/trainer]") },
+		"--prefix": func(out string) bool {
+			return strings.Contains(out, "[pod/"+job+"-worker-1-") && strings.Contains(out, "/trainer] ")
+		},
 		"-c rdzv-sidecar": func(out string) bool { return strings.Contains(out, "rendezvous") },
 		"?format=table": func(out string) bool {
 			return strings.Contains(out, "NODE_RANK") && strings.Contains(out, job+"-worker-1")
