@@ -121,3 +121,15 @@ func TestCheckHTTP(t *testing.T) {
 		t.Errorf("PollHTTP on a 503: got %v", err)
 	}
 }
+
+// FreePort never hands out a port twice in one process, even when the kernel offers one it just freed.
+func TestFreePortDistinct(t *testing.T) {
+	seen := map[int]bool{}
+	for range 2000 {
+		p := FreePort(t)
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+	}
+}
