@@ -261,8 +261,8 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 	}
 	// The dedicated pod records the rounds on the workers' Job too (its token, the Role bound to `default`).
 	out, err := c.Kubectl(t.Context(), "-n", ns, "describe", "job", naming.Workload(job, constants.GroupWorker))
-	if err != nil || !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, "world size 3") {
-		t.Errorf("no RendezvousRound Event of world size 3 on the workers' Job (%v):\n%s", err, eventsSection(out))
+	if err != nil || !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": 3 nodes (") {
+		t.Errorf("no RendezvousRound Event of 3 nodes on the workers' Job (%v):\n%s", err, eventsSection(out))
 	}
 
 	// The store itself restarts (its keys are in memory): the agents lose the rendezvous, their pods are replaced

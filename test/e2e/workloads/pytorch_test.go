@@ -75,12 +75,12 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	t.Logf("kubectl get --raw .../pods/<holder of lease %s-rdzv>:2381/proxy/rendezvous: %s", job, raw)
 	// And as Events on the Job: the serving sidecar records each round there (rendezvous.events).
 	workerJob := naming.Workload(job, "worker")
-	c.WaitFor(t, time.Minute, "a RendezvousRound Event of world size 2 on Job "+workerJob, func(ctx context.Context) (bool, error) {
+	c.WaitFor(t, time.Minute, "a RendezvousRound Event of 2 nodes on Job "+workerJob, func(ctx context.Context) (bool, error) {
 		out, err := c.Kubectl(ctx, "-n", ns, "describe", "job", workerJob)
 		if err != nil {
 			return false, err
 		}
-		if !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": world size 2") {
+		if !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": 2 nodes (") {
 			return false, fmt.Errorf("kubectl describe job %s:\n%s", workerJob, eventsSection(out))
 		}
 		t.Logf("kubectl describe job %s shows:\n%s", workerJob, eventsSection(out))
