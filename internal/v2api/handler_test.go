@@ -253,7 +253,17 @@ func TestEnsureDir(t *testing.T) {
 func TestUnreadReplyLetGo(t *testing.T) {
 	s := New(Config{WriteTimeout: 300 * time.Millisecond})
 	t.Cleanup(s.Close)
-	srv := httptest.NewServer((&testServer{s}).mux())
+	srv := httptest.NewUnstartedServer((&testServer{s}).mux())
+	closed := make(chan struct{}, 1)
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			select {
+			case closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	value := strings.Repeat("v", 64<<10)
 	for i := range 128 { // 8 MiB of values
@@ -265,8 +275,13 @@ func TestUnreadReplyLetGo(t *testing.T) {
 	defer c.Close()
 	_, err = fmt.Fprintf(c, "GET /v2/keys/tree?recursive=true HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
-	time.Sleep(2 * time.Second) // read nothing meanwhile: the server's writes fill the socket's buffers and block
+	// Read nothing meanwhile: the server's writes fill the socket's buffers and block until the deadline cuts them.
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server still holds the unread reply's connection after 20 s (WriteTimeout 300 ms)")
+	}
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Second)))
 	got, _ := io.ReadAll(c)
-	require.Less(t, len(got), 128*len(value), "the whole reply went out to a client that read nothing of it for 2 s")
+	require.Less(t, len(got), 128*len(value), "the whole reply went out to a client that read nothing of it")
 }

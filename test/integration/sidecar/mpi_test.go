@@ -251,9 +251,6 @@ func TestLaunch(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second) // launch looks every 250 ms: it would have run mpirun by now with one member
-	require.NoError(t, ranks(0)(), "mpirun ran with one member of two:\n%s", p.Output())
-
 	startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
 	testenv.Eventually(t, 30*time.Second, "both ranks of the first run", ranks(2))
 	require.NoError(t, os.WriteFile(done, nil, 0o644))
@@ -264,10 +261,11 @@ func TestLaunch(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second)
-	require.NoError(t, ranks(2)(), "a run with one member of two:\n%s", p.Output())
 	startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0") // the lost pod's replacement
 	require.NoError(t, p.Wait(t, 30*time.Second), "the second run ends with status 0:\n%s", p.Output())
 	require.NoError(t, ranks(4)(), "two ranks in the second run:\n%s", p.Output())
 	require.Contains(t, p.Output(), "job-worker-0.job.ns.svc.cluster.local left the membership")
+	// Every run began with both members: launch printed each run's members, never one alone.
+	require.Equal(t, 2, strings.Count(p.Output(), "rdzv-sidecar launch: 2 members, 2 slots: "), "%s", p.Output())
+	require.NotContains(t, p.Output(), "rdzv-sidecar launch: 1 members", "a run with one member of two")
 }
