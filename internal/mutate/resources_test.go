@@ -237,14 +237,7 @@ func TestGuaranteedSidecar(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			p := base(t)
-			if tc.serve {
-				p = servingPod(t)
-			}
-			p.Spec.Containers[0].Resources = resourcesOf(t, tc.trainer)
-			if tc.annotation != "" {
-				p.Annotations[constants.AnnotationSidecarResources] = tc.annotation
-			}
+			p := trainerPod(t, tc.serve, tc.trainer, tc.annotation)
 			if tc.podLevel {
 				p.Spec.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{
 					corev1.ResourceCPU: resource.MustParse("9"), corev1.ResourceMemory: resource.MustParse("40Gi")}}
@@ -336,14 +329,7 @@ func TestGuaranteedTrainerMakesAGuaranteedPod(t *testing.T) {
 		{"BestEffort trainer: Burstable, the sidecar has requests", false, `{}`, "", "", corev1.PodQOSBurstable},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			p := base(t)
-			if tc.serve {
-				p = servingPod(t)
-			}
-			p.Spec.Containers[0].Resources = resourcesOf(t, tc.trainer)
-			if tc.annotation != "" {
-				p.Annotations[constants.AnnotationSidecarResources] = tc.annotation
-			}
+			p := trainerPod(t, tc.serve, tc.trainer, tc.annotation)
 			if tc.userInit != "" {
 				p.Spec.InitContainers = []corev1.Container{{Name: "ssh-setup", Image: "example.com/train:1.0", Resources: resourcesOf(t, tc.userInit)}}
 			}
@@ -409,4 +395,19 @@ func FuzzSidecarResources(f *testing.F) {
 			assert.Equal(t, def.Join, got.Join)
 		}
 	})
+}
+
+// trainerPod is a training pod (serving the rendezvous with serve) whose trainer has the resources trainer (JSON),
+// with annotation as the job's sidecar resources ("": none).
+func trainerPod(t *testing.T, serve bool, trainer, annotation string) *corev1.Pod {
+	t.Helper()
+	p := base(t)
+	if serve {
+		p = servingPod(t)
+	}
+	p.Spec.Containers[0].Resources = resourcesOf(t, trainer)
+	if annotation != "" {
+		p.Annotations[constants.AnnotationSidecarResources] = annotation
+	}
+	return p
 }
