@@ -261,7 +261,7 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 	}
 	// The dedicated pod records the rounds on the workers' Job too (its token, the Role bound to `default`).
 	out, err := c.Kubectl(t.Context(), "-n", ns, "describe", "job", naming.Workload(job, constants.GroupWorker))
-	if err != nil || !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": 3 nodes (") {
+	if err != nil || !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": 3 nodes") {
 		t.Errorf("no RendezvousRound Event of 3 nodes on the workers' Job (%v):\n%s", err, eventsSection(out))
 	}
 

@@ -80,7 +80,7 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		if err != nil {
 			return false, err
 		}
-		if !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": 2 nodes (") {
+		if !strings.Contains(out, "RendezvousRound") || !strings.Contains(out, ": 2 nodes") {
 			return false, fmt.Errorf("kubectl describe job %s:\n%s", workerJob, eventsSection(out))
 		}
 		t.Logf("kubectl describe job %s shows:\n%s", workerJob, eventsSection(out))
