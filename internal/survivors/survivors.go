@@ -19,6 +19,10 @@
 // the round number rises, before that round completes (left there, it would
 // restart every agent again until torch's _sanitize drops it for want of
 // heartbeats, which its own heartbeat bounds if the sidecar is gone).
+// torch's _sanitize may drop the lost participant first (its keep-alive
+// timeout and the lease TTL are seconds apart, and a partitioned node's
+// lease can end late): the Restarter remembers who left a completed round
+// and, when that host is gone, puts the placeholder on the wait list alone.
 //
 // A participant that leaves by itself (the preStop script, or torch's own
 // restart) is torch's business: its agent, alive, would take the placeholder
@@ -78,6 +82,12 @@ type run struct {
 	prev  *torchstate.State
 	// placeholder is on the wait list, for the round placeholder.LocalID.
 	placeholder *torchstate.Node
+	// left are the hosts of participants that left prev's completed round
+	// while it stayed complete: torch's _sanitize dropped them (heartbeats
+	// too old) or they left by themselves. One whose host is gone, before or
+	// after, was lost: torch's drop does not restart the survivors, whose
+	// collectives wait for the peer. Emptied when the round changes.
+	left map[string]bool
 }
 
 // maxRuns bounds the runs followed: a job has one at a time.
@@ -121,6 +131,7 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ru := r.runLocked(id)
+	ru.noteLeft(st)
 	ru.prev, ru.key, ru.value = &st, key, value
 	if r.dropGoneLocked(ru) {
 		return
@@ -131,7 +142,7 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 		case !slices.Contains(st.Waiting, *p):
 			ru.placeholder = nil // torch dropped it (no heartbeat for too long)
 		case st.Round > p.LocalID:
-			r.compareSet(key, value, func() ([]byte, error) { return torchstate.WithoutWaiting(value, *p) }, func() {
+			r.compareSet(ru, func() ([]byte, error) { return torchstate.WithoutWaiting(value, *p) }, func() {
 				r.log.Info("survivors restarted: placeholder off the wait list", "run", id, "round", st.Round)
 				ru.placeholder = nil
 			})
@@ -162,20 +173,40 @@ func (r *Restarter) MembersChanged(joined, left []string) {
 	}
 }
 
+// noteLeft records the participants that left ru's completed round in st,
+// the next state of the same round.
+func (ru *run) noteLeft(st torchstate.State) {
+	prev := ru.prev
+	if prev == nil || prev.Round != st.Round || !prev.Complete || !st.Complete {
+		ru.left = nil
+		return
+	}
+	for _, p := range prev.Participants {
+		if !slices.ContainsFunc(st.Participants, func(q torchstate.Participant) bool { return q.Node == p.Node }) {
+			if ru.left == nil {
+				ru.left = map[string]bool{}
+			}
+			ru.left[p.Addr] = true
+		}
+	}
+}
+
 // dropGoneLocked takes the participants at gone hosts out of ru's completed
 // round, with the placeholder on the wait list, and reports whether it wrote.
 // A compare-and-set that loses to an agent's write is tried again on the next
 // write: the host stays gone until it comes back.
 func (r *Restarter) dropGoneLocked(ru *run) bool {
 	st := ru.prev
-	if len(r.gone) == 0 || st == nil || !st.Complete || st.Closed ||
-		!slices.ContainsFunc(st.Participants, func(p torchstate.Participant) bool { return r.gone[p.Addr] }) {
+	if len(r.gone) == 0 || st == nil || !st.Complete || st.Closed {
 		return false
+	}
+	if !slices.ContainsFunc(st.Participants, func(p torchstate.Participant) bool { return r.gone[p.Addr] }) {
+		return r.restartAfterTorchDropLocked(ru)
 	}
 	p := torchstate.Node{Addr: r.name, LocalID: st.Round}
 	var dropped []torchstate.Node
 	wrote := false
-	r.compareSet(ru.key, ru.value, func() ([]byte, error) {
+	r.compareSet(ru, func() ([]byte, error) {
 		out, d, err := torchstate.WithoutParticipants(ru.value, func(addr string) bool { return r.gone[addr] }, p, r.now())
 		dropped = d
 		return out, err
@@ -195,22 +226,64 @@ func (r *Restarter) dropGoneLocked(ru *run) bool {
 	return wrote
 }
 
-// compareSet writes what edit makes of the state, if the state is still
-// value, and calls done when it was stored. A failed edit is logged: the
-// state is torch's and was decoded, so it is a bug of ours.
-func (r *Restarter) compareSet(key string, value []byte, edit func() ([]byte, error), done func()) {
+// restartAfterTorchDropLocked puts the placeholder on the wait list of ru's
+// completed round when torch dropped a participant whose host is gone (its
+// _sanitize came before the membership's news, or after a compare-and-set of
+// ours lost), so that the survivors restart as they would have if the
+// Restarter had dropped it.
+func (r *Restarter) restartAfterTorchDropLocked(ru *run) bool {
+	st := ru.prev
+	var lost []string
+	for h := range ru.left {
+		if r.gone[h] {
+			lost = append(lost, h)
+		}
+	}
+	if len(lost) == 0 || len(st.Participants) == 0 {
+		return false
+	}
+	p := torchstate.Node{Addr: r.name, LocalID: st.Round}
+	if slices.Contains(st.Waiting, p) {
+		return false
+	}
+	slices.Sort(lost)
+	wrote := false
+	r.compareSet(ru, func() ([]byte, error) { return torchstate.WithWaiting(ru.value, p, r.now()) }, func() {
+		wrote = true
+		for _, h := range lost {
+			delete(ru.left, h)
+		}
+		r.restarts.Inc()
+		ru.placeholder = &p
+		r.log.Info("torch had dropped a participant whose pod left the job's membership; asked the survivors to restart",
+			"round", st.Round, "hosts", lost, "survivors", len(st.Participants))
+	})
+	return wrote
+}
+
+// compareSet writes what edit makes of ru's state, if the store still holds
+// it, and calls done when it was stored; ru then holds what was written, so
+// that the next write is compared with it. A failed edit is logged: the state
+// is torch's and was decoded, so it is a bug of ours.
+func (r *Restarter) compareSet(ru *run, edit func() ([]byte, error), done func()) {
 	desired, err := edit()
 	if err != nil {
-		r.log.Error("cannot edit torch's rendezvous state", "key", key, "err", err)
+		r.log.Error("cannot edit torch's rendezvous state", "key", ru.key, "err", err)
 		return
 	}
-	stored, err := r.store.CompareSet(key, value, desired)
+	stored, err := r.store.CompareSet(ru.key, ru.value, desired)
 	if err != nil {
-		r.log.Warn("cannot write torch's rendezvous state", "key", key, "err", err)
+		r.log.Warn("cannot write torch's rendezvous state", "key", ru.key, "err", err)
 		return
 	}
-	if stored {
-		done()
+	if !stored {
+		// An agent wrote in between: the caller tries again at the next write it is handed.
+		r.log.Debug("lost the compare-and-set of torch's rendezvous state to an agent's write", "key", ru.key)
+		return
+	}
+	done()
+	if st, err := torchstate.DecodeBase64(desired); err == nil {
+		ru.prev, ru.value = &st, desired
 	}
 }
 

@@ -217,3 +217,48 @@ func TestDropsTheLastParticipant(t *testing.T) {
 	require.Empty(t, st.Participants)
 	require.Equal(t, []torchstate.Node{node(0)}, st.Waiting)
 }
+
+// torch's _sanitize can drop a lost participant before the Restarter does
+// (its heartbeats got old before the member's lease ended, or the
+// Restarter's compare-and-set lost to the agents' writes): the survivors are
+// asked to restart all the same, once.
+func TestRestartsAfterTorchDropsTheLostParticipant(t *testing.T) {
+	for name, order := range map[string]func(h *harness) torchstate.State{
+		"torch first": func(h *harness) torchstate.State {
+			h.write(state(t, 3, true, []int{0, 2})) // _sanitize dropped node 1
+			h.r.MembersChanged(nil, []string{node(1).Addr})
+			st, err := torchstate.DecodeBase64(h.s.kv[key])
+			require.NoError(t, err)
+			return st
+		},
+		"membership first, compare-and-set lost": func(h *harness) torchstate.State {
+			h.s.kv[key] = state(t, 3, true, []int{2, 0, 1}) // an agent wrote in between
+			h.r.MembersChanged(nil, []string{node(1).Addr})
+			return h.write(state(t, 3, true, []int{0, 2})) // the next write is _sanitize's
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			h.write(state(t, 3, true, []int{0, 1, 2}))
+			st := order(h)
+			require.Equal(t, []torchstate.Node{placeholder}, st.Waiting)
+			require.Len(t, st.Participants, 2)
+			// Keep-alives of the survivors: the placeholder is not added twice.
+			require.Equal(t, []torchstate.Node{placeholder}, h.write(h.s.kv[key]).Waiting)
+			// The next round takes it off, and forgets who left round 3.
+			require.Empty(t, h.write(mustWith(t, state(t, 4, false, nil))).Waiting)
+			require.Empty(t, h.write(state(t, 4, true, []int{0, 2})).Waiting)
+		})
+	}
+}
+
+// Who left a round is forgotten when the next one begins: a host that left
+// round 3 by itself and is gone after round 4 formed without it is nobody's loss.
+func TestForgetsWhoLeftWhenTheRoundChanges(t *testing.T) {
+	h := newHarness(t)
+	h.write(state(t, 3, true, []int{0, 1, 2}))
+	h.write(state(t, 3, true, []int{0, 2})) // node 1 left by itself (scale-down's preStop)
+	h.write(state(t, 4, true, []int{0, 2}))
+	h.r.MembersChanged(nil, []string{node(1).Addr})
+	require.Empty(t, h.write(state(t, 4, true, []int{0, 2})).Waiting)
+}
