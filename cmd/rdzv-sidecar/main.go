@@ -331,7 +331,7 @@ func superviseCmd(args []string, _, stderr io.Writer) error {
 }
 
 func launchCmd(args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("launch", "Wait for at least --members members, registered unchanged for --settle, then run the command after -- (mpirun, mpiexec) under supervise once the hostfile lists every member and each answers on --ssh-port; when a member leaves during a run, run it again the same way, on the members there are then (up to --restarts times). The MPI launcher's default (the job chart's mpi.launcher.waitForWorkers).", stderr)
+	fs := newFlagSet("launch", "Wait for at least --members members, registered unchanged for --settle, then run the command after -- (mpirun, mpiexec) under supervise once the hostfile lists every member and each answers on --ssh-port; when a member leaves during a run, run it again the same way, on the members there are then (up to --restarts times), and with --rerun-on-join when one joins. The MPI launcher's default (the job chart's mpi.launcher.waitForWorkers).", stderr)
 	var cfg sidecar.LaunchConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 10*time.Minute, "how long to wait for the members, and then for the hostfile and their SSH ports before each run (exit status 1)")
 	fs.IntVar(&cfg.Members, "members", 1, "how many members a run needs (the job's minimum): each run waits for them")
@@ -339,6 +339,7 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Hostfile, "hostfile", os.Getenv(constants.EnvHostfile), "the hostfile this pod's sidecar writes (default $"+constants.EnvHostfile+")")
 	fs.IntVar(&cfg.SSHPort, "ssh-port", 22, "port every member must answer on before a run (0: no check)")
 	fs.IntVar(&cfg.Restarts, "restarts", 10, "how many times the command runs again after a member left during a run")
+	fs.BoolVar(&cfg.RerunOnJoin, "rerun-on-join", false, "stop a run when a member joins and run the command again on every member (a scale-up; not counted against --restarts)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the command once, unsupervised (a launcher that follows the membership itself: horovodrun --host-discovery-script)")
 	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
 	if err := parse(fs, args); err != nil {

@@ -105,6 +105,9 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 			pod.Spec.Subdomain, headless, pod.Spec.Subdomain)
 	}
 	fqdn := naming.PodFQDN(pod.Spec.Hostname, pod.Spec.Subdomain, namespace, domain)
+	if s.framework == constants.FrameworkMPI {
+		searchSubdomain(e, naming.ServiceFQDN(pod.Spec.Subdomain, namespace, domain))
+	}
 	rdzvHost := naming.ServiceFQDN(s.rdzvService, namespace, domain)
 	rdzvURL := scheme(s) + "://" + rdzvHost + ":" + svcClientPort
 
@@ -176,4 +179,22 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	// Last: the pod may be scheduled only once everything above is in it.
 	openGate(e)
 	return nil
+}
+
+// searchSubdomain makes the short hostnames of the job's pods resolve in this
+// one (a DNS search domain): MPICH's and Intel MPI's Hydra proxies call back
+// to the launcher by its gethostname(), the pod's short hostname, which
+// resolves only within its subdomain.
+func searchSubdomain(e *editor, domain string) {
+	pod := e.pod
+	if pod.Spec.HostNetwork {
+		return // gethostname() is the node's name: no search domain helps
+	}
+	if pod.Spec.DNSConfig == nil {
+		set(e, "/spec/dnsConfig", &pod.Spec.DNSConfig, &corev1.PodDNSConfig{Searches: []string{domain}})
+		return
+	}
+	if !slices.Contains(pod.Spec.DNSConfig.Searches, domain) {
+		appendTo(e, "/spec/dnsConfig/searches", &pod.Spec.DNSConfig.Searches, domain)
+	}
 }

@@ -37,6 +37,9 @@ type LaunchConfig struct {
 	SSHPort int
 	// Restarts is how many times the command runs again after a member left during a run.
 	Restarts int
+	// RerunOnJoin stops a run when a member joins and runs the command again on every member (a scale-up: a plain
+	// mpirun never uses a host it did not start with). Not counted against Restarts.
+	RerunOnJoin bool
 	// Once runs the command once, unsupervised: a launcher that follows the membership itself (horovodrun with a
 	// host discovery script) must not be stopped when a member leaves.
 	Once bool
@@ -51,7 +54,8 @@ type LaunchConfig struct {
 // the hostfile lists every member registered now and each answers on its SSH port (members register as their sidecar
 // starts, before their sshd listens; the hostfile follows a change a moment later). When a member leaves during a
 // run, Supervise stops the command with ExitMemberLost and Launch runs it again the same way, on the members there
-// are then (at least cfg.Members: a lost pod's replacement, or those that remain), up to cfg.Restarts times. It
+// are then (at least cfg.Members: a lost pod's replacement, or those that remain), up to cfg.Restarts times; with
+// cfg.RerunOnJoin a member joining stops the run too, and it runs again on every member (not a restart). It
 // returns the command's exit status. mpi-operator's launcherCreationPolicy WaitForWorkersReady does the first half
 // of this, for a fixed set of workers.
 func Launch(ctx context.Context, cfg LaunchConfig, stderr io.Writer) (int, error) {
@@ -73,7 +77,7 @@ func Launch(ctx context.Context, cfg LaunchConfig, stderr io.Writer) (int, error
 	if _, err := waitMembers(ctx, cli, cfg.Prefix, cfg.Members, cfg.Timeout); err != nil {
 		return 0, err
 	}
-	for run := 0; ; run++ {
+	for run, restarts := 1, 0; ; run++ {
 		ms, err := cfg.ready(ctx, cli)
 		if err != nil {
 			return 0, err
@@ -82,16 +86,21 @@ func Launch(ctx context.Context, cfg LaunchConfig, stderr io.Writer) (int, error
 		if cfg.Once {
 			return runOnce(ctx, cfg.Command, cfg.Grace)
 		}
-		code, err := Supervise(ctx, SuperviseConfig{QueryConfig: cfg.QueryConfig, Command: cfg.Command, Grace: cfg.Grace}, stderr)
+		code, joined, err := supervise(ctx, SuperviseConfig{QueryConfig: cfg.QueryConfig, Command: cfg.Command, Grace: cfg.Grace, StopOnJoin: cfg.RerunOnJoin}, stderr)
 		if err != nil || code != ExitMemberLost || ctx.Err() != nil {
 			return code, err
 		}
-		if run >= cfg.Restarts {
-			fmt.Fprintf(stderr, "rdzv-sidecar launch: a member left during run %d; no restarts left (--restarts=%d)\n", run+1, cfg.Restarts)
+		if joined {
+			fmt.Fprintf(stderr, "rdzv-sidecar launch: a member joined during run %d; running %s again on every member\n", run, cfg.Command[0])
+			continue
+		}
+		if restarts >= cfg.Restarts {
+			fmt.Fprintf(stderr, "rdzv-sidecar launch: a member left during run %d; no restarts left (--restarts=%d)\n", run, cfg.Restarts)
 			return code, nil
 		}
+		restarts++
 		fmt.Fprintf(stderr, "rdzv-sidecar launch: a member left during run %d; running %s again (restart %d of %d) once at least %d members are there\n",
-			run+1, cfg.Command[0], run+1, cfg.Restarts, cfg.Members)
+			run, cfg.Command[0], restarts, cfg.Restarts, cfg.Members)
 	}
 }
 

@@ -25,6 +25,9 @@ type SuperviseConfig struct {
 	Command []string
 	// Grace is how long the command has after SIGTERM before SIGKILL.
 	Grace time.Duration
+	// StopOnJoin stops the command (ExitMemberLost too) when a member joins:
+	// a plain mpirun never uses a host it did not start with.
+	StopOnJoin bool
 }
 
 // Supervise runs cfg.Command (an MPI launcher: mpirun, mpiexec) in a process
@@ -35,19 +38,26 @@ type SuperviseConfig struct {
 // wait in a collective for ever); the membership knows within the lease TTL.
 // ctx ending (SIGTERM to supervise) stops the command the same way.
 func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int, error) {
+	code, _, err := supervise(ctx, cfg, stderr)
+	return code, err
+}
+
+// supervise is Supervise, and says whether it stopped the command because a
+// member joined.
+func supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (code int, joined bool, err error) {
 	if len(cfg.Command) == 0 {
-		return 0, errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")
+		return 0, false, errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")
 	}
 	cli, err := cfg.connect()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer cli.Close()
 	lctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	start, _, err := etcdmembers.List(lctx, cli, cfg.Prefix)
 	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("listing the members: %w", err)
+		return 0, false, fmt.Errorf("listing the members: %w", err)
 	}
 	fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s; stops %s if one of them leaves\n", membership.Describe(start), cfg.Command[0])
 
@@ -55,7 +65,7 @@ func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int,
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -63,10 +73,17 @@ func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int,
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	lost := make(chan []string, 1)
+	came := make(chan []string, 1)
 	go etcdmembers.Watch(wctx, cli, cfg.Prefix, 2*time.Second, nil, func(ms []membership.Member) {
-		if _, left := membership.Diff(start, ms); len(left) > 0 {
+		in, left := membership.Diff(start, ms)
+		if len(left) > 0 {
 			select {
 			case lost <- left:
+			default:
+			}
+		} else if len(in) > 0 && cfg.StopOnJoin {
+			select {
+			case came <- in:
 			default:
 			}
 		}
@@ -75,11 +92,16 @@ func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int,
 	var stopped int // the exit status when supervise stopped the command
 	select {
 	case err := <-exited:
-		return exitStatus(err)
+		code, err := exitStatus(err)
+		return code, false, err
 	case left := <-lost:
 		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s left the membership; stopping %s (exit status %d: run it again on the hosts that remain)\n",
 			strings.Join(left, ","), cfg.Command[0], ExitMemberLost)
 		stopped = ExitMemberLost
+	case in := <-came:
+		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s joined the membership; stopping %s (exit status %d: run it again on every host)\n",
+			strings.Join(in, ","), cfg.Command[0], ExitMemberLost)
+		stopped, joined = ExitMemberLost, true
 	case <-ctx.Done():
 		stopped = 128 + int(syscall.SIGTERM)
 	}
@@ -93,7 +115,7 @@ func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int,
 		<-exited
 	}
 	_ = syscall.Kill(pgid, syscall.SIGKILL) // whatever of the group outlived its leader
-	return stopped, nil
+	return stopped, joined, nil
 }
 
 // exitStatus is the exit status a shell would report for the command.

@@ -50,6 +50,8 @@ workers is registered, settled, in the hostfile and answering ssh, and runs agai
 {{- if contains "--host-discovery-script" (join " " (concat $command $args)) -}}
 {{- /* horovodrun follows the membership itself through the discovery script: wait, then leave it be. */ -}}
 {{- $launch = append $launch "--once" -}}
+{{- else if $rv.mpi.launcher.rerunOnScaleUp -}}
+{{- $launch = append $launch "--rerun-on-join" -}}
 {{- end -}}
 {{- if $rv.rendezvous.tls.secretName -}}
 {{- $launch = concat $launch (list "--cacert=/etc/elastic-training-tls/ca.crt" "--cert=/etc/elastic-training-tls/tls.crt" "--key=/etc/elastic-training-tls/tls.key") -}}

@@ -269,3 +269,39 @@ func TestLaunch(t *testing.T) {
 	require.Equal(t, 2, strings.Count(p.Output(), "rdzv-sidecar launch: 2 members, 2 slots: "), "%s", p.Output())
 	require.NotContains(t, p.Output(), "rdzv-sidecar launch: 1 members", "a run with one member of two")
 }
+
+// launch --rerun-on-join, the chart's default for a plain mpirun: a member that joins during a run (a scale-up)
+// stops the run, and mpirun runs again on all three members; no restart is spent on it (--restarts=0).
+func TestLaunchRerunOnJoin(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
+	}
+	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
+	s := startServe(t)
+	dir := t.TempDir()
+	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
+	hf := filepath.Join(dir, "hostfile")
+	agent, err := filepath.Abs("testdata/fake-ssh.sh")
+	require.NoError(t, err)
+	work := t.TempDir()
+	pids, done := filepath.Join(work, "pids"), filepath.Join(work, "done")
+	p := testenv.Start(t, "launch", exec.Command(sidecarBin, "launch", "--endpoints="+s.URL, "--members=2", "--settle=500ms",
+		"--hostfile="+hf, "--ssh-port=0", "--restarts=0", "--rerun-on-join", "--grace=2s", "--timeout=1m", "--",
+		"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
+		"--mca", "orte_keep_fqdn_hostnames", "true", "sh", "-c", "echo $$ >> "+pids+"; [ -e "+done+" ] || exec sleep 600"))
+	startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0")
+	startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
+	testenv.Eventually(t, 30*time.Second, "both ranks of the first run", func() error {
+		if got := len(strings.Fields(readFile(pids))); got != 2 {
+			return fmt.Errorf("%d ranks so far", got)
+		}
+		return nil
+	})
+	require.NoError(t, os.WriteFile(done, nil, 0o644))
+	startJoin(t, s.URL, "job-worker-2.job.ns.svc.cluster.local", 1, "", "--member-index=2") // the scale-up
+	require.NoError(t, p.Wait(t, 30*time.Second), "the second run ends with status 0:\n%s", p.Output())
+	require.Len(t, strings.Fields(readFile(pids)), 5, "two ranks, then three:\n%s", p.Output())
+	require.Contains(t, p.Output(), "job-worker-2.job.ns.svc.cluster.local joined the membership")
+	require.Contains(t, p.Output(), "a member joined during run 1; running /usr/bin/mpirun.openmpi again on every member")
+	require.Contains(t, p.Output(), "rdzv-sidecar launch: 3 members, 3 slots: ")
+}
