@@ -307,10 +307,11 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 func superviseCmd(args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), stop the command's process group and exit with status "+fmt.Sprint(sidecar.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
+	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), or within --loss-window after the command failed, stop the command's process group and exit with status "+fmt.Sprint(sidecar.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
 	var cfg sidecar.SuperviseConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 30*time.Second, "timeout of the first listing of the members")
 	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
+	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(sidecar.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -342,6 +343,7 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.RerunOnJoin, "rerun-on-join", false, "stop a run when a member joins and run the command again on every member (a scale-up; not counted against --restarts)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the command once, unsupervised (a launcher that follows the membership itself: horovodrun --host-discovery-script)")
 	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
+	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(sidecar.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -44,8 +44,10 @@ type LaunchConfig struct {
 	// host discovery script) must not be stopped when a member leaves.
 	Once bool
 	// Grace is how long the command has after SIGTERM before SIGKILL (supervise's).
-	Grace   time.Duration
-	Command []string
+	Grace time.Duration
+	// LossWindow is supervise's: a failed run followed within it by a member leaving counts as that member lost.
+	LossWindow time.Duration
+	Command    []string
 	// Poll is how often the hostfile and the members' ports are looked at (0: 250 ms).
 	Poll time.Duration
 }
@@ -86,7 +88,7 @@ func Launch(ctx context.Context, cfg LaunchConfig, stderr io.Writer) (int, error
 		if cfg.Once {
 			return runOnce(ctx, cfg.Command, cfg.Grace)
 		}
-		code, joined, err := supervise(ctx, SuperviseConfig{QueryConfig: cfg.QueryConfig, Command: cfg.Command, Grace: cfg.Grace, StopOnJoin: cfg.RerunOnJoin}, stderr)
+		code, joined, err := supervise(ctx, SuperviseConfig{QueryConfig: cfg.QueryConfig, Command: cfg.Command, Grace: cfg.Grace, StopOnJoin: cfg.RerunOnJoin, LossWindow: cfg.LossWindow}, stderr)
 		if err != nil || code != ExitMemberLost || ctx.Err() != nil {
 			return code, err
 		}

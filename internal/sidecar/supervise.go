@@ -28,6 +28,11 @@ type SuperviseConfig struct {
 	// StopOnJoin stops the command (ExitMemberLost too) when a member joins:
 	// a plain mpirun never uses a host it did not start with.
 	StopOnJoin bool
+	// LossWindow: when the command fails, how long to wait for a member of
+	// its start to leave, which makes it ExitMemberLost after all (0: none).
+	// On a scale-down the worker's sshd stops before its sidecar deregisters,
+	// so mpirun sees the host go first.
+	LossWindow time.Duration
 }
 
 // Supervise runs cfg.Command (an MPI launcher: mpirun, mpiexec) in a process
@@ -93,7 +98,18 @@ func supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (code
 	select {
 	case err := <-exited:
 		code, err := exitStatus(err)
-		return code, false, err
+		if err != nil || code == 0 || cfg.LossWindow <= 0 {
+			return code, false, err
+		}
+		select {
+		case left := <-lost:
+			fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s exited with status %d and %s left the membership; exit status %d: run it again on the hosts that remain\n",
+				cfg.Command[0], code, strings.Join(left, ","), ExitMemberLost)
+			return ExitMemberLost, false, nil
+		case <-time.After(cfg.LossWindow):
+		case <-ctx.Done():
+		}
+		return code, false, nil
 	case left := <-lost:
 		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s left the membership; stopping %s (exit status %d: run it again on the hosts that remain)\n",
 			strings.Join(left, ","), cfg.Command[0], ExitMemberLost)

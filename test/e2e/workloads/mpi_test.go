@@ -304,50 +304,84 @@ func hostfileLine(flavour, host string, slots int) string {
 	return fmt.Sprintf("%s:%d", host, slots)
 }
 
-// TestMPIFromDefaults installs what an MPI user writes (examples/local/mpi-allreduce.yaml: image, mpirun command,
-// workers) and nothing else: the workers run the chart's sshd, and the launcher's mpirun, run through
-// `rdzv-sidecar launch`, starts once both workers answer and places a rank on each. Then, with a run that lasts, a
-// worker pod is deleted: launch stops mpirun, waits for the StatefulSet's replacement, and runs it again to the end.
+// TestMPIFromDefaults installs what an MPI user writes (examples/local/mpi-allreduce.yaml for Open MPI,
+// examples/local/mpich-allreduce.yaml for MPICH: image, flavour, the mpirun or mpiexec command, workers) and nothing
+// else: the workers run the chart's sshd, and the launcher's command, run through `rdzv-sidecar launch`, starts once
+// both workers answer and places a rank on each (a real allreduce across the two nodes). Then `helm upgrade` scales
+// the workers 2 -> 3 -> 2: launch stops the run at each change and runs it again on every worker there is.
 func TestMPIFromDefaults(t *testing.T) {
-	c, ns := startTest(t)
-	const job = "allreduce"
-	v := jobValues(t, c, "examples/local/mpi-allreduce.yaml", "")
-	set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
-	installJob(t, c, ns, job, v)
-	launcher := launcherPod(t, c, ns, job)
-	log := waitLauncherLog(t, c, ns, launcher, "rdzv-sidecar launch: ", 4*time.Minute)
-	log = waitLauncherLog(t, c, ns, launcher, "sum=1", 4*time.Minute)
-	t.Logf("launcher log:\n%s", log)
-	c.WaitPodPhase(t, ns, launcher, corev1.PodSucceeded, 2*time.Minute)
-	log, err := c.TailLogs(t.Context(), ns, launcher, trainer, 500)
-	if err != nil {
-		t.Fatal(err)
-	}
-	workers := c.WaitPodsReady(t, ns, constants.LabelJob+"="+job+","+constants.LabelRole+"="+constants.RoleWorker, 2, time.Minute)
-	checkPlacement(t, log, 1, slotsByPod(t, workers))
-	uninstallJob(t, c, ns, job)
+	for _, tc := range []struct{ flavour, values, command string }{
+		{constants.FlavourOpenMPI, "examples/local/mpi-allreduce.yaml", "mpirun.openmpi"},
+		{constants.FlavourMPICH, "examples/local/mpich-allreduce.yaml", "mpiexec.hydra"},
+	} {
+		t.Run(tc.flavour, func(t *testing.T) {
+			c, ns := startTest(t)
+			const job = "allreduce"
+			v := jobValues(t, c, tc.values, "")
+			set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
+			// Each run lasts (an allreduce every half second for 3 minutes): the scaling happens during one.
+			set(v, "env", append(envWithout(v, "ITERS"), map[string]any{"name": "ITERS", "value": "360"}))
+			start := time.Now()
+			installJob(t, c, ns, job, v)
+			launcher := launcherPod(t, c, ns, job)
+			workers := constants.LabelJob + "=" + job + "," + constants.LabelRole + "=" + constants.RoleWorker
+			log := waitRun(t, c, ns, launcher, 1, 2, 4*time.Minute)
+			t.Logf("helm install -> %s at 2 ranks: %.1fs", tc.command, time.Since(start).Seconds())
+			checkPlacement(t, lastRun(log), 1, slotsByPod(t, c.WaitPodsReady(t, ns, workers, 2, time.Minute)))
 
-	// A run of 120 allreduces, one every half second, and a worker lost in the middle of it.
-	ns2 := c.Namespace(t)
-	set(v, "env", []any{map[string]any{"name": "OMPI_MCA_btl_tcp_if_include", "value": "eth0"}, map[string]any{"name": "ITERS", "value": "120"}})
-	installJob(t, c, ns2, job, v)
-	launcher = launcherPod(t, c, ns2, job)
-	waitLauncherLog(t, c, ns2, launcher, "sum=1", 4*time.Minute)
-	victim := job + "-worker-1"
-	if err := c.Client.CoreV1().Pods(ns2).Delete(t.Context(), victim, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+			for i, n := range []int{3, 2} {
+				changed := time.Now()
+				scaleWorkers(t, c, ns, job, n)
+				log = waitRun(t, c, ns, launcher, i+2, n, 3*time.Minute)
+				why := map[int]string{3: "joined the membership", 2: "left the membership"}[n]
+				if !strings.Contains(log, why) {
+					t.Errorf("scale to %d: the launcher did not say a member %s:\n%s", n, why, log)
+				}
+				t.Logf("helm upgrade --set workers.replicas=%d -> %s again at %d ranks: %.1fs", n, tc.command, n, time.Since(changed).Seconds())
+				checkPlacement(t, lastRun(log), 1, slotsByPod(t, c.WaitPodsReady(t, ns, workers, n, time.Minute)))
+			}
+			t.Logf("launcher log:\n%s", log)
+			uninstallJob(t, c, ns, job)
+		})
 	}
-	deleted := time.Now()
-	waitLauncherLog(t, c, ns2, launcher, "running mpirun.openmpi again", 2*time.Minute)
-	t.Logf("%s deleted -> launch stopped mpirun: %.1fs", victim, time.Since(deleted).Seconds())
-	c.WaitPodPhase(t, ns2, launcher, corev1.PodSucceeded, 4*time.Minute)
-	log, err = c.TailLogs(t.Context(), ns2, launcher, trainer, 1000)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// waitRun waits until the launcher's log shows run number run of rdzv-sidecar launch, over n members, with the
+// rank lines of its n ranks, and returns the log.
+func waitRun(t testing.TB, c *framework.Cluster, ns, launcher string, run, n int, timeout time.Duration) string {
+	t.Helper()
+	var log string
+	c.WaitFor(t, timeout, fmt.Sprintf("run %d of the launcher at %d ranks", run, n), func(ctx context.Context) (bool, error) {
+		log = waitLauncherLog(t, c, ns, launcher, "rdzv-sidecar launch: ", timeout)
+		last := lastRun(log)
+		runs := len(runStart.FindAllStringIndex(log, -1))
+		if runs != run || !strings.HasPrefix(last, fmt.Sprintf("rdzv-sidecar launch: %d members", n)) ||
+			len(rankLine.FindAllString(last, -1)) != n {
+			return false, fmt.Errorf("%d runs so far; the last:\n%s", runs, last)
+		}
+		return true, nil
+	})
+	return log
+}
+
+var runStart = regexp.MustCompile(`(?m)^rdzv-sidecar launch: \d+ members.* listed in `)
+
+// lastRun is the launcher's log from the start of rdzv-sidecar launch's last run.
+func lastRun(log string) string {
+	ms := runStart.FindAllStringIndex(log, -1)
+	if len(ms) == 0 {
+		return log
 	}
-	// The second run's rank lines: both workers again, the replacement among them.
-	last := log[strings.LastIndex(log, "rdzv-sidecar launch: "):]
-	workers = c.WaitPodsReady(t, ns2, constants.LabelJob+"="+job+","+constants.LabelRole+"="+constants.RoleWorker, 2, time.Minute)
-	checkPlacement(t, last, 1, slotsByPod(t, workers))
-	t.Logf("the run again after %s was lost ended %.1fs after the deletion; launcher log:\n%s", victim, time.Since(deleted).Seconds(), log)
+	return log[ms[len(ms)-1][0]:]
+}
+
+// envWithout is the values' env list without the variable name.
+func envWithout(v map[string]any, name string) []any {
+	var out []any
+	for _, e := range v["env"].([]any) {
+		if e.(map[string]any)["name"] != name {
+			out = append(out, e)
+		}
+	}
+	return out
 }

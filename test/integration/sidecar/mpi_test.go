@@ -162,7 +162,7 @@ func TestSupervise(t *testing.T) {
 	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
 	s := startServe(t)
 	a := startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0")
-	startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
+	b := startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
 	dir := t.TempDir()
 	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
 	hf := filepath.Join(dir, "hostfile")
@@ -211,6 +211,32 @@ func TestSupervise(t *testing.T) {
 	err = p.Wait(t, 30*time.Second)
 	require.ErrorAs(t, err, &ee)
 	require.Equal(t, 3, ee.ExitCode(), "%s", p.Output())
+	require.Contains(t, p.Output(), "stops sh if one of them leaves")
+
+	// A scale-down as a pod meets it: the worker's sshd stops first (mpirun fails), its sidecar deregisters a
+	// moment later (SIGTERM): within --loss-window that is a member lost, status 75.
+	work := t.TempDir()
+	flag, pidFile := filepath.Join(work, "sshd-stopped"), filepath.Join(work, "pid")
+	p = supervise("sh", "-c", "echo $$ > "+pidFile+"; until [ -e "+flag+" ]; do sleep 0.05; done; exit 1")
+	testenv.Eventually(t, 10*time.Second, "supervise started its command", func() error {
+		if strings.TrimSpace(readFile(pidFile)) == "" {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	require.NoError(t, os.WriteFile(flag, nil, 0o644))
+	// The order a pod's containers stop in: the command has failed (supervise reaped it) before the member leaves.
+	testenv.Eventually(t, 10*time.Second, "the command ended", func() error {
+		if _, err := os.Stat("/proc/" + strings.TrimSpace(readFile(pidFile))); err == nil {
+			return errors.New("still there")
+		}
+		return nil
+	})
+	b.Signal(syscall.SIGTERM)
+	err = p.Wait(t, 30*time.Second)
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 75, ee.ExitCode(), "%s", p.Output())
+	require.Contains(t, p.Output(), "sh exited with status 1 and job-worker-1.job.ns.svc.cluster.local left the membership")
 }
 
 // launch, the MPI launcher's default: started before any worker, it runs a real Open MPI mpirun only once two
