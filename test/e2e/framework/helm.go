@@ -175,3 +175,15 @@ func (c *Cluster) HelmValues(t testing.TB, ns, releaseName string) map[string]an
 	}
 	return vals
 }
+
+// HelmInstallError is `helm install` that the test expects to be refused: it returns the error (nil: installed,
+// and uninstalled when the test ends).
+func (c *Cluster) HelmInstallError(t testing.TB, ns, releaseName, chartDir string, values map[string]any) error {
+	t.Helper()
+	ch := loadChart(t, "install", releaseName, chartDir)
+	in := action.NewInstall(c.HelmConfig(t, ns))
+	in.ReleaseName, in.Namespace = releaseName, ns
+	t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })
+	_, err := in.RunWithContext(t.Context(), ch, values)
+	return err
+}

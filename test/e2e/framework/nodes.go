@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 )
 
 // The node-loss faults, as users meet them, on the nodes of test/e2e/cluster/node.sh (every node but NodeName,
@@ -129,4 +130,43 @@ func (c *Cluster) CutOffLog(node, ns, pod, container string) (string, error) {
 func restartOf(path string) int {
 	n, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(path), ".log"))
 	return n
+}
+
+// ShapeAsGPUNode makes node look like a managed cluster's GPU node for the rest of the test: tainted as the GPU
+// operator and the clouds' GPU node pools taint it (nvidia.com/gpu=present:NoSchedule) and labelled as the GPU
+// operator labels it (nvidia.com/gpu.present=true). Its fake GPUs are the cluster's own (FAKE_DEVICES). The test's
+// cleanup takes both off. Only for tests that run alone: a parallel test would find the node tainted.
+func (c *Cluster) ShapeAsGPUNode(t testing.TB, node string) {
+	t.Helper()
+	taint := corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}
+	const label = "nvidia.com/gpu.present"
+	edit := func(ctx context.Context, change func(n *corev1.Node)) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			change(n)
+			_, err = c.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	t.Cleanup(func() {
+		err := edit(context.Background(), func(n *corev1.Node) {
+			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.MatchTaint(&taint) })
+			delete(n.Labels, label)
+		})
+		if err != nil {
+			t.Errorf("cleanup: untaint %s: %v", node, err)
+		}
+	})
+	err := edit(t.Context(), func(n *corev1.Node) {
+		if !slices.ContainsFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.MatchTaint(&taint) }) {
+			n.Spec.Taints = append(n.Spec.Taints, taint)
+		}
+		n.Labels[label] = "true"
+	})
+	if err != nil {
+		t.Fatalf("taint %s as a GPU node: %v", node, err)
+	}
 }

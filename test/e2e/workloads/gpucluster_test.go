@@ -1,6 +1,7 @@
 package workloads
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
@@ -149,4 +151,68 @@ func TestHostNetworkJobsShareANode(t *testing.T) {
 	}
 	c.HelmUninstall(t, ns, "hostb", 2*time.Minute)
 	uninstallJob(t, c, ns, "hosta")
+}
+
+// TestTaintedGPUNodes runs on the local cluster shaped like a managed GPU cluster: node2 tainted
+// nvidia.com/gpu=present:NoSchedule and labelled nvidia.com/gpu.present=true (framework.ShapeAsGPUNode), and a default
+// StorageClass whose provisioner makes disks that attach to one node (EBS's name; no provisioner runs: the chart
+// refuses before any claim is made). `helm install` refuses a shared volume that class cannot give, with the fix,
+// reading the class from the cluster. The ElasticDL-style job (examples/local/elasticdl-gpu.yaml: a top-level GPU
+// toleration, a burst group with a spot toleration of its own) trains with both groups on the tainted node: the
+// group's toleration is added to the top level's, not put in its place.
+func TestTaintedGPUNodes(t *testing.T) {
+	c, ns := startTest(t)
+	if len(framework.ExtraNodes) == 0 {
+		t.Fatal("needs a second node (EXTRA_NODES)")
+	}
+	gpuNode := framework.ExtraNodes[0]
+	c.ShapeAsGPUNode(t, gpuNode)
+
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-gp3",
+		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "ebs.csi.aws.com"}
+	if _, err := c.Client.StorageV1().StorageClasses().Create(t.Context(), sc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, metav1.DeleteOptions{}) })
+	const job = "edl"
+	for mode, want := range map[string]string{
+		"ReadWriteMany": "persistence.accessModes: ReadWriteMany from StorageClass e2e-gp3 (the cluster's default, provisioner ebs.csi.aws.com) stays Pending",
+		"ReadWriteOnce": "persistence.accessModes: ReadWriteOnce from StorageClass e2e-gp3 (the cluster's default, provisioner ebs.csi.aws.com) attaches the data volume to one node",
+	} {
+		v := jobValues(t, c, "examples/local/elasticdl-gpu.yaml", trainScript)
+		set(v, "persistence", map[string]any{"enabled": true, "accessModes": []any{mode}})
+		err := c.HelmInstallError(t, ns, job, c.RepoPath(jobChart), v)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("helm install with a %s volume from the default class: %v, want an error saying %q", mode, err, want)
+		}
+	}
+
+	v := jobValues(t, c, "examples/local/elasticdl-gpu.yaml", trainScript)
+	installJob(t, c, ns, job, v)
+	d := c.WaitWorld(t, ns, workersSelector(job), trainer, 2, 1, 3*time.Minute)
+	t.Logf("core and burst training at world 2 on the tainted node %s: %.1fs", gpuNode, d.Seconds())
+	pods, err := c.LivePods(t.Context(), ns, workersSelector(job))
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string]bool{}
+	for _, p := range pods {
+		groups[p.Labels[constants.LabelGroup]] = true
+		if p.Spec.NodeName != gpuNode {
+			t.Errorf("pod %s (group %s) runs on %s, want the GPU node %s", p.Name, p.Labels[constants.LabelGroup], p.Spec.NodeName, gpuNode)
+		}
+		if p.Labels[constants.LabelGroup] == "burst" {
+			var keys []string
+			for _, tol := range p.Spec.Tolerations {
+				keys = append(keys, tol.Key)
+			}
+			if !slices.Contains(keys, "nvidia.com/gpu") || !slices.Contains(keys, "example.com/spot") {
+				t.Errorf("burst pod %s tolerates %v: want the top level's nvidia.com/gpu and the group's example.com/spot", p.Name, keys)
+			}
+		}
+	}
+	if !groups[constants.GroupWorker] || !groups["burst"] {
+		t.Errorf("training pods of groups %v: want both the core (workers) and burst groups", groups)
+	}
+	uninstallJob(t, c, ns, job)
 }
