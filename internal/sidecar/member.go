@@ -82,6 +82,18 @@ func (s *memberState) set(f func(*memberState)) {
 	f(s)
 }
 
+// slots is the slots of the member at host, as last listed.
+func (s *memberState) slots(host string) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.members {
+		if m.Host == host {
+			return m.Slots, true
+		}
+	}
+	return 0, false
+}
+
 func (s *memberState) ready(register bool) (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -131,7 +131,8 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	log := cfg.Log
 	events, stopEvents := roundEvents(cfg.EventsJob, log)
 	defer stopEvents()
-	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events})
+	st := &memberState{}
+	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events, Slots: st.slots})
 	cfg.Etcd.Log = log
 	etcd := rdzvetcd.New(cfg.Etcd)
 	v2 := v2api.New(v2api.Config{ClusterID: etcd.ClusterID, ClientURLs: etcd.ClientURLs, Raft: etcd.Raft,
@@ -206,7 +207,6 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 			f(joined, left)
 		}
 	}
-	st := &memberState{}
 	if cfg.Member.active() {
 		cli := etcd.Client()
 		wg.Go(func() { defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st, mets) })

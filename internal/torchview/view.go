@@ -37,6 +37,10 @@ type Config struct {
 	Metrics prometheus.Registerer
 	Events  Recorder         // nil: no Events
 	Now     func() time.Time // nil: time.Now
+	// Slots, if not nil, gives a member host's slots (the job's membership):
+	// the processes torchrun starts there unless the pod set its own
+	// nproc-per-node. A round's processes are the sum over its nodes.
+	Slots func(host string) (int, bool)
 }
 
 // Rounds are reported (a log line, an Event) at most reportBurst at once and
@@ -64,6 +68,7 @@ type Tracker struct {
 	suppressed prometheus.Counter
 	events     Recorder
 	now        func() time.Time
+	slots      func(host string) (int, bool)
 	report     *rate.Limiter
 	unreported int // rounds not reported since the last one that was; under mu
 
@@ -92,7 +97,7 @@ type seenRound struct {
 
 // New returns a Tracker that has seen nothing.
 func New(cfg Config) *Tracker {
-	t := &Tracker{log: cfg.Log, events: cfg.Events, now: cfg.Now, runs: map[runKey]*run{},
+	t := &Tracker{log: cfg.Log, events: cfg.Events, now: cfg.Now, slots: cfg.Slots, runs: map[runKey]*run{},
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_total",
 			Help: "torch rendezvous rounds completed, by backend."}, []string{"backend"}),
 		suppressed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_unreported_total",
@@ -242,6 +247,10 @@ func (t *Tracker) round(r Round) {
 		attrs = append(attrs, "world_size", r.Participants)
 		msg += fmt.Sprintf(": %d nodes", r.Participants)
 	}
+	procs := t.processes(nodes)
+	if procs > 0 {
+		attrs = append(attrs, "processes", procs)
+	}
 	if nodes != nil {
 		attrs = append(attrs, "nodes", strings.Join(nodes, ","))
 	}
@@ -250,16 +259,36 @@ func (t *Tracker) round(r Round) {
 	}
 	t.log.Info(msg, attrs...)
 	if t.events != nil {
-		t.events.Record(eventMessage(r, nodes))
+		t.events.Record(eventMessage(r, nodes, procs))
 	}
 }
 
-// eventMessage is a round as the Event on the Job says it.
-func eventMessage(r Round, nodes []string) string {
+// processes is the sum of the nodes' slots, 0 where one is not a member the
+// Tracker knows (or it knows none).
+func (t *Tracker) processes(nodes []string) int {
+	if t.slots == nil || len(nodes) == 0 {
+		return 0
+	}
+	sum := 0
+	for _, n := range nodes {
+		s, ok := t.slots(n)
+		if !ok {
+			return 0
+		}
+		sum += s
+	}
+	return sum
+}
+
+// eventMessage is a round as the Event on the Job says it; procs 0: unknown.
+func eventMessage(r Round, nodes []string, procs int) string {
 	ev := fmt.Sprintf("Round %s of run %s", r.Round, r.RunID)
 	if r.Participants >= 0 {
-		// torch's agents, one per pod: WORLD_SIZE is this times each pod's processes (nproc-per-node).
+		// torch's agents, one per pod: WORLD_SIZE is the processes they start, each pod's nproc-per-node.
 		ev += fmt.Sprintf(": %d nodes", r.Participants)
+		if procs > 0 {
+			ev += fmt.Sprintf(", %d processes", procs)
+		}
 	}
 	if nodes != nil {
 		short := make([]string, len(nodes))

@@ -223,3 +223,38 @@ func TestViewTable(t *testing.T) {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+type msgRecorder struct{ msgs []string }
+
+func (m *msgRecorder) Record(msg string) { m.msgs = append(m.msgs, msg) }
+
+// TestRoundEventProcesses: the round's Event says its nodes and, where every
+// node is a member whose slots are known, the processes torchrun starts on
+// them (WORLD_SIZE), as kubectl describe shows it.
+func TestRoundEventProcesses(t *testing.T) {
+	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
+	require.NoError(t, err)
+	state := []byte(base64.StdEncoding.EncodeToString(raw))
+	for name, tc := range map[string]struct {
+		slots map[string]int
+		want  string
+	}{
+		"every node known": {map[string]int{"job-worker-0.job.default.svc": 8, "job-worker-1.job.default.svc": 8, "job-worker-2.job.default.svc": 4},
+			"Round 3 of run job-1: 3 nodes, 20 processes (job-worker-2, job-worker-0, job-worker-1)"},
+		"one node not a member": {map[string]int{"job-worker-0.job.default.svc": 8, "job-worker-1.job.default.svc": 8},
+			"Round 3 of run job-1: 3 nodes (job-worker-2, job-worker-0, job-worker-1)"},
+		"no membership": {nil, "Round 3 of run job-1: 3 nodes (job-worker-2, job-worker-0, job-worker-1)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := &msgRecorder{}
+			cfg := Config{Events: rec, Metrics: prometheus.NewRegistry()}
+			if tc.slots != nil {
+				cfg.Slots = func(h string) (int, bool) { n, ok := tc.slots[h]; return n, ok }
+			}
+			l := New(cfg)
+			l.C10dWrite("/torch.rendezvous.job-1", state)
+			l.C10dWrite("/torch.rendezvous.job-1.3/MASTER_ADDR", []byte("job-worker-2.job.default.svc"))
+			require.Equal(t, []string{tc.want}, rec.msgs)
+		})
+	}
+}
