@@ -173,7 +173,9 @@ func TestTaintedGPUNodes(t *testing.T) {
 	if _, err := c.Client.StorageV1().StorageClasses().Create(t.Context(), sc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, metav1.DeleteOptions{})
+	})
 	const job = "edl"
 	for mode, want := range map[string]string{
 		"ReadWriteMany": "persistence.accessModes: ReadWriteMany from StorageClass e2e-gp3 (the cluster's default, provisioner ebs.csi.aws.com) stays Pending",

@@ -3,7 +3,9 @@ package workloads
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -316,6 +318,7 @@ func TestMPIFromDefaults(t *testing.T) {
 	} {
 		t.Run(tc.flavour, func(t *testing.T) {
 			c, ns := startTest(t)
+			c.ShapeAsGPUNode(t, framework.ExtraNodes[0]) // tainted as a managed cluster's GPU nodes are
 			const job = "allreduce"
 			v := jobValues(t, c, tc.values, "")
 			set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
@@ -338,7 +341,13 @@ func TestMPIFromDefaults(t *testing.T) {
 					t.Errorf("scale to %d: the launcher did not say a member %s:\n%s", n, why, log)
 				}
 				t.Logf("helm upgrade --set workers.replicas=%d -> %s again at %d ranks: %.1fs", n, tc.command, n, time.Since(changed).Seconds())
-				checkPlacement(t, lastRun(log), 1, slotsByPod(t, c.WaitPodsReady(t, ns, workers, n, time.Minute)))
+				pods := c.WaitPodsReady(t, ns, workers, n, time.Minute)
+				checkPlacement(t, lastRun(log), 1, slotsByPod(t, pods))
+				nodes := map[string]bool{}
+				for _, p := range pods {
+					nodes[p.Spec.NodeName] = true
+				}
+				t.Logf("%d workers on nodes %v", n, slices.Sorted(maps.Keys(nodes)))
 			}
 			t.Logf("launcher log:\n%s", log)
 			uninstallJob(t, c, ns, job)
