@@ -4,12 +4,14 @@ GO ?= go
 
 .PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss demo cluster-build cluster-up cluster-down cluster-status images
 
+## all: build (the default target).
 all: build
 
-## help: the targets and what each runs (these comments).
+## help: the targets and what each runs (these comments; a target's further lines are indented).
 help:
-	@sed -n 's/^## \{0,1\}//p' Makefile
+	@awk '/^## [a-z-]+:/ { print substr($$0, 4); next } /^##/ { print "    " substr($$0, 4) }' Makefile
 
+## build: go build ./... (the webhook, rdzv-sidecar and every package).
 build:
 	$(GO) build ./...
 
@@ -86,9 +88,9 @@ bench-e2e:
 bench-node-loss:
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkNodeLoss -benchtime 1x ./test/e2e/workloads
 
-## Local two-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
-## built goes (ET_CACHE, default ~/.cache/elastic-training; `make ET_CACHE=DIR ...` moves it), are in
-## test/e2e/cluster/env.sh, which the scripts and test/e2e/framework read.
+# Local two-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
+# built goes (ET_CACHE, default ~/.cache/elastic-training; `make ET_CACHE=DIR ...` moves it), are in
+# test/e2e/cluster/env.sh, which the scripts and test/e2e/framework read.
 CLUSTER := test/e2e/cluster
 # CACHE=DIR: the same as ET_CACHE=DIR.
 ifdef CACHE
@@ -101,7 +103,9 @@ endif
 rootfs:
 	hack/rootfs.sh
 
-## cluster-build: build the cluster's binaries from the pinned versions (minutes the first time, then cached).
+## cluster-build: build the local two-node cluster's binaries (test/e2e/cluster, README "Local cluster"; root) from
+## the pinned versions (minutes the first time, then cached under ET_CACHE, default ~/.cache/elastic-training;
+## `make ET_CACHE=DIR ...` moves it; settings: test/e2e/cluster/env.sh).
 cluster-build:
 	$(CLUSTER)/build.sh
 
@@ -113,6 +117,7 @@ cluster-up:
 cluster-down:
 	$(CLUSTER)/down.sh
 
+## cluster-status: which of the cluster's daemons run, on each node.
 cluster-status:
 	@$(CLUSTER)/status.sh
 

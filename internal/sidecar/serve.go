@@ -2,7 +2,10 @@
 // rendezvous: embedded etcd with the v3 API and the v2 keys API on one client
 // port, torch's c10d TCPStore on another, the view of torch's rounds on the
 // health port), join (register this pod, keep the files current), their
-// health endpoints, the launcher's wait and hosts, and progress (helm test).
+// health endpoints, and the commands a pod runs from the installed binary:
+// wait and hosts (launcher scripts), supervise and launch (an MPI launcher's
+// mpirun, stopped and run again as members leave and join), and progress
+// (the job chart's helm test).
 package sidecar
 
 import (
@@ -385,6 +388,10 @@ func lostPods(ctx context.Context, statefulSets []string, log *slog.Logger) *los
 	return lostpods.New(ctx, lostpods.Config{API: lostpods.NewAPI(kc), StatefulSets: statefulSets, Log: log})
 }
 
+// roundEvents records torch's rounds as Events on the Job job (--events-job),
+// with the pod's own token; it returns nil and a no-op when job is empty or
+// no client can be made for it, after a warning: serving goes on without
+// Events (a missing permission shows later, as jobevents logs).
 func roundEvents(job string, log *slog.Logger) (torchview.Recorder, func()) {
 	if job == "" {
 		return nil, func() {}

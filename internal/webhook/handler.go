@@ -1,6 +1,10 @@
 // Package webhook adapts the pure mutate package to controller-runtime's
 // admission webhook server: it decodes the request, asks mutate.ShouldMutate,
-// calls mutate.Mutate and answers with its patch. It holds no logic of its own.
+// calls mutate.Mutate and answers with its patch; what to change in a pod is
+// mutate's alone. Around that it records denials and warnings as Events on
+// the pod's Job or StatefulSet (handler.go), serves with TLS and bounded
+// request bodies (server.go), and is the webhook chart's helm test client,
+// `webhook check` (check.go).
 package webhook
 
 import (
