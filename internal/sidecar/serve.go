@@ -369,9 +369,6 @@ func followConfig(cfg ServeConfig) (JoinConfig, error) {
 	return jc, nil
 }
 
-// roundEvents is where the view records rounds: Events on job, when the pod
-// may create them. The rendezvous matters more than its Events: without
-// them it still serves.
 // lostPods is the reaper of the StatefulSets' pods lost with their node; nil
 // when there are none to watch or no token (logged: the pods wait for someone
 // to delete them, as Kubernetes leaves them).
@@ -391,7 +388,8 @@ func lostPods(ctx context.Context, statefulSets []string, log *slog.Logger) *los
 // roundEvents records torch's rounds as Events on the Job job (--events-job),
 // with the pod's own token; it returns nil and a no-op when job is empty or
 // no client can be made for it, after a warning: serving goes on without
-// Events (a missing permission shows later, as jobevents logs).
+// Events (a missing permission shows later, as jobevents logs): the
+// rendezvous matters more than its Events.
 func roundEvents(job string, log *slog.Logger) (torchview.Recorder, func()) {
 	if job == "" {
 		return nil, func() {}
