@@ -81,9 +81,6 @@ func New(ctx context.Context, cfg Config) *Reaper {
 // MembersChanged is the membership's change (hosts: the members' DNS names,
 // whose first label is the pod's hostname, its name for a StatefulSet pod).
 func (r *Reaper) MembersChanged(joined, left []string) {
-	if r == nil {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, h := range joined {

@@ -30,9 +30,9 @@ type MemberConfig struct {
 	// runs `rdzv-sidecar wait|hosts`.
 	InstallHelper bool
 	Resync        time.Duration
-	// OnChange, if not nil, is told the hosts that joined and left at each
-	// change of the membership after the first listing.
-	OnChange func(joined, left []string)
+	// Listener, if not nil, is told of each change after the first listing
+	// (serve's membershipFanOut).
+	Listener MembershipListener
 	// OnRegistered and OnLost, if not nil, are told when this pod's
 	// registration starts and ends; Abandon is etcdmembers.Registration's.
 	OnRegistered, OnLost func()
@@ -136,8 +136,8 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 		default:
 			log.Info("membership changed", "joined", strings.Join(joined, ","), "left", strings.Join(left, ","), "summary", membership.Describe(ms))
 			m.membershipChanges.Inc()
-			if cfg.OnChange != nil {
-				cfg.OnChange(joined, left)
+			if cfg.Listener != nil {
+				cfg.Listener.MembersChanged(joined, left)
 			}
 		}
 		first = false

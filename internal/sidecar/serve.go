@@ -156,38 +156,33 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	// Who hears of the membership's changes (a member that left: its node may be lost).
-	var onChange []func(joined, left []string)
+	// Who hears of the membership's changes (a member that left: its node may be lost), in membershipFanOut's order.
+	var members membershipFanOut
+	if cand != nil {
+		members = append(members, cand)
+	}
 	if reaper := lostPods(rctx, cfg.ForceDeleteLostOf, log); reaper != nil {
 		defer func() { cancel(); reaper.Wait() }()
-		onChange = append(onChange, reaper.MembersChanged)
+		members = append(members, reaper)
 	}
 	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
 		// After etcd is ready, so that a c10d client never meets a sidecar
 		// that answers but is not ready.
 		// The view and the survivors' restarter see every write of the store; the restarter writes to it, so
-		// it is made once the store exists (before it serves: no write comes earlier).
-		var restart *survivors.Restarter
-		onWrite := func(key string, value []byte) {
-			view.C10dWrite(key, value)
-			restart.C10dWrite(key, value)
-		}
+		// it joins the fan-out once the store exists (before it serves: no write comes earlier).
+		writes := &storeWriteFanOut{view}
 		c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
-			OnSet: onWrite, OnCompareSet: onWrite}
+			OnSet: writes.C10dWrite, OnCompareSet: writes.C10dWrite}
 		srv, err := tcpstore.New(c10d)
 		if err != nil {
 			return err
 		}
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
 		if cfg.RestartSurvivors {
-			restart = survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
-			onChange = append(onChange, func(joined, left []string) {
-				// A holder that steps down at this departure must not start a round of its own first.
-				if cand == nil || cand.Serving() {
-					restart.MembersChanged(joined, left)
-				}
-			})
+			restart := survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
+			*writes = append(*writes, restart)
+			members = append(members, whileServing{cand: cand, next: restart})
 		}
 		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
 			return err
@@ -201,15 +196,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 			}
 		}
 	}
-	if cand != nil {
-		// First: whether this pod still serves decides what the others do with the change.
-		onChange = append([]func(joined, left []string){cand.MembersChanged}, onChange...)
-	}
-	cfg.Member.OnChange = func(joined, left []string) {
-		for _, f := range onChange {
-			f(joined, left)
-		}
-	}
+	cfg.Member.Listener = members
 	if cfg.Member.active() {
 		cli := etcd.Client()
 		wg.Go(func() { defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st, mets) })

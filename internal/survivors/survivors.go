@@ -117,9 +117,6 @@ func New(cfg Config) *Restarter {
 // (key with the TCPStore client's "/"), after the write and outside the
 // store's locks.
 func (r *Restarter) C10dWrite(key string, value []byte) {
-	if r == nil { // turned off (rdzv-sidecar --restart-survivors=false)
-		return
-	}
 	id, ok := torchstate.StateRun(constants.BackendC10d, strings.TrimPrefix(key, "/"))
 	if !ok {
 		return
@@ -154,9 +151,6 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 // membership (the sidecars' lease-bound registrations; a host is a pod's
 // stable DNS name, which is also the address torch's agent gives its node).
 func (r *Restarter) MembersChanged(joined, left []string) {
-	if r == nil {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, h := range joined {
