@@ -27,6 +27,8 @@ import (
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/podcmd"
+	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/v2api"
@@ -220,7 +222,7 @@ func setMemoryLimit(log *slog.Logger) {
 	}
 }
 
-func addClientFlags(fs *flag.FlagSet, c *sidecar.ClientConfig) {
+func addClientFlags(fs *flag.FlagSet, c *rdzvclient.Config) {
 	fs.StringVar(&c.Endpoints, "endpoints", os.Getenv(constants.EnvRdzvEndpoint), "comma-separated client URLs of the rendezvous server (default $"+constants.EnvRdzvEndpoint+")")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", 5*time.Second, "timeout of one connection attempt")
 	fs.StringVar(&c.CAFile, "cacert", "", "CA bundle to verify the server's TLS certificate")
@@ -229,7 +231,7 @@ func addClientFlags(fs *flag.FlagSet, c *sidecar.ClientConfig) {
 }
 
 // addQueryFlags defines the flags wait and hosts share.
-func addQueryFlags(fs *flag.FlagSet, q *sidecar.QueryConfig, timeout time.Duration, timeoutUsage string) {
+func addQueryFlags(fs *flag.FlagSet, q *podcmd.QueryConfig, timeout time.Duration, timeoutUsage string) {
 	addClientFlags(fs, &q.Client)
 	fs.StringVar(&q.Prefix, "members-prefix", constants.MembersPrefix, "etcd v3 key prefix of the membership")
 	flavourVar(fs, &q.Flavour)
@@ -294,7 +296,7 @@ func joinCmd(args []string, _, stderr io.Writer) error {
 
 func waitCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("wait", "Wait until at least --members members are registered, then print them (one host per line, in --hostfile-flavour).", stderr)
-	var cfg sidecar.WaitConfig
+	var cfg podcmd.WaitConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 5*time.Minute, "give up after this long (exit status 1)")
 	fs.IntVar(&cfg.Members, "members", 1, "how many members to wait for")
 	fs.BoolVar(&cfg.Quiet, "quiet", false, "print nothing on success")
@@ -303,15 +305,15 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	return sidecar.Wait(ctx, cfg, stdout, stderr)
+	return podcmd.Wait(ctx, cfg, stdout, stderr)
 }
 
 func superviseCmd(args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), or within --loss-window after the command failed, stop the command's process group and exit with status "+fmt.Sprint(sidecar.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
-	var cfg sidecar.SuperviseConfig
+	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), or within --loss-window after the command failed, stop the command's process group and exit with status "+fmt.Sprint(podcmd.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
+	var cfg podcmd.SuperviseConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 30*time.Second, "timeout of the first listing of the members")
 	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
-	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(sidecar.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
+	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(podcmd.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -321,7 +323,7 @@ func superviseCmd(args []string, _, stderr io.Writer) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	code, err := sidecar.Supervise(ctx, cfg, stderr)
+	code, err := podcmd.Supervise(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
@@ -333,7 +335,7 @@ func superviseCmd(args []string, _, stderr io.Writer) error {
 
 func launchCmd(args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("launch", "Wait for at least --members members, registered unchanged for --settle, then run the command after -- (mpirun, mpiexec) under supervise once the hostfile lists every member and each answers on --ssh-port; when a member leaves during a run, run it again the same way, on the members there are then (up to --restarts times), and with --rerun-on-join when one joins. The MPI launcher's default (the job chart's mpi.launcher.waitForWorkers).", stderr)
-	var cfg sidecar.LaunchConfig
+	var cfg podcmd.LaunchConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 10*time.Minute, "how long to wait for the members, and then for the hostfile and their SSH ports before each run (exit status 1)")
 	fs.IntVar(&cfg.Members, "members", 1, "how many members a run needs (the job's minimum): each run waits for them")
 	fs.DurationVar(&cfg.Settle, "settle", 3*time.Second, "how long the membership must stay unchanged before a run (more members may be coming)")
@@ -343,7 +345,7 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.RerunOnJoin, "rerun-on-join", false, "stop a run when a member joins and run the command again on every member (a scale-up; not counted against --restarts)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the command once, unsupervised (a launcher that follows the membership itself: horovodrun --host-discovery-script)")
 	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
-	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(sidecar.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
+	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(podcmd.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -356,7 +358,7 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	code, err := sidecar.Launch(ctx, cfg, stderr)
+	code, err := podcmd.Launch(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
@@ -368,7 +370,7 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 
 func progressCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("progress", "Wait until the serving sidecar's /rendezvous shows a complete torch round of at least --nodes agents, every one alive, that has held for --stable (exit status 1 with the reason otherwise).", stderr)
-	cfg := sidecar.ProgressConfig{Interval: 2 * time.Second}
+	cfg := podcmd.ProgressConfig{Interval: 2 * time.Second}
 	fs.StringVar(&cfg.URL, "url", "", "the serving sidecar's http://<job>-rdzv:2381/rendezvous")
 	fs.IntVar(&cfg.Nodes, "nodes", 1, "the fewest agents (torchrun nodes) the round must have")
 	fs.DurationVar(&cfg.Stable, "stable", 30*time.Second, "how long the round must have held")
@@ -382,15 +384,15 @@ func progressCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	return sidecar.Progress(ctx, cfg, stdout)
+	return podcmd.Progress(ctx, cfg, stdout)
 }
 
 func hostsCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("hosts", "Print the registered members as a hostfile.", stderr)
-	var cfg sidecar.QueryConfig
+	var cfg podcmd.QueryConfig
 	addQueryFlags(fs, &cfg, 10*time.Second, "timeout of the request")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	return sidecar.Hosts(context.Background(), cfg, stdout)
+	return podcmd.Hosts(context.Background(), cfg, stdout)
 }

@@ -9,13 +9,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/storeproxy"
 )
 
 // JoinConfig configures join mode.
 type JoinConfig struct {
 	Options
-	Client ClientConfig
+	Client rdzvclient.Config
 	C10d   C10dProxyConfig
 }
 
@@ -43,13 +44,13 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		if cfg.C10d.Verify && !cfg.Member.Register {
 			return errors.New("--c10d-verify needs --register=true: this pod's stable name tells which job's store it may reach")
 		}
-		eps, err = cfg.Client.endpoints()
+		eps, err = cfg.Client.EndpointURLs()
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	cli, err := NewClient(cfg.Client)
+	cli, err := rdzvclient.New(cfg.Client)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/incluster"
 	"github.com/elastic-training/elastic-training/internal/lostpods"
@@ -341,7 +342,7 @@ func followConfig(cfg ServeConfig) (JoinConfig, error) {
 	for _, u := range cfg.Etcd.AdvertiseClientURLs {
 		eps = append(eps, u.String())
 	}
-	jc.Client = ClientConfig{Endpoints: strings.Join(eps, ","), CAFile: cfg.Etcd.TrustedCAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
+	jc.Client = rdzvclient.Config{Endpoints: strings.Join(eps, ","), CAFile: cfg.Etcd.TrustedCAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
 	if cfg.C10dAddr != "" && len(cfg.Etcd.AdvertiseClientURLs) > 0 {
 		_, port, err := net.SplitHostPort(cfg.C10dAddr)
 		if err != nil {

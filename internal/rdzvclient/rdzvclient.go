@@ -1,4 +1,8 @@
-package sidecar
+// Package rdzvclient connects to a job's rendezvous server (the serving
+// sidecar's etcd v3 API) as every pod's sidecar and the commands a pod runs
+// do: endpoints as flags give them, TLS with etcdctl's file flags, and a
+// reconnect backoff short enough to follow the rendezvous when it moves.
+package rdzvclient
 
 import (
 	"crypto/tls"
@@ -14,8 +18,8 @@ import (
 	"google.golang.org/grpc/backoff"
 )
 
-// ClientConfig says how to reach the rendezvous server.
-type ClientConfig struct {
+// Config says how to reach the rendezvous server.
+type Config struct {
 	// Endpoints: comma-separated client URLs; a bare host:port gets http://.
 	Endpoints   string
 	DialTimeout time.Duration
@@ -23,7 +27,8 @@ type ClientConfig struct {
 	CAFile, CertFile, KeyFile string
 }
 
-func (c ClientConfig) endpoints() ([]string, error) {
+// EndpointURLs are the client URLs of c.Endpoints.
+func (c Config) EndpointURLs() ([]string, error) {
 	var eps []string
 	for _, e := range strings.Split(c.Endpoints, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -39,9 +44,9 @@ func (c ClientConfig) endpoints() ([]string, error) {
 	return eps, nil
 }
 
-// NewClient connects to the rendezvous server's v3 API.
-func NewClient(c ClientConfig) (*clientv3.Client, error) {
-	eps, err := c.endpoints()
+// New connects to the rendezvous server's v3 API.
+func New(c Config) (*clientv3.Client, error) {
+	eps, err := c.EndpointURLs()
 	if err != nil {
 		return nil, err
 	}

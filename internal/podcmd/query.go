@@ -1,4 +1,10 @@
-package sidecar
+// Package podcmd is the commands a pod runs from the rdzv-sidecar binary the
+// sidecar installs into it (/etc/elastic-training/rdzv-sidecar): wait and
+// hosts (a launcher script's view of the membership), supervise and launch
+// (an MPI launcher's mpirun, stopped and run again as members leave and
+// join), and progress (the job chart's helm test). Each is a client of the
+// job's rendezvous server; none serves anything.
+package podcmd
 
 import (
 	"context"
@@ -11,12 +17,13 @@ import (
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/membership/etcdmembers"
+	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 )
 
 // QueryConfig is what wait and hosts share: where the members are
 // registered, how long to try and how to print them.
 type QueryConfig struct {
-	Client  ClientConfig
+	Client  rdzvclient.Config
 	Prefix  string
 	Flavour hostfile.Flavour
 	Timeout time.Duration
@@ -27,7 +34,7 @@ func (q QueryConfig) connect() (*clientv3.Client, error) {
 	if _, err := hostfile.ParseFlavour(string(q.Flavour)); err != nil {
 		return nil, fmt.Errorf("--hostfile-flavour: %w", err)
 	}
-	return NewClient(q.Client)
+	return rdzvclient.New(q.Client)
 }
 
 func (q QueryConfig) print(w io.Writer, ms []membership.Member) error {
