@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/gpu"
@@ -66,103 +67,177 @@ type settings struct {
 	guaranteed bool             // the trainer is Guaranteed-shaped, so the sidecar is made so too (sidecarResources)
 }
 
-// invalid collects readable problems, each naming the key and what would be valid.
-type invalid []string
+var (
+	annotationsPath = field.NewPath("metadata", "annotations")
+	labelsPath      = field.NewPath("metadata", "labels")
+	containersPath  = field.NewPath("spec", "containers")
+)
 
-func (v *invalid) add(kind, key, value, want string) {
-	*v = append(*v, fmt.Sprintf("%s %s=%q is invalid: want %s", kind, key, value, want))
-}
+func annotationPath(key string) *field.Path { return annotationsPath.Key(key) }
+func labelPath(key string) *field.Path      { return labelsPath.Key(key) }
 
-func (v *invalid) missing(kind, key, want string) {
-	*v = append(*v, fmt.Sprintf("%s %s is missing: want %s", kind, key, want))
-}
-
-func (v invalid) err() error {
-	if len(v) == 0 {
+// denial renders errs in the webhook's own wording, not field.ErrorList's: users, docs and the tests quote it. A
+// value of one label or annotation that is Invalid or Required names its kind and key and what would be valid; any
+// other problem's Detail is its whole sentence. All in the order found, "; " between them.
+func denial(errs field.ErrorList) error {
+	if len(errs) == 0 {
 		return nil
 	}
-	return errors.New(strings.Join(v, "; "))
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = describe(e)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+func describe(e *field.Error) string {
+	kind, key, ok := metadataKey(e.Field)
+	switch {
+	case ok && e.Type == field.ErrorTypeInvalid:
+		return fmt.Sprintf("%s %s=%q is invalid: want %s", kind, key, e.BadValue, e.Detail)
+	case ok && e.Type == field.ErrorTypeRequired:
+		return fmt.Sprintf("%s %s is missing: want %s", kind, key, e.Detail)
+	}
+	return e.Detail
+}
+
+// metadataKey reads a label's or annotation's kind and key back from its path, which Path.Key writes unescaped
+// (so a key holding "]" or "." comes back whole).
+func metadataKey(path string) (kind, key string, ok bool) {
+	for _, m := range []struct {
+		kind string
+		path *field.Path
+	}{{"annotation", annotationsPath}, {"label", labelsPath}} {
+		if rest, found := strings.CutPrefix(path, m.path.String()+"["); found && strings.HasSuffix(rest, "]") {
+			return m.kind, strings.TrimSuffix(rest, "]"), true
+		}
+	}
+	return "", "", false
 }
 
 // parseSettings reads the pod's labels and annotations. Every problem found is
 // reported at once, so a user fixes their values in one round.
 func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
-	var bad invalid
-	s := &settings{}
-	ann := pod.Annotations
-	lbl := pod.Labels
-
-	s.job = lbl[constants.LabelJob]
-	if errs := validation.IsDNS1035Label(s.job); len(errs) > 0 || len(s.job) > 63-len("-rdzv") {
-		bad.add("label", constants.LabelJob, s.job, "a DNS label (lowercase letters, digits, '-', starting with a letter) of at most 58 characters")
-	}
-
-	if err := checkContract(ann[constants.AnnotationContract], cfg.Version); err != nil {
+	contract, err := parseContract(pod.Annotations, cfg.Version)
+	if err != nil {
 		// A newer chart's other annotations would read as typos: say only what to do.
 		return nil, err
 	}
-	s.contract = 1
-	if v := ann[constants.AnnotationContract]; v != "" {
-		s.contract, _ = strconv.Atoi(v) // checked above
+	s := &settings{contract: contract}
+	ann, lbl, d := pod.Annotations, pod.Labels, cfg.Defaults
+	// Order matters twice: later steps read what earlier ones set (container, framework, standbys, backend), and
+	// the denial lists the problems in this order, as it always has.
+	errs := s.parseJob(lbl)
+	errs = append(errs, checkAnnotationKeys(ann)...)
+	errs = append(errs, s.parseFrameworkRole(ann, lbl)...)
+	errs = append(errs, s.parseGroup(lbl)...)
+	errs = append(errs, s.parseContainer(pod)...)
+	errs = append(errs, s.parseSidecarResources(pod, d.SidecarResources)...)
+	errs = append(errs, s.parseSlots(pod, cfg.ExtraAccelerators)...)
+	errs = append(errs, s.parsePodIndex(ann, lbl)...)
+	errs = append(errs, s.parseRdzvHost(ann)...)
+	errs = append(errs, s.parseTLS(ann)...)
+	errs = append(errs, s.parseServeOptions(ann)...)
+	errs = append(errs, s.parseStandbysPorts(ann)...)
+	errs = append(errs, s.parseAgent(ann, d)...)
+	errs = append(errs, s.parseMPI(ann, d)...)
+	errs = append(errs, s.parsePyTorch(ann)...)
+	errs = append(errs, s.parseMXNet(ann)...)
+	return s, denial(errs)
+}
+
+// parseContract is the pod's job chart contract (1 when absent), or the error that alone denies the pod.
+func parseContract(ann map[string]string, webhookVersion string) (int, error) {
+	v := ann[constants.AnnotationContract]
+	if err := checkContract(v, webhookVersion); err != nil {
+		return 0, err
 	}
+	if v == "" {
+		return 1, nil
+	}
+	n, _ := strconv.Atoi(v) // checked above
+	return n, nil
+}
+
+func (s *settings) parseJob(lbl map[string]string) (errs field.ErrorList) {
+	s.job = lbl[constants.LabelJob]
+	// The rendezvous Service's name adds "-rdzv" to the job's and must stay a DNS label.
+	if e := validation.IsDNS1035Label(s.job); len(e) > 0 || len(s.job) > 63-len("-rdzv") {
+		errs = append(errs, field.Invalid(labelPath(constants.LabelJob), s.job,
+			"a DNS label (lowercase letters, digits, '-', starting with a letter) of at most 58 characters"))
+	}
+	return errs
+}
+
+// checkAnnotationKeys refuses any other annotation of our domain: a typo would otherwise be ignored silently.
+func checkAnnotationKeys(ann map[string]string) (errs field.ErrorList) {
 	for _, k := range slices.Sorted(maps.Keys(ann)) {
 		if strings.HasPrefix(k, constants.Domain+"/") && !slices.Contains(constants.PodAnnotations, k) {
-			bad.add("annotation", k, ann[k], "no such annotation (a typo?); ours are "+strings.Join(constants.PodAnnotations, ", "))
+			errs = append(errs, field.Invalid(annotationPath(k), ann[k],
+				"no such annotation (a typo?); ours are "+strings.Join(constants.PodAnnotations, ", ")))
 		}
 	}
+	return errs
+}
 
+func (s *settings) parseFrameworkRole(ann, lbl map[string]string) (errs field.ErrorList) {
 	s.framework = ann[constants.AnnotationFramework]
+	s.role = lbl[constants.LabelRole]
 	roles, ok := rolesByFramework[s.framework]
 	if !ok {
-		want := "one of " + strings.Join(constants.Frameworks, ", ")
-		if s.framework == "" {
-			bad.missing("annotation", constants.AnnotationFramework, want)
-		} else {
-			bad.add("annotation", constants.AnnotationFramework, s.framework, want)
-		}
+		// Which roles are valid depends on the framework: with none known, the role is not judged.
+		return append(errs, invalidOrMissing(annotationPath(constants.AnnotationFramework), s.framework,
+			"one of "+strings.Join(constants.Frameworks, ", ")))
 	}
-
-	s.role = lbl[constants.LabelRole]
-	if ok && !contains(roles, s.role) {
-		want := "one of " + strings.Join(roles, ", ") + " for framework " + s.framework
-		if s.role == "" {
-			bad.missing("label", constants.LabelRole, want)
-		} else {
-			bad.add("label", constants.LabelRole, s.role, want)
-		}
+	if !contains(roles, s.role) {
+		errs = append(errs, invalidOrMissing(labelPath(constants.LabelRole), s.role,
+			"one of "+strings.Join(roles, ", ")+" for framework "+s.framework))
 	}
+	return errs
+}
 
+func (s *settings) parseGroup(lbl map[string]string) (errs field.ErrorList) {
 	s.group = lbl[constants.LabelGroup]
 	if s.group == "" {
 		s.group = s.role
-	} else if errs := validation.IsDNS1123Label(s.group); len(errs) > 0 {
-		bad.add("label", constants.LabelGroup, s.group, "a DNS label")
+	} else if e := validation.IsDNS1123Label(s.group); len(e) > 0 {
+		errs = append(errs, field.Invalid(labelPath(constants.LabelGroup), s.group, "a DNS label"))
 	}
+	return errs
+}
 
-	// The training container.
+// parseContainer finds the training container: the annotation's, else kubectl's default, else the first.
+func (s *settings) parseContainer(pod *corev1.Pod) (errs field.ErrorList) {
+	ann := pod.Annotations
 	s.container = -1
 	if len(pod.Spec.Containers) == 0 {
-		bad = append(bad, "pod has no containers")
+		errs = append(errs, field.Required(containersPath, "pod has no containers"))
 	} else if name, set := ann[constants.AnnotationContainer]; set {
 		s.container = containerIndex(pod, name)
 		if s.container < 0 {
-			bad.add("annotation", constants.AnnotationContainer, name, "the name of one of the pod's containers ("+containerNames(pod)+")")
+			errs = append(errs, field.Invalid(annotationPath(constants.AnnotationContainer), name,
+				"the name of one of the pod's containers ("+containerNames(pod)+")"))
 		}
 	} else if i := containerIndex(pod, ann[annotationDefaultContainer]); i >= 0 {
 		s.container = i
 	} else {
 		s.container = 0
 	}
-	for _, c := range pod.Spec.Containers {
+	for i, c := range pod.Spec.Containers {
 		if c.Name == constants.SidecarContainerName {
-			bad = append(bad, fmt.Sprintf("container name %q is reserved for the injected sidecar: rename the container", c.Name))
+			errs = append(errs, field.Forbidden(containersPath.Index(i).Child("name"),
+				fmt.Sprintf("container name %q is reserved for the injected sidecar: rename the container", c.Name)))
 		}
 	}
+	return errs
+}
 
-	s.sidecarRes = cfg.Defaults.SidecarResources
-	if v := ann[constants.AnnotationSidecarResources]; v != "" {
+func (s *settings) parseSidecarResources(pod *corev1.Pod, defaults SidecarResources) (errs field.ErrorList) {
+	s.sidecarRes = defaults
+	if v := pod.Annotations[constants.AnnotationSidecarResources]; v != "" {
 		if r, err := parseSidecarResources(v, s.sidecarRes); err != nil {
-			bad.add("annotation", constants.AnnotationSidecarResources, truncate(v, 100), sidecarResourcesWant+": "+err.Error())
+			errs = append(errs, field.Invalid(annotationPath(constants.AnnotationSidecarResources), truncate(v, 100),
+				sidecarResourcesWant+": "+err.Error()))
 		} else {
 			s.sidecarRes = r
 		}
@@ -170,135 +245,196 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	// Pod-level resources (spec.resources), where the pod has them, decide its QoS class instead of its containers',
 	// and raising the sidecar's requests would only eat into them.
 	s.guaranteed = s.container >= 0 && pod.Spec.Resources == nil && guaranteedShaped(pod.Spec.Containers[s.container].Resources)
+	return errs
+}
 
-	// Slots: the annotation wins over the accelerator count.
-	if s.container >= 0 {
-		c := &pod.Spec.Containers[s.container]
-		computed, gerr := gpu.Slots(c, cfg.ExtraAccelerators)
-		if v, set := ann[constants.AnnotationSlots]; set {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > constants.MaxSlots {
-				bad.add("annotation", constants.AnnotationSlots, v, fmt.Sprintf("a whole number from 1 to %d", constants.MaxSlots))
-			} else {
-				s.slots = n
-				if gerr == nil && len(gpu.Accelerators(c, cfg.ExtraAccelerators)) > 0 && computed != n {
-					s.warnings = append(s.warnings, fmt.Sprintf("annotation %s=%d overrides the %d accelerators of container %q", constants.AnnotationSlots, n, computed, c.Name))
-				}
-			}
-		} else if gerr != nil {
-			bad = append(bad, fmt.Sprintf("container %q: %v: set annotation %s to the number of processes per pod", c.Name, gerr, constants.AnnotationSlots))
-		} else if computed > constants.MaxSlots {
-			bad = append(bad, fmt.Sprintf("container %q asks for %d accelerators: at most %d slots per pod are supported", c.Name, computed, constants.MaxSlots))
-		} else {
-			s.slots = computed
-		}
+// parseSlots counts the training container's processes: the annotation wins over the accelerator count.
+func (s *settings) parseSlots(pod *corev1.Pod, extraAccelerators []string) (errs field.ErrorList) {
+	if s.container < 0 {
+		return nil
 	}
+	c := &pod.Spec.Containers[s.container]
+	computed, gerr := gpu.Slots(c, extraAccelerators)
+	if v, set := pod.Annotations[constants.AnnotationSlots]; set {
+		return s.parseSlotsAnnotation(v, c, computed, gerr == nil && len(gpu.Accelerators(c, extraAccelerators)) > 0)
+	}
+	resources := containersPath.Index(s.container).Child("resources")
+	switch {
+	case gerr != nil:
+		errs = append(errs, field.Invalid(resources, c.Resources, fmt.Sprintf("container %q: %v: set annotation %s to the number of processes per pod",
+			c.Name, gerr, constants.AnnotationSlots)))
+	case computed > constants.MaxSlots:
+		errs = append(errs, field.Invalid(resources, c.Resources, fmt.Sprintf("container %q asks for %d accelerators: at most %d slots per pod are supported",
+			c.Name, computed, constants.MaxSlots)))
+	default:
+		s.slots = computed
+	}
+	return errs
+}
 
-	// The pod's index in its group, as the Job or StatefulSet controller sets it.
+// parseSlotsAnnotation reads AnnotationSlots, and warns where it overrides the container's counted accelerators.
+func (s *settings) parseSlotsAnnotation(v string, c *corev1.Container, computed int, counted bool) (errs field.ErrorList) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > constants.MaxSlots {
+		return append(errs, field.Invalid(annotationPath(constants.AnnotationSlots), v,
+			fmt.Sprintf("a whole number from 1 to %d", constants.MaxSlots)))
+	}
+	s.slots = n
+	if counted && computed != n {
+		s.warnings = append(s.warnings, fmt.Sprintf("annotation %s=%d overrides the %d accelerators of container %q",
+			constants.AnnotationSlots, n, computed, c.Name))
+	}
+	return errs
+}
+
+// parsePodIndex reads the pod's index in its group, as the Job or StatefulSet controller sets it.
+func (s *settings) parsePodIndex(ann, lbl map[string]string) (errs field.ErrorList) {
 	s.index = -1
 	if v, set := ann[annotationJobCompletionIndex]; set {
-		s.index = parseIndex(&bad, "annotation", annotationJobCompletionIndex, v)
+		s.index = parseIndex(&errs, annotationPath(annotationJobCompletionIndex), v)
 	} else if v, set := lbl[labelPodIndex]; set {
-		s.index = parseIndex(&bad, "label", labelPodIndex, v)
+		s.index = parseIndex(&errs, labelPath(labelPodIndex), v)
 	} else {
-		bad = append(bad, fmt.Sprintf("pod index unknown: create training pods through an Indexed Job (annotation %s) or a StatefulSet (label %s), or set one of them", annotationJobCompletionIndex, labelPodIndex))
+		// Either key would do, so the problem is the pod's metadata, not one key of it.
+		errs = append(errs, field.Required(field.NewPath("metadata"), fmt.Sprintf("pod index unknown: create training pods through an Indexed Job (annotation %s) or a StatefulSet (label %s), or set one of them",
+			annotationJobCompletionIndex, labelPodIndex)))
 	}
+	return errs
+}
 
-	s.rdzvHost = parseBool(&bad, ann, constants.AnnotationRdzvHost)
+func (s *settings) parseRdzvHost(ann map[string]string) (errs field.ErrorList) {
+	s.rdzvHost = parseBool(&errs, ann, constants.AnnotationRdzvHost)
 	s.rdzvService = naming.RendezvousService(s.job)
 	if v, set := ann[constants.AnnotationRdzvService]; set {
-		if errs := validation.IsDNS1035Label(v); len(errs) > 0 {
-			bad.add("annotation", constants.AnnotationRdzvService, v, "a Service name (a DNS label starting with a letter)")
+		if e := validation.IsDNS1035Label(v); len(e) > 0 {
+			errs = append(errs, field.Invalid(annotationPath(constants.AnnotationRdzvService), v,
+				"a Service name (a DNS label starting with a letter)"))
 		} else {
 			s.rdzvService = v
 		}
 	}
-	if v := ann[constants.AnnotationRdzvTLSSecret]; v != "" {
-		// Checked here so that a typo is denied at admission, not left as a pod
-		// stuck in ContainerCreating on a volume that can never mount.
-		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
-			bad.add("annotation", constants.AnnotationRdzvTLSSecret, v, "the name of a Secret in the pod's namespace (a DNS subdomain: lowercase letters, digits, '-', '.')")
-		} else {
-			s.tlsSecret = v
-		}
-	}
+	return errs
+}
 
+func (s *settings) parseTLS(ann map[string]string) (errs field.ErrorList) {
+	v := ann[constants.AnnotationRdzvTLSSecret]
+	if v == "" {
+		return nil
+	}
+	// Checked here so that a typo is denied at admission, not left as a pod
+	// stuck in ContainerCreating on a volume that can never mount.
+	if e := validation.IsDNS1123Subdomain(v); len(e) > 0 {
+		return append(errs, field.Invalid(annotationPath(constants.AnnotationRdzvTLSSecret), v,
+			"the name of a Secret in the pod's namespace (a DNS subdomain: lowercase letters, digits, '-', '.')"))
+	}
+	s.tlsSecret = v
+	return nil
+}
+
+// parseServeOptions reads what only a serving sidecar does: survivors, Events, lost pods.
+func (s *settings) parseServeOptions(ann map[string]string) (errs field.ErrorList) {
 	if _, ok := ann[constants.AnnotationRdzvRestartSurvivors]; ok {
-		s.keepSurvivors = !parseBool(&bad, ann, constants.AnnotationRdzvRestartSurvivors)
+		s.keepSurvivors = !parseBool(&errs, ann, constants.AnnotationRdzvRestartSurvivors)
 	}
 	if v := ann[constants.AnnotationRdzvEvents]; v != "" {
-		if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
-			bad.add("annotation", constants.AnnotationRdzvEvents, v, "the name of a Job in the pod's namespace (a DNS subdomain)")
+		if e := validation.IsDNS1123Subdomain(v); len(e) > 0 {
+			errs = append(errs, field.Invalid(annotationPath(constants.AnnotationRdzvEvents), v,
+				"the name of a Job in the pod's namespace (a DNS subdomain)"))
 		} else {
 			s.eventsJob = v
 		}
 	}
-
 	if v := ann[constants.AnnotationForceDeleteLostPods]; v != "" {
 		if _, err := naming.StatefulSets(v); err != nil {
-			bad.add("annotation", constants.AnnotationForceDeleteLostPods, truncate(v, 100), fmt.Sprintf("comma-separated names of the job's StatefulSets (DNS labels, at most %d): %v", constants.MaxForceDeleteSets, err))
+			errs = append(errs, field.Invalid(annotationPath(constants.AnnotationForceDeleteLostPods), truncate(v, 100),
+				fmt.Sprintf("comma-separated names of the job's StatefulSets (DNS labels, at most %d): %v", constants.MaxForceDeleteSets, err)))
 		} else {
 			s.forceDeleteLostOf = v
 		}
 	}
+	return errs
+}
 
-	s.standbys = parseInt(&bad, ann, constants.AnnotationRdzvStandbys, 0, 0, constants.MaxRdzvStandbys, "")
+func (s *settings) parseStandbysPorts(ann map[string]string) (errs field.ErrorList) {
+	s.standbys = parseInt(&errs, ann, constants.AnnotationRdzvStandbys, 0, 0, constants.MaxRdzvStandbys, "")
 	s.ports = constants.DefaultPorts
-	if base := parseInt(&bad, ann, constants.AnnotationRdzvPorts, 0, constants.MinRdzvPortBase, constants.MaxRdzvPortBase, "the first of 4 ports"); base != 0 {
+	if base := parseInt(&errs, ann, constants.AnnotationRdzvPorts, 0, constants.MinRdzvPortBase, constants.MaxRdzvPortBase, "the first of 4 ports"); base != 0 {
 		s.ports = constants.PortsFrom(int32(base))
 	}
+	return errs
+}
 
-	d := cfg.Defaults
-	s.backend = parseEnum(&bad, ann, constants.AnnotationRdzvBackend, d.RdzvBackend, constants.Backends)
-	s.joinTimeout = parseInt(&bad, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
-	s.lastCall = parseInt(&bad, ann, constants.AnnotationRdzvLastCallTimeout, d.LastCallTimeout, 1, 86400, "seconds")
-	s.closeTimeout = parseInt(&bad, ann, constants.AnnotationRdzvCloseTimeout, d.CloseTimeout, 1, 86400, "seconds")
-	s.maxRestarts = parseInt(&bad, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
-	s.monitor = parseInt(&bad, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, 1, 3600, "seconds")
-
+// parseAgent reads the rendezvous backend and the elastic agent's timeouts, each over the webhook's default.
+func (s *settings) parseAgent(ann map[string]string, d Defaults) (errs field.ErrorList) {
+	s.backend = parseEnum(&errs, ann, constants.AnnotationRdzvBackend, d.RdzvBackend, constants.Backends)
+	s.joinTimeout = parseInt(&errs, ann, constants.AnnotationRdzvJoinTimeout, d.JoinTimeout, 1, 86400, "seconds")
+	s.lastCall = parseInt(&errs, ann, constants.AnnotationRdzvLastCallTimeout, d.LastCallTimeout, 1, 86400, "seconds")
+	s.closeTimeout = parseInt(&errs, ann, constants.AnnotationRdzvCloseTimeout, d.CloseTimeout, 1, 86400, "seconds")
+	s.maxRestarts = parseInt(&errs, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
+	s.monitor = parseInt(&errs, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, 1, 3600, "seconds")
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
+	return errs
+}
 
-	s.flavour = parseEnum(&bad, ann, constants.AnnotationMPIFlavour, d.MPIFlavour, constants.MPIFlavours)
+func (s *settings) parseMPI(ann map[string]string, d Defaults) (errs field.ErrorList) {
+	s.flavour = parseEnum(&errs, ann, constants.AnnotationMPIFlavour, d.MPIFlavour, constants.MPIFlavours)
+	return errs
+}
 
-	switch s.framework {
-	case constants.FrameworkPyTorch:
-		s.runID = ann[constants.AnnotationRunID]
-		if s.runID == "" {
-			bad.missing("annotation", constants.AnnotationRunID, "an id unique per job install (the chart generates one)")
-		} else if !runIDPattern.MatchString(s.runID) {
-			bad.add("annotation", constants.AnnotationRunID, s.runID, "1 to 128 letters, digits, '.', '_' or '-'")
-		}
-		s.minNodes = requireInt(&bad, ann, constants.AnnotationMinNodes, 1, 100000)
-		s.maxNodes = requireInt(&bad, ann, constants.AnnotationMaxNodes, 1, 100000)
-		// torch's TCPStore protocol has no TLS (neither its client nor the
-		// sidecar's store), so a TLS request cannot be honoured for c10d.
-		if s.backend == constants.BackendC10d && ann[constants.AnnotationRdzvTLSSecret] != "" {
-			bad = append(bad, fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d rendezvous has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
-				constants.AnnotationRdzvTLSSecret, ann[constants.AnnotationRdzvTLSSecret], constants.AnnotationRdzvBackend, constants.BackendC10d))
-		}
-		// A standby's fresh store is one more round for torch's c10d agents; its etcd backends are not known to take
-		// one (their state would vanish under them).
-		if s.standbys > 0 && s.backend != constants.BackendC10d {
-			bad = append(bad, fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve the c10d rendezvous only; use backend c10d or drop the standbys",
-				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationRdzvBackend, s.backend))
-		}
-		if s.minNodes > 0 && s.maxNodes > 0 && s.minNodes > s.maxNodes {
-			bad = append(bad, fmt.Sprintf("annotation %s=%d is greater than %s=%d: want min <= max",
-				constants.AnnotationMinNodes, s.minNodes, constants.AnnotationMaxNodes, s.maxNodes))
-		}
-	default:
+// parsePyTorch reads what torch's elastic agent needs; a pod of another framework may only not ask for standbys.
+func (s *settings) parsePyTorch(ann map[string]string) (errs field.ErrorList) {
+	if s.framework != constants.FrameworkPyTorch {
 		if s.standbys > 0 {
-			bad = append(bad, fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve a PyTorch job's c10d rendezvous only",
-				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationFramework, s.framework))
+			errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationRdzvStandbys),
+				fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve a PyTorch job's c10d rendezvous only",
+					constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationFramework, s.framework)))
 		}
+		return errs
 	}
+	s.runID = ann[constants.AnnotationRunID]
+	if s.runID == "" {
+		errs = append(errs, field.Required(annotationPath(constants.AnnotationRunID), "an id unique per job install (the chart generates one)"))
+	} else if !runIDPattern.MatchString(s.runID) {
+		errs = append(errs, field.Invalid(annotationPath(constants.AnnotationRunID), s.runID, "1 to 128 letters, digits, '.', '_' or '-'"))
+	}
+	s.minNodes = requireInt(&errs, ann, constants.AnnotationMinNodes, 1, 100000)
+	s.maxNodes = requireInt(&errs, ann, constants.AnnotationMaxNodes, 1, 100000)
+	return append(errs, s.pytorchConflicts(ann)...)
+}
+
+// pytorchConflicts refuses values each valid alone but not together. Each is Forbidden, so its Detail is the whole
+// sentence, naming both annotations.
+func (s *settings) pytorchConflicts(ann map[string]string) (errs field.ErrorList) {
+	// torch's TCPStore protocol has no TLS (neither its client nor the
+	// sidecar's store), so a TLS request cannot be honoured for c10d.
+	if tls := ann[constants.AnnotationRdzvTLSSecret]; s.backend == constants.BackendC10d && tls != "" {
+		errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationRdzvTLSSecret),
+			fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d rendezvous has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
+				constants.AnnotationRdzvTLSSecret, tls, constants.AnnotationRdzvBackend, constants.BackendC10d)))
+	}
+	// A standby's fresh store is one more round for torch's c10d agents; its etcd backends are not known to take
+	// one (their state would vanish under them).
+	if s.standbys > 0 && s.backend != constants.BackendC10d {
+		errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationRdzvStandbys),
+			fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve the c10d rendezvous only; use backend c10d or drop the standbys",
+				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationRdzvBackend, s.backend)))
+	}
+	if s.minNodes > 0 && s.maxNodes > 0 && s.minNodes > s.maxNodes {
+		errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationMinNodes),
+			fmt.Sprintf("annotation %s=%d is greater than %s=%d: want min <= max",
+				constants.AnnotationMinNodes, s.minNodes, constants.AnnotationMaxNodes, s.maxNodes)))
+	}
+	return errs
+}
+
+func (s *settings) parseMXNet(ann map[string]string) (errs field.ErrorList) {
 	// Checked on every pod that carries it, MXNet's or not: a value no port can be is a mistake wherever it is.
-	s.psPort = parseInt(&bad, ann, constants.AnnotationPSPort, constants.DefaultPSPort, 1, 65535, "port")
+	s.psPort = parseInt(&errs, ann, constants.AnnotationPSPort, constants.DefaultPSPort, 1, 65535, "port")
 	if s.framework == constants.FrameworkMXNet {
-		s.numServers = requireInt(&bad, ann, constants.AnnotationNumServers, 1, 100000)
-		s.numWorkers = requireInt(&bad, ann, constants.AnnotationNumWorkers, 1, 100000)
+		s.numServers = requireInt(&errs, ann, constants.AnnotationNumServers, 1, 100000)
+		s.numWorkers = requireInt(&errs, ann, constants.AnnotationNumWorkers, 1, 100000)
 	}
-	return s, bad.err()
+	return errs
 }
 
 func contains(list []string, s string) bool {
@@ -330,16 +466,16 @@ func containerNames(pod *corev1.Pod) string {
 	return strings.Join(names, ", ")
 }
 
-func parseIndex(bad *invalid, kind, key, v string) int {
+func parseIndex(errs *field.ErrorList, path *field.Path, v string) int {
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 {
-		bad.add(kind, key, v, "a whole number >= 0")
+		*errs = append(*errs, field.Invalid(path, v, "a whole number >= 0"))
 		return -1
 	}
 	return n
 }
 
-func parseBool(bad *invalid, ann map[string]string, key string) bool {
+func parseBool(errs *field.ErrorList, ann map[string]string, key string) bool {
 	v, set := ann[key]
 	if !set {
 		return false
@@ -350,11 +486,11 @@ func parseBool(bad *invalid, ann map[string]string, key string) bool {
 	case "false":
 		return false
 	}
-	bad.add("annotation", key, v, `"true" or "false"`)
+	*errs = append(*errs, field.Invalid(annotationPath(key), v, `"true" or "false"`))
 	return false
 }
 
-func parseInt(bad *invalid, ann map[string]string, key string, def, lo, hi int, unit string) int {
+func parseInt(errs *field.ErrorList, ann map[string]string, key string, def, lo, hi int, unit string) int {
 	v, set := ann[key]
 	if !set {
 		return def
@@ -365,7 +501,7 @@ func parseInt(bad *invalid, ann map[string]string, key string, def, lo, hi int, 
 		if unit != "" {
 			want += " (" + unit + ")"
 		}
-		bad.add("annotation", key, v, want)
+		*errs = append(*errs, field.Invalid(annotationPath(key), v, want))
 		return def
 	}
 	return n
@@ -373,24 +509,32 @@ func parseInt(bad *invalid, ann map[string]string, key string, def, lo, hi int, 
 
 // parseEnum returns the annotation's value when it is one of allowed, def when it is absent, and records a
 // denial naming the valid values otherwise.
-func parseEnum(bad *invalid, ann map[string]string, key, def string, allowed []string) string {
+func parseEnum(errs *field.ErrorList, ann map[string]string, key, def string, allowed []string) string {
 	v, set := ann[key]
 	if !set {
 		return def
 	}
 	if !slices.Contains(allowed, v) {
-		bad.add("annotation", key, v, "one of "+strings.Join(allowed, ", "))
+		*errs = append(*errs, field.Invalid(annotationPath(key), v, "one of "+strings.Join(allowed, ", ")))
 		return def
 	}
 	return v
 }
 
-func requireInt(bad *invalid, ann map[string]string, key string, lo, hi int) int {
+func requireInt(errs *field.ErrorList, ann map[string]string, key string, lo, hi int) int {
 	if _, set := ann[key]; !set {
-		bad.missing("annotation", key, fmt.Sprintf("a whole number from %d to %d", lo, hi))
+		*errs = append(*errs, field.Required(annotationPath(key), fmt.Sprintf("a whole number from %d to %d", lo, hi)))
 		return 0
 	}
-	return parseInt(bad, ann, key, 0, lo, hi, "")
+	return parseInt(errs, ann, key, 0, lo, hi, "")
+}
+
+// invalidOrMissing tells an empty value apart, as a denial of a value the user never set would confuse.
+func invalidOrMissing(path *field.Path, v, want string) *field.Error {
+	if v == "" {
+		return field.Required(path, want)
+	}
+	return field.Invalid(path, v, want)
 }
 
 // candidate says whether this pod may serve the rendezvous: the rdzv-host

@@ -41,115 +41,153 @@ func setSidecar(e *editor, sc corev1.Container) {
 
 // sidecar builds the rdzv-sidecar native sidecar with the command line of docs/contract.md.
 func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost, rdzvURL string) corev1.Container {
-	var args []string
-	var env []corev1.EnvVar
-	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
-	var ports []corev1.ContainerPort
-	if mode == modeServe {
-		args = append(args, modeServe,
-			"--data-dir="+constants.DataDir,
-			"--listen-client-urls="+scheme(s)+"://0.0.0.0:"+port(s.ports.Client),
-			"--advertise-client-urls="+rdzvURL,
-			"--health-addr="+s.healthAddr(),
-		)
-		if s.ports != constants.DefaultPorts {
-			// Host networking: the job's own ports (the node's loopback is every host-network pod's), and the
-			// Service's c10d port, which the trainer's connections go to while another pod serves.
-			args = append(args, "--listen-peer-urls=http://127.0.0.1:"+port(s.ports.Peer),
-				"--c10d-addr=:"+port(s.ports.C10d), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
-		}
-		mounts = append(mounts, corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir})
-		ports = append(ports,
-			corev1.ContainerPort{Name: "rdzv", ContainerPort: s.ports.Client, Protocol: corev1.ProtocolTCP},
-			corev1.ContainerPort{Name: "c10d", ContainerPort: s.ports.C10d, Protocol: corev1.ProtocolTCP})
-		if s.framework == constants.FrameworkPyTorch && s.eventsJob != "" {
-			args = append(args, "--events-job="+s.eventsJob)
-		}
-		if s.forceDeleteLostOf != "" {
-			args = append(args, "--force-delete-lost-pods-of="+s.forceDeleteLostOf)
-		}
-		// A candidate: it serves while it holds the Lease of the rendezvous Service's name (internal/rdzvlease).
-		args = append(args, "--lease="+s.rdzvService)
-		if s.index > 0 {
-			args = append(args, "--standby")
-		}
-		if s.verifiesStore() {
-			args = append(args, "--c10d-verify")
-		}
-		env = append(env,
-			corev1.EnvVar{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
-			corev1.EnvVar{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
-		mounts = append(mounts, corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
-		if s.keepSurvivors {
-			args = append(args, "--restart-survivors=false")
-		}
-		if s.tlsSecret != "" {
-			// etcd's flag names; every client must present a certificate from the CA.
-			args = append(args,
-				"--cert-file="+tlsCertFile,
-				"--key-file="+tlsKeyFile,
-				"--trusted-ca-file="+tlsCAFile,
-				"--client-cert-auth",
-			)
-		}
-	} else {
-		args = append(args, modeJoin, "--endpoints="+rdzvURL, "--health-addr="+s.healthAddr())
-		if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d {
-			args = append(args, "--c10d-addr="+s.c10dLocal(), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
-			if s.verifiesStore() && register {
-				args = append(args, "--c10d-verify")
-			}
-		}
-		if s.tlsSecret != "" {
-			// etcdctl's flag names: verify the server, authenticate with the same certificate.
-			args = append(args,
-				"--cacert="+tlsCAFile,
-				"--cert="+tlsCertFile,
-				"--key="+tlsKeyFile,
-			)
-		}
-	}
-	if s.tlsSecret != "" {
-		mounts = append(mounts, corev1.VolumeMount{Name: constants.TLSVolumeName, MountPath: constants.TLSDir, ReadOnly: true})
-	}
-	args = append(args,
-		"--files-dir="+constants.FilesDir,
-		"--hostfile-flavour="+s.flavour,
-		"--register="+strconv.FormatBool(register),
-		"--member-host="+fqdn,
-		"--member-slots="+strconv.Itoa(s.slots),
-		"--member-group="+s.group,
-		"--member-index="+strconv.Itoa(s.index),
-	)
-	if s.role == constants.RoleLauncher {
-		args = append(args, "--install-helper")
-	}
-	// The health port stays plain HTTP with or without TLS (the sidecar serves
-	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
-	ports = append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: s.ports.Health, Protocol: corev1.ProtocolTCP})
-	probe := func(period, failures int32) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: "/readyz", Port: intstr.FromInt32(s.ports.Health)}},
-			PeriodSeconds: period, FailureThreshold: failures,
-		}
-	}
 	return corev1.Container{
 		Name:            constants.SidecarContainerName,
 		Image:           cfg.SidecarImage,
 		ImagePullPolicy: cfg.SidecarImagePullPolicy,
-		Args:            args,
-		Env:             env,
-		Ports:           ports,
+		Args:            sidecarArgs(s, mode, register, fqdn, rdzvHost, rdzvURL),
+		Env:             sidecarEnv(mode),
+		Ports:           sidecarPorts(s, mode),
 		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
 		// The trainer starts only once the sidecar answers /readyz (up to 10 minutes).
-		StartupProbe:             probe(1, 600),
-		ReadinessProbe:           probe(5, 3),
-		VolumeMounts:             mounts,
+		StartupProbe:             healthProbe(s, 1, 600),
+		ReadinessProbe:           healthProbe(s, 5, 3),
+		VolumeMounts:             sidecarMounts(s, mode),
 		SecurityContext:          sidecarSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		Resources:                s.sidecarResources(mode),
 	}
+}
+
+// sidecarArgs is the command line: the mode's own flags, then its TLS flags, then the member's, which every mode
+// registers with.
+func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvURL string) []string {
+	var args []string
+	if mode == modeServe {
+		args = serveArgs(s, rdzvHost, rdzvURL)
+	} else {
+		args = joinArgs(s, register, rdzvHost, rdzvURL)
+	}
+	args = append(args, tlsArgs(s, mode)...)
+	return append(args, memberArgs(s, register, fqdn)...)
+}
+
+func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
+	args := []string{modeServe,
+		"--data-dir=" + constants.DataDir,
+		"--listen-client-urls=" + scheme(s) + "://0.0.0.0:" + port(s.ports.Client),
+		"--advertise-client-urls=" + rdzvURL,
+		"--health-addr=" + s.healthAddr(),
+	}
+	if s.ports != constants.DefaultPorts {
+		// Host networking: the job's own ports (the node's loopback is every host-network pod's), and the
+		// Service's c10d port, which the trainer's connections go to while another pod serves.
+		args = append(args, "--listen-peer-urls=http://127.0.0.1:"+port(s.ports.Peer),
+			"--c10d-addr=:"+port(s.ports.C10d), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
+	}
+	if s.framework == constants.FrameworkPyTorch && s.eventsJob != "" {
+		args = append(args, "--events-job="+s.eventsJob)
+	}
+	if s.forceDeleteLostOf != "" {
+		args = append(args, "--force-delete-lost-pods-of="+s.forceDeleteLostOf)
+	}
+	// A candidate: it serves while it holds the Lease of the rendezvous Service's name (internal/rdzvlease).
+	args = append(args, "--lease="+s.rdzvService)
+	if s.index > 0 {
+		args = append(args, "--standby")
+	}
+	if s.verifiesStore() {
+		args = append(args, "--c10d-verify")
+	}
+	if s.keepSurvivors {
+		args = append(args, "--restart-survivors=false")
+	}
+	return args
+}
+
+func joinArgs(s *settings, register bool, rdzvHost, rdzvURL string) []string {
+	args := []string{modeJoin, "--endpoints=" + rdzvURL, "--health-addr=" + s.healthAddr()}
+	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d {
+		args = append(args, "--c10d-addr="+s.c10dLocal(), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
+		if s.verifiesStore() && register {
+			args = append(args, "--c10d-verify")
+		}
+	}
+	return args
+}
+
+func tlsArgs(s *settings, mode string) []string {
+	if s.tlsSecret == "" {
+		return nil
+	}
+	if mode == modeServe {
+		// etcd's flag names; every client must present a certificate from the CA.
+		return []string{"--cert-file=" + tlsCertFile, "--key-file=" + tlsKeyFile, "--trusted-ca-file=" + tlsCAFile, "--client-cert-auth"}
+	}
+	// etcdctl's flag names: verify the server, authenticate with the same certificate.
+	return []string{"--cacert=" + tlsCAFile, "--cert=" + tlsCertFile, "--key=" + tlsKeyFile}
+}
+
+func memberArgs(s *settings, register bool, fqdn string) []string {
+	args := []string{
+		"--files-dir=" + constants.FilesDir,
+		"--hostfile-flavour=" + s.flavour,
+		"--register=" + strconv.FormatBool(register),
+		"--member-host=" + fqdn,
+		"--member-slots=" + strconv.Itoa(s.slots),
+		"--member-group=" + s.group,
+		"--member-index=" + strconv.Itoa(s.index),
+	}
+	if s.role == constants.RoleLauncher {
+		args = append(args, "--install-helper")
+	}
+	return args
+}
+
+// sidecarEnv gives a serving sidecar its pod's name and IP: the Lease's holder, and the Service's endpoint while it
+// holds it. A joining sidecar takes no Lease.
+func sidecarEnv(mode string) []corev1.EnvVar {
+	if mode != modeServe {
+		return nil
+	}
+	return []corev1.EnvVar{
+		{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
+		{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
+	}
+}
+
+func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
+	var ports []corev1.ContainerPort
+	if mode == modeServe {
+		ports = append(ports,
+			corev1.ContainerPort{Name: "rdzv", ContainerPort: s.ports.Client, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{Name: "c10d", ContainerPort: s.ports.C10d, Protocol: corev1.ProtocolTCP})
+	}
+	// The health port stays plain HTTP with or without TLS (the sidecar serves
+	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
+	return append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: s.ports.Health, Protocol: corev1.ProtocolTCP})
+}
+
+func healthProbe(s *settings, period, failures int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: "/readyz", Port: intstr.FromInt32(s.ports.Health)}},
+		PeriodSeconds: period, FailureThreshold: failures,
+	}
+}
+
+// sidecarMounts gives a serving sidecar its store's data and its API token besides what every sidecar mounts.
+func sidecarMounts(s *settings, mode string) []corev1.VolumeMount {
+	mounts := []corev1.VolumeMount{{Name: constants.FilesVolumeName, MountPath: constants.FilesDir}}
+	if mode == modeServe {
+		mounts = append(mounts,
+			corev1.VolumeMount{Name: constants.DataVolumeName, MountPath: constants.DataDir},
+			corev1.VolumeMount{Name: constants.TokenVolumeName, MountPath: constants.TokenDir, ReadOnly: true})
+	}
+	if s.tlsSecret != "" {
+		mounts = append(mounts, corev1.VolumeMount{Name: constants.TLSVolumeName, MountPath: constants.TLSDir, ReadOnly: true})
+	}
+	return mounts
 }
 
 // verifiesStore says whether the pod's sidecar carries its trainer's c10d connections only to a store that names
