@@ -245,3 +245,46 @@ func TestHandover(t *testing.T) {
 	assert.True(t, held, "a released Lease is taken without waiting")
 	assert.True(t, h.Released, "b gave it up: a lets b's members go before it points the Service at itself")
 }
+
+// follower is a join that registers at once and stays until abandoned, or fails with err.
+type follower struct {
+	err       error
+	abandoned chan struct{}
+}
+
+func (f *follower) Follow(ctx context.Context, registered func(bool), abandon <-chan struct{}) error {
+	if f.err != nil {
+		return f.err
+	}
+	registered(true)
+	registered(false) // the pod that served is gone: its registration ended
+	select {
+	case <-abandon:
+		close(f.abandoned)
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// TestFollow: a candidate follows until it holds the Lease, which it takes
+// from a holder gone silent once the Lease has not changed for its duration
+// and its own registration is gone, and then abandons the registration; a
+// join that fails ends the following with its error.
+func TestFollow(t *testing.T) {
+	m := &memAPI{down: map[string]bool{}, rec: Record{Holder: "worker-0", Duration: time.Second, Version: "1"}}
+	c, err := New(Config{API: apiOf{m, "worker-1"}, Identity: "worker-1", Address: "10.0.0.2",
+		Duration: time.Second, Stale: 200 * time.Millisecond, Retry: 100 * time.Millisecond})
+	require.NoError(t, err)
+	f := &follower{abandoned: make(chan struct{})}
+	start := time.Now()
+	_, err = c.Follow(t.Context(), f, false)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), time.Second, "took the Lease before it went unchanged for its duration")
+	<-f.abandoned
+	require.Equal(t, "worker-1", m.rec.Holder)
+
+	m.rec.Holder = "worker-0" // another's again: the failed join comes first
+	_, err = c.Follow(t.Context(), &follower{err: errDown}, false)
+	require.ErrorIs(t, err, errDown)
+	require.ErrorContains(t, err, "following the rendezvous")
+}

@@ -110,7 +110,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	h, err := follow(ctx, cfg, cand)
+	jc, err := followConfig(cfg)
+	if err != nil {
+		return err
+	}
+	h, err := cand.Follow(ctx, joinFollower(jc), cfg.Lease.Standby)
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
@@ -265,70 +269,16 @@ func candidate(cfg ServeConfig) (*rdzvlease.Candidate, error) {
 		Log: cfg.Log.With("component", "lease", "lease", l.Name)})
 }
 
-// follow is a candidate's life while another pod serves: it takes part in the
-// job as a joining sidecar does (registers, keeps the files current, carries
-// its trainer's c10d connections to the rendezvous Service) and returns once
-// it holds the Lease, or when ctx ends. It tries for an expired Lease only
-// after its registration has been gone for a while (the pod that serves is
-// unreachable from here), a standby only after its first Lease duration.
-func follow(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate) (rdzvlease.Handover, error) {
-	jc, err := followConfig(cfg)
-	if err != nil {
-		return rdzvlease.Handover{}, err
-	}
-	var mu sync.Mutex
-	registered, since := false, time.Now()
-	mark := func(r bool) func() {
-		return func() { mu.Lock(); registered, since = r, time.Now(); mu.Unlock() }
-	}
-	jc.Member.OnRegistered, jc.Member.OnLost = mark(true), mark(false)
-	// Taking over, this pod leaves the rendezvous it followed without a word: that store is gone, or stopping.
-	handoff := make(chan struct{})
-	jc.Member.Abandon = handoff
-	may := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return !registered && time.Since(since) >= rdzvlease.DefaultRetry
-	}
+// joinFollower is the join a candidate runs while another pod serves
+// (rdzvlease.Candidate.Follow).
+type joinFollower JoinConfig
 
-	jctx, stopJoin := context.WithCancel(ctx)
-	defer stopJoin()
-	joined := make(chan error, 1)
-	go func() { joined <- Join(jctx, jc) }()
-	type result struct {
-		h   rdzvlease.Handover
-		err error
-	}
-	acquired := make(chan result, 1)
-	go func() {
-		if cfg.Lease.Standby {
-			select {
-			case <-jctx.Done():
-				acquired <- result{err: jctx.Err()}
-				return
-			case <-time.After(rdzvlease.DefaultDuration):
-			}
-		}
-		h, err := cand.Acquire(jctx, may)
-		acquired <- result{h, err}
-	}()
-	select {
-	case err := <-joined:
-		stopJoin()
-		<-acquired
-		if ctx.Err() != nil {
-			return rdzvlease.Handover{}, nil
-		}
-		return rdzvlease.Handover{}, fmt.Errorf("following the rendezvous: %w", err)
-	case r := <-acquired:
-		close(handoff)
-		stopJoin()
-		<-joined
-		if ctx.Err() != nil {
-			return rdzvlease.Handover{}, nil
-		}
-		return r.h, r.err
-	}
+func (f joinFollower) Follow(ctx context.Context, registered func(bool), abandon <-chan struct{}) error {
+	jc := JoinConfig(f)
+	jc.Member.OnRegistered = func() { registered(true) }
+	jc.Member.OnLost = func() { registered(false) }
+	jc.Member.Abandon = abandon
+	return Join(ctx, jc)
 }
 
 // followConfig is the join a candidate runs while another pod serves: it
