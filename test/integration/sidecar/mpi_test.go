@@ -247,20 +247,9 @@ func TestLaunch(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
 	}
-	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
-	s := startServe(t)
-	dir := t.TempDir()
-	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
-	hf := filepath.Join(dir, "hostfile")
-	agent, err := filepath.Abs("testdata/fake-ssh.sh")
-	require.NoError(t, err)
-	work := t.TempDir()
-	pids, done := filepath.Join(work, "pids"), filepath.Join(work, "done")
 	// Every rank records itself; the second run's ranks end at once.
-	p := testenv.Start(t, "launch", exec.Command(sidecarBin, "launch", "--endpoints="+s.URL, "--members=2", "--settle=500ms",
-		"--hostfile="+hf, "--ssh-port=0", "--restarts=1", "--grace=2s", "--timeout=1m", "--",
-		"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
-		"--mca", "orte_keep_fqdn_hostnames", "true", "sh", "-c", "echo $$ >> "+pids+"; [ -e "+done+" ] || exec sleep 600"))
+	s, p, pids, done := startLaunch(t, "--restarts=1")
+	hf := p.hostfile
 	ranks := func(n int) func() error {
 		return func() error {
 			if got := len(strings.Fields(readFile(pids))); got != n {
@@ -302,19 +291,7 @@ func TestLaunchRerunOnJoin(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
 	}
-	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
-	s := startServe(t)
-	dir := t.TempDir()
-	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
-	hf := filepath.Join(dir, "hostfile")
-	agent, err := filepath.Abs("testdata/fake-ssh.sh")
-	require.NoError(t, err)
-	work := t.TempDir()
-	pids, done := filepath.Join(work, "pids"), filepath.Join(work, "done")
-	p := testenv.Start(t, "launch", exec.Command(sidecarBin, "launch", "--endpoints="+s.URL, "--members=2", "--settle=500ms",
-		"--hostfile="+hf, "--ssh-port=0", "--restarts=0", "--rerun-on-join", "--grace=2s", "--timeout=1m", "--",
-		"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
-		"--mca", "orte_keep_fqdn_hostnames", "true", "sh", "-c", "echo $$ >> "+pids+"; [ -e "+done+" ] || exec sleep 600"))
+	s, p, pids, done := startLaunch(t, "--restarts=0", "--rerun-on-join")
 	startJoin(t, s.URL, "job-worker-0.job.ns.svc.cluster.local", 1, "", "--member-index=0")
 	startJoin(t, s.URL, "job-worker-1.job.ns.svc.cluster.local", 1, "", "--member-index=1")
 	testenv.Eventually(t, 30*time.Second, "both ranks of the first run", func() error {
@@ -330,4 +307,34 @@ func TestLaunchRerunOnJoin(t *testing.T) {
 	require.Contains(t, p.Output(), "job-worker-2.job.ns.svc.cluster.local joined the membership")
 	require.Contains(t, p.Output(), "a member joined during run 1; running /usr/bin/mpirun.openmpi again on every member")
 	require.Contains(t, p.Output(), "rdzv-sidecar launch: 3 members, 3 slots: ")
+}
+
+// launchProc is a running `rdzv-sidecar launch` and the hostfile it reads.
+type launchProc struct {
+	*testenv.Proc
+	hostfile string
+}
+
+// startLaunch starts a server, a launcher's join that writes the hostfile (not a member) and `rdzv-sidecar launch
+// --members=2` with flags, over a real Open MPI mpirun whose ranks (through testdata/fake-ssh.sh) each append their
+// PID to pids and sleep until the file done exists.
+func startLaunch(t *testing.T, flags ...string) (s *server, p launchProc, pids, done string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
+	}
+	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
+	s = startServe(t)
+	dir := t.TempDir()
+	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
+	hf := filepath.Join(dir, "hostfile")
+	agent, err := filepath.Abs("testdata/fake-ssh.sh")
+	require.NoError(t, err)
+	work := t.TempDir()
+	pids, done = filepath.Join(work, "pids"), filepath.Join(work, "done")
+	args := append([]string{"launch", "--endpoints=" + s.URL, "--members=2", "--settle=500ms", "--hostfile=" + hf, "--ssh-port=0",
+		"--grace=2s", "--timeout=1m"}, flags...)
+	args = append(args, "--", "/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
+		"--mca", "orte_keep_fqdn_hostnames", "true", "sh", "-c", "echo $$ >> "+pids+"; [ -e "+done+" ] || exec sleep 600")
+	return s, launchProc{testenv.Start(t, "launch", exec.Command(sidecarBin, args...)), hf}, pids, done
 }
