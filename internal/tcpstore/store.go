@@ -191,27 +191,12 @@ func (s *store) apply(c *conn, q *Request) error {
 			s.put(k, q.Values[i])
 		}
 	case OpCompareSet:
-		cur, ok := s.kv[q.Key]
-		switch {
-		case !ok && len(q.Expected) == 0:
-			if err := s.set(q.Key, q.Value); err != nil {
-				return err
-			}
-			s.casStored = true
-			c.putBytes(q.Value)
-		case !ok:
-			// Torch answers the expected value for a missing key (its
-			// source calls this "lying to the caller") and stores nothing.
-			c.putBytes(q.Expected)
-		case string(cur) == string(q.Expected):
-			if err := s.set(q.Key, q.Value); err != nil {
-				return err
-			}
-			s.casStored = true
-			c.putBytes(q.Value)
-		default:
-			c.putBytes(cur)
+		reply, stored, err := s.compareSet(q.Key, q.Expected, q.Value, true)
+		if err != nil {
+			return err
 		}
+		s.casStored = stored
+		c.putBytes(reply)
 	case OpGet:
 		// A missing key (clients WAIT first, so only a raw client or a
 		// DELETE_KEY in between gets here) is answered with an empty value,
@@ -338,6 +323,37 @@ func (s *store) apply(c *conn, q *Request) error {
 		}
 	}
 	return nil
+}
+
+// compareSet is COMPARE_SET, as torch's servers do it: desired replaces
+// key's value when that value is expected, and a missing key is created
+// when expected is empty, if create allows. It returns what a client is
+// answered, desired when stored, and whether it stored.
+func (s *store) compareSet(key string, expected, desired []byte, create bool) (reply []byte, stored bool, err error) {
+	cur, ok := s.kv[key]
+	switch {
+	case !ok && (len(expected) > 0 || !create):
+		// Torch answers the expected value for a missing key (its
+		// source calls this "lying to the caller") and stores nothing.
+		return expected, false, nil
+	case ok && string(cur) != string(expected):
+		return cur, false, nil
+	}
+	if err := s.set(key, desired); err != nil {
+		return nil, false, err
+	}
+	return desired, true, nil
+}
+
+// compareSetExisting is compareSet for a writer in the same process, which
+// never creates key. It returns whether it stored, and the connections to
+// kick (see kicks).
+func (s *store) compareSetExisting(key string, expected, desired []byte) (stored bool, kicks []*conn, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, stored, err = s.compareSet(key, expected, desired, false)
+	kicks, s.kicks = s.kicks, nil
+	return stored, kicks, err
 }
 
 // set stores value under key and wakes everyone waiting for it, unless the
