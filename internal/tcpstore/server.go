@@ -80,22 +80,18 @@ func (s *Server) Get(key string) ([]byte, bool) {
 // (so no WAIT is waiting for it). It reports whether it stored, and is not
 // reported to OnCompareSet: the writer knows what it wrote.
 func (s *Server) CompareSet(key string, expected, desired []byte) (bool, error) {
-	s.st.mu.Lock()
-	cur, ok := s.st.kv[key]
-	var err error
-	stored := ok && bytes.Equal(cur, expected)
-	if stored {
-		if err = s.st.set(key, bytes.Clone(desired)); err != nil {
-			stored = false
-		}
-	}
-	kicks := s.st.kicks
-	s.st.kicks = nil
-	s.st.mu.Unlock()
-	for _, k := range kicks {
-		go k.flushAsync()
-	}
+	stored, kicks, err := s.st.compareSetExisting(key, expected, bytes.Clone(desired))
+	kick(kicks)
 	return stored, err
+}
+
+// kick starts a flush for each of conns, which a wake gave a STOP_WAITING
+// to write (store.kicks), off the waking goroutine: it never waits on
+// another client's socket.
+func kick(conns []*conn) {
+	for _, c := range conns {
+		go c.flushAsync()
+	}
 }
 
 // readBufSize is each connection's read buffer. A connection holds it, its
@@ -260,9 +256,7 @@ func (s *Server) serveConn(c *conn) {
 		}
 		s.m.ops[q.Op].Inc()
 		kicks, queued, stored, err := s.st.do(c, q)
-		for _, k := range kicks {
-			go k.flushAsync()
-		}
+		kick(kicks)
 		c.pending = c.pending || queued > 0
 		if err == nil && queued > replyBudget {
 			c.pending = false

@@ -155,189 +155,303 @@ func (s *store) do(c *conn, q *Request) (kicks []*conn, queued int, stored bool,
 	return kicks, c.queued, stored, err
 }
 
+// apply serves q, one handler per operation, as torch's servers do.
 func (s *store) apply(c *conn, q *Request) error {
 	switch q.Op {
 	case OpPing:
-		c.putU32(q.Nonce)
+		return s.handlePing(c, q)
 	case OpSet:
-		return s.set(q.Key, q.Value)
+		return s.handleSet(c, q)
 	case OpMultiSet:
-		// All or nothing: the quotas are checked for the whole request.
-		lens := map[string]int{}
-		var items int
-		var bytes int64
-		for i, k := range q.Keys {
-			n, ok := lens[k]
-			if !ok {
-				var cur []byte
-				cur, ok = s.kv[k]
-				n = len(cur)
-			}
-			if ok {
-				bytes += int64(len(q.Values[i]) - n)
-			} else {
-				items, bytes = items+1, bytes+int64(len(k)+len(q.Values[i]))
-			}
-			lens[k] = len(q.Values[i])
-		}
-		rdzv := true
-		for _, k := range q.Keys {
-			rdzv = rdzv && isRendezvousKey(k)
-		}
-		if err := s.reserve(items, bytes, rdzv); err != nil {
-			return err
-		}
-		for i, k := range q.Keys {
-			s.put(k, q.Values[i])
-		}
+		return s.handleMultiSet(c, q)
 	case OpCompareSet:
-		cur, ok := s.kv[q.Key]
-		switch {
-		case !ok && len(q.Expected) == 0:
-			if err := s.set(q.Key, q.Value); err != nil {
-				return err
-			}
-			s.casStored = true
-			c.putBytes(q.Value)
-		case !ok:
-			// Torch answers the expected value for a missing key (its
-			// source calls this "lying to the caller") and stores nothing.
-			c.putBytes(q.Expected)
-		case string(cur) == string(q.Expected):
-			if err := s.set(q.Key, q.Value); err != nil {
-				return err
-			}
-			s.casStored = true
-			c.putBytes(q.Value)
-		default:
-			c.putBytes(cur)
-		}
+		return s.handleCompareSet(c, q)
 	case OpGet:
-		// A missing key (clients WAIT first, so only a raw client or a
-		// DELETE_KEY in between gets here) is answered with an empty value,
-		// as torch's libuv server does; its classic server closes the
-		// connection.
-		c.putBytes(s.kv[q.Key])
+		return s.handleGet(c, q)
 	case OpMultiGet:
-		n := int64(0)
-		for _, k := range q.Keys {
-			n += 8 + int64(len(s.kv[k]))
-		}
-		if err := s.replyFits(q.Op, n); err != nil {
-			return err
-		}
-		for _, k := range q.Keys {
-			c.putBytes(s.kv[k])
-		}
+		return s.handleMultiGet(c, q)
 	case OpAdd:
-		n := q.Delta
-		if cur, ok := s.kv[q.Key]; ok {
-			v, err := parseInt(cur)
-			if err != nil {
-				return err
-			}
-			n += v
-		}
-		if err := s.set(q.Key, strconv.AppendInt(nil, n, 10)); err != nil {
-			return err
-		}
-		c.putI64(n)
+		return s.handleAdd(c, q)
 	case OpAppend:
-		cur := s.kv[q.Key]
-		if len(cur)+len(q.Value) > s.lim.MaxValueLen {
-			return errValueLimit
-		}
-		return s.set(q.Key, append(cur, q.Value...))
+		return s.handleAppend(c, q)
 	case OpCheck:
-		if s.present(q.Keys) {
-			c.putByte(checkReady)
-		} else {
-			c.putByte(checkNotReady)
-		}
+		return s.handleCheck(c, q)
 	case OpWait:
-		if s.present(q.Keys) {
-			c.putByte(stopWaiting)
-		} else {
-			return s.wait(c, q.Keys)
-		}
+		return s.handleWait(c, q)
 	case OpCancelWait:
-		// Always answered, pending wait or not: the client reads this byte
-		// after any STOP_WAITING that was already on its way.
-		s.cancel(c)
-		c.putByte(waitCanceled)
+		return s.handleCancelWait(c, q)
 	case OpGetNumKeys:
-		c.putI64(int64(len(s.kv)))
+		return s.handleGetNumKeys(c, q)
 	case OpDeleteKey:
-		cur, ok := s.kv[q.Key]
-		if ok {
-			s.reserve(-1, -int64(len(q.Key)+len(cur)), true)
-			s.keyBytes -= int64(len(q.Key))
-		}
-		delete(s.kv, q.Key)
-		s.m.keys.Set(float64(len(s.kv)))
-		c.putI64(b2i(ok))
+		return s.handleDeleteKey(c, q)
 	case OpListKeys:
-		if err := s.replyFits(q.Op, 8+8*int64(len(s.kv))+s.keyBytes); err != nil {
-			return err
-		}
-		keys := make([]string, 0, len(s.kv))
-		for k := range s.kv {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		c.putI64(int64(len(keys)))
-		for _, k := range keys {
-			c.putString(k)
-		}
+		return s.handleListKeys(c, q)
 	case OpQueuePush:
-		if err := s.reserve(1, int64(len(q.Key)+len(q.Value)), isRendezvousKey(q.Key)); err != nil {
-			return err
-		}
-		s.queues[q.Key] = append(s.queues[q.Key], q.Value)
-		s.wakeOne(q.Key)
+		return s.handleQueuePush(c, q)
 	case OpQueuePop:
-		qu := s.queues[q.Key]
-		c.putI64(int64(len(qu)))
-		if len(qu) > 0 {
-			c.putBytes(qu[0])
-			s.reserve(-1, -int64(len(q.Key)+len(qu[0])), true)
-			qu[0] = nil
-			if qu = qu[1:]; len(qu) == 0 {
-				delete(s.queues, q.Key)
-			} else {
-				s.queues[q.Key] = qu
-			}
-		}
+		return s.handleQueuePop(c, q)
 	case OpQueueLen:
-		c.putI64(int64(len(s.queues[q.Key])))
+		return s.handleQueueLen(c, q)
 	case OpBarrier:
-		n := int64(1)
-		if cur, ok := s.kv[q.Key]; ok {
-			v, err := parseInt(cur)
-			if err != nil {
-				return err
-			}
-			n = v + 1
-		}
-		// The counter is an ordinary key, and never reset. Torch's servers
-		// store it without waking anyone until the last one arrives.
-		v := strconv.AppendInt(nil, n, 10)
-		if err := s.reserve(s.costOf(q.Key, v)); err != nil {
-			return err
-		}
-		if _, ok := s.kv[q.Key]; !ok {
-			s.keyBytes += int64(len(q.Key))
-		}
-		s.kv[q.Key] = v
-		s.m.keys.Set(float64(len(s.kv)))
-		if n >= q.WorldSize {
-			s.wakeAll(q.Key)
-			c.putByte(stopWaiting)
-		} else {
-			return s.register(c, []string{q.Key})
-		}
+		return s.handleBarrier(c, q)
+	}
+	return nil // VALIDATE: serveConn takes the first, and refuses any other
+}
+
+// The handlers below share one signature, so that apply reads as a table;
+// those that cannot fail return nil.
+
+func (s *store) handlePing(c *conn, q *Request) error {
+	c.putU32(q.Nonce)
+	return nil
+}
+
+func (s *store) handleSet(_ *conn, q *Request) error {
+	return s.set(q.Key, q.Value)
+}
+
+func (s *store) handleMultiSet(_ *conn, q *Request) error {
+	// All or nothing: the quotas are checked for the whole request.
+	if err := s.reserve(s.multiSetCost(q.Keys, q.Values)); err != nil {
+		return err
+	}
+	for i, k := range q.Keys {
+		s.put(k, q.Values[i])
 	}
 	return nil
+}
+
+// multiSetCost is what storing values under keys, in order, adds to the
+// store (a key named twice is stored twice, the last value kept), and
+// whether every key may use the reserve: reserve's arguments.
+func (s *store) multiSetCost(keys []string, values [][]byte) (items int, bytes int64, rdzv bool) {
+	lens := map[string]int{}
+	for i, k := range keys {
+		n, ok := lens[k]
+		if !ok {
+			var cur []byte
+			cur, ok = s.kv[k]
+			n = len(cur)
+		}
+		if ok {
+			bytes += int64(len(values[i]) - n)
+		} else {
+			items, bytes = items+1, bytes+int64(len(k)+len(values[i]))
+		}
+		lens[k] = len(values[i])
+	}
+	rdzv = true
+	for _, k := range keys {
+		rdzv = rdzv && isRendezvousKey(k)
+	}
+	return items, bytes, rdzv
+}
+
+func (s *store) handleCompareSet(c *conn, q *Request) error {
+	reply, stored, err := s.compareSet(q.Key, q.Expected, q.Value, true)
+	if err != nil {
+		return err
+	}
+	s.casStored = stored
+	c.putBytes(reply)
+	return nil
+}
+
+func (s *store) handleGet(c *conn, q *Request) error {
+	// A missing key (clients WAIT first, so only a raw client or a
+	// DELETE_KEY in between gets here) is answered with an empty value,
+	// as torch's libuv server does; its classic server closes the
+	// connection.
+	c.putBytes(s.kv[q.Key])
+	return nil
+}
+
+func (s *store) handleMultiGet(c *conn, q *Request) error {
+	n := int64(0)
+	for _, k := range q.Keys {
+		n += 8 + int64(len(s.kv[k]))
+	}
+	if err := s.replyFits(q.Op, n); err != nil {
+		return err
+	}
+	for _, k := range q.Keys {
+		c.putBytes(s.kv[k])
+	}
+	return nil
+}
+
+func (s *store) handleAdd(c *conn, q *Request) error {
+	n, err := s.counter(q.Key, q.Delta)
+	if err != nil {
+		return err
+	}
+	if err := s.set(q.Key, strconv.AppendInt(nil, n, 10)); err != nil {
+		return err
+	}
+	c.putI64(n)
+	return nil
+}
+
+// counter is key's value read as a counter (parseInt) plus delta: delta
+// for a missing key.
+func (s *store) counter(key string, delta int64) (int64, error) {
+	cur, ok := s.kv[key]
+	if !ok {
+		return delta, nil
+	}
+	v, err := parseInt(cur)
+	if err != nil {
+		return 0, err
+	}
+	return v + delta, nil
+}
+
+func (s *store) handleAppend(_ *conn, q *Request) error {
+	cur := s.kv[q.Key]
+	if len(cur)+len(q.Value) > s.lim.MaxValueLen {
+		return errValueLimit
+	}
+	return s.set(q.Key, append(cur, q.Value...))
+}
+
+func (s *store) handleCheck(c *conn, q *Request) error {
+	if s.present(q.Keys) {
+		c.putByte(checkReady)
+	} else {
+		c.putByte(checkNotReady)
+	}
+	return nil
+}
+
+func (s *store) handleWait(c *conn, q *Request) error {
+	if !s.present(q.Keys) {
+		return s.wait(c, q.Keys)
+	}
+	c.putByte(stopWaiting)
+	return nil
+}
+
+func (s *store) handleCancelWait(c *conn, _ *Request) error {
+	// Always answered, pending wait or not: the client reads this byte
+	// after any STOP_WAITING that was already on its way.
+	s.cancel(c)
+	c.putByte(waitCanceled)
+	return nil
+}
+
+func (s *store) handleGetNumKeys(c *conn, _ *Request) error {
+	c.putI64(int64(len(s.kv)))
+	return nil
+}
+
+func (s *store) handleDeleteKey(c *conn, q *Request) error {
+	cur, ok := s.kv[q.Key]
+	if ok {
+		s.reserve(-1, -int64(len(q.Key)+len(cur)), true)
+		s.keyBytes -= int64(len(q.Key))
+	}
+	delete(s.kv, q.Key)
+	s.m.keys.Set(float64(len(s.kv)))
+	c.putI64(b2i(ok))
+	return nil
+}
+
+func (s *store) handleListKeys(c *conn, q *Request) error {
+	if err := s.replyFits(q.Op, 8+8*int64(len(s.kv))+s.keyBytes); err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(s.kv))
+	for k := range s.kv {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	c.putI64(int64(len(keys)))
+	for _, k := range keys {
+		c.putString(k)
+	}
+	return nil
+}
+
+func (s *store) handleQueuePush(_ *conn, q *Request) error {
+	if err := s.reserve(1, int64(len(q.Key)+len(q.Value)), isRendezvousKey(q.Key)); err != nil {
+		return err
+	}
+	s.queues[q.Key] = append(s.queues[q.Key], q.Value)
+	s.wakeOne(q.Key)
+	return nil
+}
+
+func (s *store) handleQueuePop(c *conn, q *Request) error {
+	qu := s.queues[q.Key]
+	c.putI64(int64(len(qu)))
+	if len(qu) == 0 {
+		return nil
+	}
+	c.putBytes(qu[0])
+	s.reserve(-1, -int64(len(q.Key)+len(qu[0])), true)
+	qu[0] = nil
+	if qu = qu[1:]; len(qu) == 0 {
+		delete(s.queues, q.Key)
+	} else {
+		s.queues[q.Key] = qu
+	}
+	return nil
+}
+
+func (s *store) handleQueueLen(c *conn, q *Request) error {
+	c.putI64(int64(len(s.queues[q.Key])))
+	return nil
+}
+
+func (s *store) handleBarrier(c *conn, q *Request) error {
+	n, err := s.counter(q.Key, 1)
+	if err != nil {
+		return err
+	}
+	// The counter is an ordinary key, and never reset. Torch's servers
+	// store it without waking anyone until the last one arrives.
+	v := strconv.AppendInt(nil, n, 10)
+	if err := s.reserve(s.costOf(q.Key, v)); err != nil {
+		return err
+	}
+	s.write(q.Key, v)
+	if n < q.WorldSize {
+		return s.register(c, []string{q.Key})
+	}
+	s.wakeAll(q.Key)
+	c.putByte(stopWaiting)
+	return nil
+}
+
+// compareSet is COMPARE_SET, as torch's servers do it: desired replaces
+// key's value when that value is expected, and a missing key is created
+// when expected is empty, if create allows. It returns what a client is
+// answered, desired when stored, and whether it stored.
+func (s *store) compareSet(key string, expected, desired []byte, create bool) (reply []byte, stored bool, err error) {
+	cur, ok := s.kv[key]
+	switch {
+	case !ok && (len(expected) > 0 || !create):
+		// Torch answers the expected value for a missing key (its
+		// source calls this "lying to the caller") and stores nothing.
+		return expected, false, nil
+	case ok && string(cur) != string(expected):
+		return cur, false, nil
+	}
+	if err := s.set(key, desired); err != nil {
+		return nil, false, err
+	}
+	return desired, true, nil
+}
+
+// compareSetExisting is compareSet for a writer in the same process, which
+// never creates key. It returns whether it stored, and the connections to
+// kick (see kicks).
+func (s *store) compareSetExisting(key string, expected, desired []byte) (stored bool, kicks []*conn, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, stored, err = s.compareSet(key, expected, desired, false)
+	kicks, s.kicks = s.kicks, nil
+	return stored, kicks, err
 }
 
 // set stores value under key and wakes everyone waiting for it, unless the
@@ -353,12 +467,17 @@ func (s *store) set(key string, value []byte) error {
 // put stores value under key, accounted for already, and wakes everyone
 // waiting for it.
 func (s *store) put(key string, value []byte) {
+	s.write(key, value)
+	s.wakeAll(key)
+}
+
+// write stores value under key, accounted for already, waking no one.
+func (s *store) write(key string, value []byte) {
 	if _, ok := s.kv[key]; !ok {
 		s.keyBytes += int64(len(key))
 	}
 	s.kv[key] = value
 	s.m.keys.Set(float64(len(s.kv)))
-	s.wakeAll(key)
 }
 
 // replyFits refuses a reply of n bytes that would pass Limits.MaxReplyLen, before anything of it is built.
