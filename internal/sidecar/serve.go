@@ -172,33 +172,12 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	}
 	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
-		// After etcd is ready, so that a c10d client never meets a sidecar
-		// that answers but is not ready.
-		// The view and the survivors' restarter see every write of the store; the restarter writes to it, so
-		// it joins the fan-out once the store exists (before it serves: no write comes earlier).
-		writes := &storeWriteFanOut{view}
-		c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
-			OnSet: writes.C10dWrite, OnCompareSet: writes.C10dWrite}
-		srv, err := tcpstore.New(c10d)
+		restart, err := startC10d(rctx, &wg, cfg, view, cand, etcd)
 		if err != nil {
 			return err
 		}
-		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
-		if cfg.RestartSurvivors {
-			restart := survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
-			*writes = append(*writes, restart)
-			members = append(members, whileServing{cand: cand, next: restart})
-		}
-		if err := serveC10d(rctx, &wg, cfg.C10dAddr, srv, c10d); err != nil {
-			return err
-		}
-		if host := cfg.Member.Member.Host; host != "" {
-			cli := etcd.Client()
-			err := announceServer(rctx, cli, host, cfg.C10dAddr)
-			cli.Close()
-			if err != nil {
-				return err
-			}
+		if restart != nil {
+			members = append(members, restart)
 		}
 	}
 	cfg.Member.Listener = members
@@ -231,14 +210,9 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 		})
 	}
 
-	var stopErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: deregistering, ending v2 waits, stopping etcd")
-	case err := <-etcd.Err():
-		return fmt.Errorf("etcd: %w", err)
-	case stopErr = <-stepDown:
-		log.Error("stepping down: this pod stops serving the rendezvous, and restarts to follow the pod that serves", "err", stopErr)
+	stopErr, err := waitServing(ctx, etcd, stepDown, log)
+	if err != nil {
+		return err
 	}
 	cancel()
 	wg.Wait()
@@ -251,6 +225,57 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	}
 	log.Info("rendezvous server stopped")
 	return stopErr
+}
+
+// startC10d serves torch's c10d store at cfg.C10dAddr, after etcd is ready so
+// that a c10d client never meets a sidecar that answers but is not ready. The
+// view and, with RestartSurvivors, the survivors' restarter see every write;
+// the restarter writes to the store, so it joins the fan-out once the store
+// exists (before it serves: no write comes earlier), and it is returned to
+// hear of the membership's changes while this pod serves (nil: none).
+func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *rdzvlease.Candidate, etcd *rdzvetcd.Server) (MembershipListener, error) {
+	log := cfg.Log
+	writes := &storeWriteFanOut{view}
+	c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
+		OnSet: writes.C10dWrite, OnCompareSet: writes.C10dWrite}
+	srv, err := tcpstore.New(c10d)
+	if err != nil {
+		return nil, err
+	}
+	var restart MembershipListener
+	if cfg.RestartSurvivors {
+		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
+		r := survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
+		*writes = append(*writes, r)
+		restart = whileServing{cand: cand, next: r}
+	}
+	if err := serveC10d(ctx, wg, cfg.C10dAddr, srv, c10d); err != nil {
+		return nil, err
+	}
+	if host := cfg.Member.Member.Host; host != "" {
+		cli := etcd.Client()
+		err := announceServer(ctx, cli, host, cfg.C10dAddr)
+		cli.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return restart, nil
+}
+
+// waitServing waits until ctx ends (nil, nil), etcd fails (its error as
+// err) or the Lease's holder must step down (the reason as stopErr).
+func waitServing(ctx context.Context, etcd *rdzvetcd.Server, stepDown <-chan error, log *slog.Logger) (stopErr, err error) {
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: deregistering, ending v2 waits, stopping etcd")
+		return nil, nil
+	case err := <-etcd.Err():
+		return nil, fmt.Errorf("etcd: %w", err)
+	case stopErr := <-stepDown:
+		log.Error("stepping down: this pod stops serving the rendezvous, and restarts to follow the pod that serves", "err", stopErr)
+		return stopErr, nil
+	}
 }
 
 // candidate is this pod's rendezvous candidate, with the in-cluster clients.
