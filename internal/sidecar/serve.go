@@ -23,10 +23,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/incluster"
 	"github.com/elastic-training/elastic-training/internal/lostpods"
+	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
 	"github.com/elastic-training/elastic-training/internal/rdzvlease"
 	"github.com/elastic-training/elastic-training/internal/survivors"
