@@ -312,18 +312,27 @@ func superviseCmd(args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), or within --loss-window after the command failed, stop the command's process group and exit with status "+fmt.Sprint(podcmd.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
 	var cfg podcmd.SuperviseConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 30*time.Second, "timeout of the first listing of the members")
-	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
-	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(podcmd.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
+	addStopFlags(fs, &cfg.Grace, &cfg.LossWindow)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cfg.Command = fs.Args()
-	if len(cfg.Command) == 0 {
+	if cfg.Command = fs.Args(); len(cfg.Command) == 0 {
 		return usageError{errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")}
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	code, err := podcmd.Supervise(ctx, cfg, stderr)
+	return exitWith(podcmd.Supervise(ctx, cfg, stderr))
+}
+
+// addStopFlags are supervise's and launch's: how the command is stopped, and
+// how a failed run is judged.
+func addStopFlags(fs *flag.FlagSet, grace, lossWindow *time.Duration) {
+	fs.DurationVar(grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
+	fs.DurationVar(lossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(podcmd.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
+}
+
+// exitWith passes a command's exit status on as this process's.
+func exitWith(code int, err error) error {
 	if err != nil {
 		return err
 	}
@@ -344,13 +353,11 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 	fs.IntVar(&cfg.Restarts, "restarts", 10, "how many times the command runs again after a member left during a run")
 	fs.BoolVar(&cfg.RerunOnJoin, "rerun-on-join", false, "stop a run when a member joins and run the command again on every member (a scale-up; not counted against --restarts)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the command once, unsupervised (a launcher that follows the membership itself: horovodrun --host-discovery-script)")
-	fs.DurationVar(&cfg.Grace, "grace", 5*time.Second, "time the command has after SIGTERM before SIGKILL")
-	fs.DurationVar(&cfg.LossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(podcmd.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
+	addStopFlags(fs, &cfg.Grace, &cfg.LossWindow)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cfg.Command = fs.Args()
-	if len(cfg.Command) == 0 {
+	if cfg.Command = fs.Args(); len(cfg.Command) == 0 {
 		return usageError{errors.New("no command: rdzv-sidecar launch [flags] -- mpirun ...")}
 	}
 	if cfg.Hostfile == "" {
@@ -358,14 +365,7 @@ func launchCmd(args []string, _, stderr io.Writer) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	code, err := podcmd.Launch(ctx, cfg, stderr)
-	if err != nil {
-		return err
-	}
-	if code != 0 {
-		return exitCode(code)
-	}
-	return nil
+	return exitWith(podcmd.Launch(ctx, cfg, stderr))
 }
 
 func progressCmd(args []string, stdout, stderr io.Writer) error {
