@@ -366,9 +366,6 @@ func followConfig(cfg ServeConfig) (JoinConfig, error) {
 	return jc, nil
 }
 
-// roundEvents is where the view records rounds: Events on job, when the pod
-// may create them. The rendezvous matters more than its Events: without
-// them it still serves.
 // lostPods is the reaper of the StatefulSets' pods lost with their node; nil
 // when there are none to watch or no token (logged: the pods wait for someone
 // to delete them, as Kubernetes leaves them).
@@ -385,15 +382,19 @@ func lostPods(ctx context.Context, statefulSets []string, log *slog.Logger) *los
 	return lostpods.New(ctx, lostpods.Config{API: lostpods.NewAPI(kc), StatefulSets: statefulSets, Log: log})
 }
 
+// roundEvents is where the view records rounds: Events on job, when the pod
+// may create them. The rendezvous matters more than its Events: without
+// them it still serves.
 func roundEvents(job string, log *slog.Logger) (torchview.Recorder, func()) {
 	if job == "" {
 		return nil, func() {}
 	}
-	ev, err := jobevents.New(job, log.With("component", "events"))
+	kc, err := incluster.CoreV1()
 	if err != nil {
-		log.Warn("recording no rendezvous Events", "err", err)
+		log.Warn("recording no rendezvous Events", "err", fmt.Errorf("events on Job %s: %w", job, err))
 		return nil, func() {}
 	}
+	ev := jobevents.New(jobevents.NewAPI(kc), job, log.With("component", "events"))
 	return ev, ev.Stop
 }
 
