@@ -350,18 +350,19 @@ func lostPods(ctx context.Context, statefulSets []string, log *slog.Logger) *los
 
 // roundEvents records torch's rounds as Events on the Job job (--events-job),
 // with the pod's own token; it returns nil and a no-op when job is empty or
-// no client can be made for it, after a warning: serving goes on without
+// no in-cluster client can be made, after a warning: serving goes on without
 // Events (a missing permission shows later, as jobevents logs): the
 // rendezvous matters more than its Events.
 func roundEvents(job string, log *slog.Logger) (torchview.Recorder, func()) {
 	if job == "" {
 		return nil, func() {}
 	}
-	ev, err := jobevents.New(job, log.With("component", "events"))
+	kc, err := incluster.CoreV1()
 	if err != nil {
-		log.Warn("recording no rendezvous Events", "err", err)
+		log.Warn("recording no rendezvous Events", "err", fmt.Errorf("events on Job %s: %w", job, err))
 		return nil, func() {}
 	}
+	ev := jobevents.New(jobevents.NewAPI(kc), job, log.With("component", "events"))
 	return ev, ev.Stop
 }
 

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 // echoServer stands for the store: it echoes every line back.
@@ -35,7 +37,12 @@ func echoServer(t *testing.T) string {
 
 func start(t *testing.T, upstream string, wait time.Duration, maxConns int) (*Proxy, string) {
 	t.Helper()
-	p := New(Fixed(upstream), wait, maxConns, nil)
+	return startResolver(t, Fixed(upstream), wait, maxConns)
+}
+
+func startResolver(t *testing.T, upstream Resolver, wait time.Duration, maxConns int) (*Proxy, string) {
+	t.Helper()
+	p := New(upstream, wait, maxConns, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -112,12 +119,22 @@ func TestDialRetriesUntilTheStoreAnswers(t *testing.T) {
 	upstream := ln.Addr().String()
 	require.NoError(t, ln.Close())
 
-	p, addr := start(t, upstream, time.Minute, 8)
+	// The proxy asks the resolver before each dial, so a second question means the first dial was refused.
+	var asked atomic.Int32
+	p, addr := startResolver(t, func(ctx context.Context) (string, error) {
+		asked.Add(1)
+		return Fixed(upstream)(ctx)
+	}, time.Minute, 8)
 	p.SetOpen(true)
 	c, r := dial(t, addr)
 	_, err = io.WriteString(c, "hello\n")
 	require.NoError(t, err)
-	time.Sleep(700 * time.Millisecond) // at least one refused dial
+	testenv.Eventually(t, 10*time.Second, "a dial refused and tried again", func() error {
+		if n := asked.Load(); n < 2 {
+			return fmt.Errorf("%d dials", n)
+		}
+		return nil
+	})
 	ln2, err := net.Listen("tcp", upstream)
 	require.NoError(t, err)
 	defer ln2.Close()
@@ -154,7 +171,7 @@ func TestConnectionsAreBounded(t *testing.T) {
 func TestResolverRefusesOrRetries(t *testing.T) {
 	store := echoServer(t)
 	var calls atomic.Int32
-	p := New(func(context.Context) (string, error) {
+	p, addr := startResolver(t, func(context.Context) (string, error) {
 		switch calls.Add(1) {
 		case 1:
 			return "", fmt.Errorf("not a member of this job: %w", ErrRefused)
@@ -162,24 +179,18 @@ func TestResolverRefusesOrRetries(t *testing.T) {
 			return "", errors.New("the store does not answer yet")
 		}
 		return store, nil
-	}, time.Minute, 8, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	}, time.Minute, 8)
 	p.SetOpen(true)
 
-	c, r := dial(t, ln.Addr().String())
+	c, r := dial(t, addr)
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
-	_, err = roundTrip(c, r, "get a")
+	_, err := roundTrip(c, r, "get a")
 	require.Error(t, err, "refused: closed")
 	var ne net.Error
 	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "closed at once, not left waiting: %v", err)
 	assert.Equal(t, int32(1), calls.Load())
 
-	c, r = dial(t, ln.Addr().String())
+	c, r = dial(t, addr)
 	got, err := roundTrip(c, r, "set a 1")
 	require.NoError(t, err, "retried after the passing failure")
 	assert.Equal(t, "set a 1\n", got)

@@ -7,9 +7,10 @@
 // tests (MainWithCommand), processes (and their whole trees) that are always
 // stopped in t.Cleanup (proc.go: Start, Proc, SyncBuffer), and torch from
 // the Debian root filesystems of hack/rootfs.sh (rootfs.go:
-// Rootfs, InRootfs, TorchEnv). Helm charts are rendered client-side by its
-// subpackage chartrender, which keeps the Helm SDK out of the tests that
-// need none of it.
+// Rootfs, InRootfs, TorchEnv; torchrun.go: TorchrunArgs), and the Median of
+// measurements (stats.go). Helm charts are rendered client-side by its
+// subpackage chartrender, and etcd v3 clients come from its subpackage
+// etcdtest: both keep their dependencies out of the tests that need none.
 //
 // Helpers that take a testing.TB fail the test; the port, polling and
 // root-filesystem ones each have a form that returns an error instead, for

@@ -13,7 +13,7 @@ import (
 // TestContract checks every scenario's pod templates against internal/constants and internal/naming, the
 // contract with the webhook and the sidecar (docs/contract.md).
 func TestContract(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	roles := map[string]bool{constants.RoleWorker: true, constants.RoleLauncher: true, constants.RoleScheduler: true,
 		constants.RoleServer: true, constants.RoleRdzv: true}
 	frameworks := map[string]bool{constants.FrameworkPyTorch: true, constants.FrameworkMPI: true,

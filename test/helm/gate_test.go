@@ -17,7 +17,7 @@ import (
 // removes (constants.SchedulingGate, the chart spells it out): the training pods' and the dedicated rendezvous pod's
 // (the webhook gives it its sidecar image), and so does the helm test pod.
 func TestPodsGatedUntilMutated(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, sc := range scenarios(t) {
 		r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
 		if err != nil {
@@ -54,7 +54,7 @@ func TestPodsGatedUntilMutated(t *testing.T) {
 // TestChartCountsAcceleratorsAsTheWebhook: the chart's gpuResource check (its rules generated from internal/gpu)
 // accepts exactly the names the webhook counts.
 func TestChartCountsAcceleratorsAsTheWebhook(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	names := []string{"cpu", "memory", "nvidia.com/gpus", "example.com/npu", "gpu.intel.com/memory.max", "gpu.intel.com/i915"}
 	names = append(names, gpu.Rules.Exact...)
 	names = append(names, gpu.Rules.Shares...)
@@ -75,7 +75,7 @@ func TestChartCountsAcceleratorsAsTheWebhook(t *testing.T) {
 // byte-identical once what the chart would otherwise generate is given: the job chart with runId and
 // mpi.ssh.privateKey, the webhook chart with cert-manager issuing its certificate.
 func TestDeterministicRendering(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, sc := range scenarios(t) {
 		vals := merge(sc.read(t), pinned(t))
 		a, err := render(ch, vals, chartrender.Options{})

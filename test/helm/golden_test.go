@@ -22,11 +22,7 @@ type scenario struct {
 // read is the scenario's values: its file, and what its usage gives with --set-file (chartrender.SetFiles).
 func (sc scenario) read(t *testing.T) map[string]any {
 	t.Helper()
-	v := readValues(t, sc.values)
-	if err := chartrender.AddSetFiles(sc.values, v); err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return chartrender.ReadValues(t, sc.values)
 }
 
 // scenarios: every charts/elastic-training/ci/*-values.yaml and every examples/*.yaml.
@@ -49,7 +45,7 @@ func scenarios(t *testing.T) []scenario {
 
 // TestGolden renders every scenario and compares it with testdata/<scenario>.golden.yaml (-update rewrites them).
 func TestGolden(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	used := map[string]bool{}
 	for _, sc := range scenarios(t) {
 		golden := filepath.Join("testdata", sc.name+".golden.yaml")

@@ -27,7 +27,7 @@ func pytorchJob(t *testing.T, over map[string]any) map[string]any {
 
 func workerPod(t *testing.T, vals map[string]any) corev1.PodTemplateSpec {
 	t.Helper()
-	r, err := render(loadChart(t), vals, chartrender.Options{})
+	r, err := render(chartrender.Load(t, chartDir), vals, chartrender.Options{})
 	require.NoError(t, err)
 	return podSpecs(t, r)["Job/"+naming.Workload(release, "worker")]
 }
@@ -109,7 +109,7 @@ func TestInitAndExtraContainers(t *testing.T) {
 
 	mpi := merge(pinned(t), map[string]any{"framework": "mpi", "mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}},
 		"initContainers": []any{map[string]any{"name": "fetch-data", "image": "busybox"}}})
-	r, err := render(loadChart(t), mpi, chartrender.Options{})
+	r, err := render(chartrender.Load(t, chartDir), mpi, chartrender.Options{})
 	require.NoError(t, err)
 	launcher := podSpecs(t, r)["Job/"+naming.Workload(release, "launcher")]
 	require.Len(t, launcher.Spec.InitContainers, 2)
@@ -119,7 +119,7 @@ func TestInitAndExtraContainers(t *testing.T) {
 
 // An MPI pod whose image lacks OpenSSH fails in ssh-setup, saying what it lacks, instead of "not found".
 func TestMPIImageWithoutSSHSaysSo(t *testing.T) {
-	r, err := render(loadChart(t), merge(pinned(t), map[string]any{"framework": "mpi",
+	r, err := render(chartrender.Load(t, chartDir), merge(pinned(t), map[string]any{"framework": "mpi",
 		"mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}), chartrender.Options{})
 	require.NoError(t, err)
 	for key, p := range podSpecs(t, r) {
@@ -140,7 +140,7 @@ func TestExtraObjects(t *testing.T) {
 		map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "plain"}, "data": map[string]any{"k": "v"}},
 		"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-templated\ndata:\n  workers: \"{{ .Values.workers.replicas }}\"\n",
 	}})
-	r, err := render(loadChart(t), vals, chartrender.Options{})
+	r, err := render(chartrender.Load(t, chartDir), vals, chartrender.Options{})
 	require.NoError(t, err)
 	plain := r.Find("ConfigMap", "plain")
 	require.NotNil(t, plain)
@@ -175,7 +175,7 @@ func TestJobServiceAccount(t *testing.T) {
 		"default named":          {map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}, "default", false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			r, err := render(loadChart(t), pytorchJob(t, c.over), chartrender.Options{})
+			r, err := render(chartrender.Load(t, chartDir), pytorchJob(t, c.over), chartrender.Options{})
 			require.NoError(t, err)
 			assert.Equal(t, c.created, r.Find("ServiceAccount", c.account) != nil)
 			n := 0
@@ -198,17 +198,17 @@ func TestJobServiceAccount(t *testing.T) {
 // saying what to set; an upgrade of a job installed so (by an older chart, --reuse-values) still scales.
 func TestDefaultAccountRefused(t *testing.T) {
 	vals := pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}})
-	_, err := render(loadChart(t), vals, chartrender.Options{})
+	_, err := render(chartrender.Load(t, chartDir), vals, chartrender.Options{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "serviceAccount.create is false and no account is named")
 	assert.Contains(t, err.Error(), "Leave serviceAccount.create true")
-	_, err = render(loadChart(t), vals, chartrender.Options{Revision: 2})
+	_, err = render(chartrender.Load(t, chartDir), vals, chartrender.Options{Revision: 2})
 	assert.NoError(t, err, "an upgrade keeps what the job was installed with")
 }
 
 // A parent chart's global values reach a subchart: accepted, read by nothing.
 func TestGlobalValuesAccepted(t *testing.T) {
-	_, err := render(loadChart(t), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "registry.example.com"}}), chartrender.Options{})
+	_, err := render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "registry.example.com"}}), chartrender.Options{})
 	require.NoError(t, err)
 }
 
@@ -228,7 +228,7 @@ func TestResourcesMerge(t *testing.T) {
 // Disruption budgets let a node drain: maxUnavailable pods of a group at a time, none for preemptible groups, and
 // none for the dedicated rendezvous pod (one pod cannot be protected without blocking its node for ever).
 func TestDisruptionBudgetsLetNodesDrain(t *testing.T) {
-	r, err := render(loadChart(t), merge(sc(t, "examples/elasticdl-priorities.yaml"), pinned(t)), chartrender.Options{})
+	r, err := render(chartrender.Load(t, chartDir), merge(sc(t, "examples/elasticdl-priorities.yaml"), pinned(t)), chartrender.Options{})
 	require.NoError(t, err)
 	var budgets []string
 	for _, o := range r.Objects {
@@ -245,12 +245,12 @@ func TestDisruptionBudgetsLetNodesDrain(t *testing.T) {
 
 func sc(t *testing.T, path string) map[string]any {
 	t.Helper()
-	return readValues(t, "../../"+path)
+	return chartrender.ReadValues(t, "../../"+path)
 }
 
 // The upgrade that forgets --reuse-values says so.
 func TestUpgradeWithoutReuseValuesSaysSo(t *testing.T) {
-	_, err := render(loadChart(t), pytorchJob(t, map[string]any{"workers": map[string]any{"replicas": 6}}), chartrender.Options{Revision: 2})
+	_, err := render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"workers": map[string]any{"replicas": 6}}), chartrender.Options{Revision: 2})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "workers: replicas 6 is outside minReplicas..maxReplicas (1..4)")
 	assert.Contains(t, err.Error(), "add --reuse-values")
@@ -260,7 +260,7 @@ func TestUpgradeWithoutReuseValuesSaysSo(t *testing.T) {
 // job's own (annotation rdzv-ports), which the rendezvous Service targets, so that two jobs' pods on one node do not
 // collide; the chart and the webhook agree on them.
 func TestHostNetwork(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	base := func(t *testing.T, r *chartrender.Rendered) int32 {
 		t.Helper()
 		p := podSpecs(t, r)["Job/"+naming.Workload(release, "worker")]
@@ -332,7 +332,7 @@ func TestKueueElasticJobAnnotation(t *testing.T) {
 		"no queue":        {map[string]any{}, false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			r, err := render(loadChart(t), pytorchJob(t, c.over), chartrender.Options{})
+			r, err := render(chartrender.Load(t, chartDir), pytorchJob(t, c.over), chartrender.Options{})
 			require.NoError(t, err)
 			job := r.Find("Job", naming.Workload(release, "worker"))
 			require.NotNil(t, job)
@@ -357,7 +357,7 @@ func TestVolcanoPodGroup(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			vals := merge(c.vals, map[string]any{"queue": map[string]any{"volcano": "research"}})
-			r, err := render(loadChart(t), vals, chartrender.Options{})
+			r, err := render(chartrender.Load(t, chartDir), vals, chartrender.Options{})
 			require.NoError(t, err)
 			pg := r.Find("PodGroup", release)
 			require.NotNil(t, pg, "no PodGroup %s", release)

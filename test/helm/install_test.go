@@ -62,7 +62,7 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 	for _, values := range []string{"ci/elasticdl-values.yaml", "ci/mpi-values.yaml", "ci/pytorch-values.yaml"} {
 		t.Run(values, func(t *testing.T) {
 			vals := merge(sc(t, "charts/elastic-training/"+values), map[string]any{"global": map[string]any{"imageRegistry": mirror}})
-			r, err := render(loadChart(t), merge(vals, pinned(t)), chartrender.Options{})
+			r, err := render(chartrender.Load(t, chartDir), merge(vals, pinned(t)), chartrender.Options{})
 			require.NoError(t, err)
 			got := images(t, r)
 			require.NotEmpty(t, got)
@@ -75,7 +75,7 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 			}
 		})
 	}
-	r, err := render(loadChart(t), pytorchJob(t, map[string]any{
+	r, err := render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{
 		"global":     map[string]any{"imageRegistry": mirror},
 		"image":      map[string]any{"repository": "nvcr.io/nvidia/pytorch", "tag": "25.01-py3"},
 		"rendezvous": map[string]any{"placement": "dedicated", "image": map[string]any{"registry": "own.example.com", "repository": "ghcr.io/elastic-training/rdzv-sidecar"}},
@@ -87,12 +87,12 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Pod/demo-test-rdzv test"])
 	// By default the chart's own pods run the sidecar image the webhook injects, which the webhook sets in them
 	// (internal/mutate chartpod.go): one place for it.
-	def, err := render(loadChart(t), pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
+	def, err := render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
 	require.NoError(t, err)
 	got = images(t, def)
 	assert.Equal(t, constants.SidecarImagePlaceholder, got["Deployment/demo-rdzv rdzv-sidecar"])
 	assert.Equal(t, constants.SidecarImagePlaceholder, got["Pod/demo-test-rdzv test"])
-	plain, err := render(loadChart(t), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "mirror.local"}}), chartrender.Options{})
+	plain, err := render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"global": map[string]any{"imageRegistry": "mirror.local"}}), chartrender.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, "mirror.local/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", images(t, plain)["Job/demo-worker trainer"], "a Docker Hub repository gets the registry in front")
 
@@ -116,7 +116,7 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 func TestPodsCarryContractVersion(t *testing.T) {
 	for _, s := range scenarios(t) {
 		t.Run(s.name, func(t *testing.T) {
-			r, err := render(loadChart(t), merge(s.read(t), pinned(t)), chartrender.Options{})
+			r, err := render(chartrender.Load(t, chartDir), merge(s.read(t), pinned(t)), chartrender.Options{})
 			require.NoError(t, err)
 			n := 0
 			for key, p := range podSpecs(t, r) {
@@ -133,7 +133,7 @@ func TestPodsCarryContractVersion(t *testing.T) {
 // image.registry).
 func olderChart(t *testing.T) *chart.Chart {
 	t.Helper()
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	ch.Metadata.Version = "0.0.9"
 	delete(ch.Values, "global")
 	delete(ch.Values["image"].(map[string]any), "registry")
@@ -166,18 +166,18 @@ func TestChartUpgradeKeepsRunningPodTemplates(t *testing.T) {
 			vals2 := chartutil.CoalesceTables(over, vals1)
 			// helm upgrade --reuse-values renders the new chart's templates with the old chart's default values;
 			// --reset-then-reuse-values with the new chart's.
-			reused := loadChart(t)
+			reused := chartrender.Load(t, chartDir)
 			reused.Values = olderChart(t).Values
 			r2, err := render(reused, vals2, chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
 			require.NoError(t, err, "a chart upgrade with --reuse-values --set %v", sets)
-			r2reset, err := render(loadChart(t), vals2, chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
+			r2reset, err := render(chartrender.Load(t, chartDir), vals2, chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
 			require.NoError(t, err, "a chart upgrade with --reset-then-reuse-values --set %v", sets)
 			for _, o := range r2reset.Objects {
 				if o.Kind == "Job" || o.Kind == "StatefulSet" || o.Kind == "Deployment" {
 					assert.Equal(t, template(t, *findObjectIn(t, old, o.Key())), template(t, o), "%s (--reset-then-reuse-values)", o.Key())
 				}
 			}
-			fresh, err := render(loadChart(t), vals2, chartrender.Options{})
+			fresh, err := render(chartrender.Load(t, chartDir), vals2, chartrender.Options{})
 			require.NoError(t, err)
 			kept := 0
 			for _, o := range old.Objects {
@@ -202,7 +202,7 @@ func TestChartUpgradeKeepsRunningPodTemplates(t *testing.T) {
 			assert.NotEqual(t, manifest(old.Objects), manifest(r2.Objects))
 
 			// A value that changes the pod template is refused as before, whatever chart rendered the running one.
-			_, err = render(loadChart(t), chartutil.CoalesceTables(map[string]any{"env": []any{map[string]any{"name": "X", "value": "1"}}}, vals1),
+			_, err = render(chartrender.Load(t, chartDir), chartutil.CoalesceTables(map[string]any{"env": []any{map[string]any{"name": "X", "value": "1"}}}, vals1),
 				chartrender.Options{Revision: 2, Cluster: old.Cluster(namespace)})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "values changed since the running revision: env")
@@ -225,7 +225,7 @@ func findObjectIn(t *testing.T, r *chartrender.Rendered, key string) *chartrende
 // (30000-32767) for every name; the pick is kept for the job's life (a job installed by a chart that picked from
 // 20000..30990 keeps its ports on upgrade); a base given in the range is refused at install.
 func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	baseOf := func(t *testing.T, r *chartrender.Rendered, job string) int {
 		t.Helper()
 		p := podSpecs(t, r)["Job/"+naming.Workload(job, "worker")]
@@ -282,11 +282,11 @@ func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
 // NOTES' scale command pins the chart version the job runs, and a job whose serving pods run as the namespace's
 // default account (named so by the user) is warned about.
 func TestNotesPinVersionAndWarnOfDefault(t *testing.T) {
-	r, err := render(loadChart(t), pytorchJob(t, nil), chartrender.Options{})
+	r, err := render(chartrender.Load(t, chartDir), pytorchJob(t, nil), chartrender.Options{})
 	require.NoError(t, err)
 	assert.Contains(t, r.Notes, "helm upgrade demo <chart> --version 0.1.0 -n ml --reuse-values --set workers.replicas=N")
 	assert.NotContains(t, r.Notes, "WARNING")
-	r, err = render(loadChart(t), pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}), chartrender.Options{})
+	r, err = render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}), chartrender.Options{})
 	require.NoError(t, err)
 	assert.Contains(t, r.Notes, "WARNING: the pods that serve the rendezvous run as the namespace's default account")
 }
@@ -295,7 +295,7 @@ func TestNotesPinVersionAndWarnOfDefault(t *testing.T) {
 // pod) is denied by the webhook with both versions and the order of upgrades, the message the Job's FailedCreate
 // Event shows; the chart's own contract is served, and so is an older chart's pod (no annotation).
 func TestNewerChartRefusedByOlderWebhook(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	newer := strconv.Itoa(constants.ContractVersion + 1)
 	r, err := render(ch, pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
 	require.NoError(t, err)

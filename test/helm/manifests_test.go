@@ -24,7 +24,7 @@ func TestWriteManifests(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, sc := range scenarios(t) {
 		vals := merge(sc.read(t), pinned(t))
 		r, err := render(ch, vals, chartrender.Options{})

@@ -15,7 +15,7 @@ import (
 // ElasticDL render that found it: the burst group's spot toleration dropped the top-level GPU toleration, and on a
 // GPU-tainted node the burst pods stayed Pending.
 func TestGroupMerge(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	gpu := map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 	spot := map[string]any{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 	top := map[string]any{

@@ -11,7 +11,7 @@ import (
 
 // TestRejected proves that mistakes fail at `helm install` with a message that names the value to fix.
 func TestRejected(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	cases := []struct {
 		desc string
 		sets []string // --set style; "json:" prefix: --set-json (numbers stay numbers, as in a values file)
@@ -146,7 +146,7 @@ func TestRejected(t *testing.T) {
 
 // TestSomethingToRun: what a job may run instead of the image's entrypoint alone, accepted.
 func TestSomethingToRun(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, sets := range [][]string{
 		{"command={torchrun,/app/train.py}"},
 		{"workers.command={torchrun,/app/train.py}"},

@@ -40,7 +40,7 @@ func lossToleration(key string, seconds int64) corev1.Toleration {
 // and worker StatefulSet, MXNet roles, ElasticDL groups, the dedicated rendezvous pod) leaves a lost node after
 // nodeLossTolerationSeconds, not Kubernetes' 300 s.
 func TestNodeLossTolerations(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
 			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})
@@ -57,7 +57,7 @@ func TestNodeLossTolerations(t *testing.T) {
 }
 
 func TestNodeLossTolerationsValues(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	base := merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"}, "rendezvous": map[string]any{"placement": "dedicated"}})
 	mine := map[string]any{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 600}
 	for name, c := range map[string]struct {
@@ -84,7 +84,7 @@ func TestNodeLossTolerationsValues(t *testing.T) {
 
 // rendezvous.restartSurvivors false reaches the serving sidecar, injected by the webhook or in the dedicated pod.
 func TestRestartSurvivorsOff(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, placement := range []string{"auto", "dedicated"} {
 		t.Run(placement, func(t *testing.T) {
 			for _, off := range []bool{false, true} {
@@ -126,7 +126,7 @@ func TestRestartSurvivorsOff(t *testing.T) {
 // that may get and delete exactly those pods, bound to the launcher's service account. Jobs whose members are Jobs
 // (PyTorch) need none of it.
 func TestForceDeleteLostPods(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	mpi := func(on bool) map[string]any {
 		return merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI, "forceDeleteLostPods": on,
 			"mpi":          map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}, "serviceAccountName": "launcher-sa"}},
@@ -200,7 +200,7 @@ func toAny(ss []string) []any {
 // the only StatefulSets are member groups whose pods name them for the serving sidecar to force-delete
 // (forceDeleteLostPods, internal/lostpods). Every scenario and example.
 func TestEveryLostPodIsReplaced(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
 			r, err := render(ch, merge(sc.read(t), pinned(t)), chartrender.Options{})

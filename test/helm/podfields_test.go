@@ -17,8 +17,8 @@ import (
 // them, a group's merged with the top level's as the other settings are (ci/everything-values.yaml also goes to
 // a real API server in test/e2e/chart).
 func TestPodFields(t *testing.T) {
-	ch := loadChart(t)
-	vals := merge(pinned(t), readValues(t, chartDir+"/ci/everything-values.yaml"))
+	ch := chartrender.Load(t, chartDir)
+	vals := merge(pinned(t), chartrender.ReadValues(t, chartDir+"/ci/everything-values.yaml"))
 	vals["workers"] = merge(vals["workers"].(map[string]any), map[string]any{
 		"ports":       []any{map[string]any{"name": "debug", "containerPort": 5678}},
 		"hostAliases": []any{map[string]any{"ip": "10.0.0.11", "hostnames": []any{"ckpt.internal"}}},
@@ -56,7 +56,7 @@ func TestPodFields(t *testing.T) {
 	require.Equal(t, batchv1.PodFailurePolicyActionFailJob, rules[1].Action)
 	require.Equal(t, []int32{42}, rules[1].OnExitCodes.Values)
 
-	mpi := merge(pinned(t), readValues(t, chartDir+"/ci/mpi-values.yaml"))
+	mpi := merge(pinned(t), chartrender.ReadValues(t, chartDir+"/ci/mpi-values.yaml"))
 	mpi["suspend"] = true
 	r, err = render(ch, mpi, chartrender.Options{})
 	require.NoError(t, err)

@@ -18,7 +18,7 @@ import (
 // shaped to match; the dedicated rendezvous pod by rendezvous.resources. A Burstable trainer leaves the pods
 // Burstable, as before.
 func TestGuaranteedJob(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	guaranteed := map[string]any{"requests": map[string]any{"cpu": "8", "memory": "32Gi"}, "limits": map[string]any{"cpu": "8", "memory": "32Gi"}}
 	rdzv := map[string]any{"requests": map[string]any{"cpu": "200m", "memory": "256Mi"}, "limits": map[string]any{"cpu": "200m", "memory": "256Mi"}}
 	jobs := map[string]map[string]any{

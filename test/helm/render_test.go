@@ -13,8 +13,6 @@ import (
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
 
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
@@ -27,15 +25,6 @@ const (
 	release     = "demo"
 	namespace   = "ml"
 )
-
-func loadChart(t testing.TB) *chart.Chart {
-	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("load chart: %v", err)
-	}
-	return ch
-}
 
 // render renders the job chart as release demo in namespace ml (chartrender.Render: as `helm install`, or `helm
 // upgrade` from o.Revision 2, schema validation included, lookup answered from o.Cluster).
@@ -51,15 +40,6 @@ func manifest(objs []chartrender.Object) string {
 		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", o.Source, o.YAML)
 	}
 	return b.String()
-}
-
-func readValues(t testing.TB, path string) map[string]any {
-	t.Helper()
-	v, err := chartutil.ReadValuesFile(path)
-	if err != nil {
-		t.Fatalf("read %s: %v", path, err)
-	}
-	return v.AsMap()
 }
 
 // pinned are values that make renderings reproducible: the run id and the MPI SSH key are otherwise random.

@@ -63,7 +63,7 @@ type sidecarView struct {
 // (charts/elastic-training/templates/rendezvous.yaml) and the sidecar the webhook injects into a serving pod
 // (internal/mutate) with the same settings, with and without TLS.
 func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	dedicated := map[string]any{"placement": "dedicated"}
 	withTLS := map[string]any{"placement": "dedicated", "tls": map[string]any{"secretName": "demo-rdzv-tls"}}
 	type tc struct {

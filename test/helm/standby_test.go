@@ -22,7 +22,7 @@ import (
 // serving pod's service account. A PyTorch c10d job with placement auto has rendezvous.standbys standbys: the
 // first worker group's pods carry the annotation, and the webhook makes indices 1..n candidates too.
 func TestRendezvousLeaseAndStandbys(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	job := release
 	pytorch := func(over map[string]any) map[string]any {
 		return merge(merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"}, "workers": map[string]any{"replicas": 3, "maxReplicas": 4}}), over)
@@ -83,7 +83,7 @@ func TestRendezvousLeaseAndStandbys(t *testing.T) {
 
 // An upgrade keeps the endpoint the serving pod wrote (lookup): helm must not point the Service at nothing.
 func TestRendezvousEndpointKeptOnUpgrade(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	name := naming.RendezvousService(release)
 	live := map[string]any{"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
 		"metadata":  map[string]any{"name": name, "namespace": namespace},
@@ -112,7 +112,7 @@ func TestStandbysBoundIsTheWebhooks(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(raw, &schema))
 	assert.Equal(t, constants.MaxRdzvStandbys, schema.Properties.Rendezvous.Properties.Standbys.Maximum)
-	_, err = render(loadChart(t), merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"},
+	_, err = render(chartrender.Load(t, chartDir), merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"},
 		"rendezvous": map[string]any{"standbys": constants.MaxRdzvStandbys + 1}}), chartrender.Options{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "standbys")

@@ -11,7 +11,7 @@ import (
 // The data volume against the StorageClass the cluster gives it, read at install: what used to render and fail at
 // runtime (Multi-Attach on the second node) or stay Pending without a word is refused with the class to use.
 func TestSharedVolumeClass(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	class := func(name, provisioner string, isDefault bool) map[string]any {
 		md := map[string]any{"name": name}
 		if isDefault {

@@ -16,7 +16,7 @@ import (
 // with unknown fields rejected, so a misspelt field fails here before the API server sees it; and checks that
 // each is a namespaced kind a job install may create.
 func TestObjectsDecodeStrictly(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	allowed := map[string]bool{
 		"ConfigMap": true, "Secret": true, "Service": true, "Job": true, "StatefulSet": true, "Deployment": true, "Pod": true,
 		"NetworkPolicy": true, "PodDisruptionBudget": true, "PersistentVolumeClaim": true,

@@ -20,7 +20,7 @@ import (
 // can, else one down), reading the chart's defaults under the scenario's values.
 func scaleSets(t *testing.T, vals map[string]any) []string {
 	t.Helper()
-	all, err := chartutil.CoalesceValues(loadChart(t), vals)
+	all, err := chartutil.CoalesceValues(chartrender.Load(t, chartDir), vals)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ var scaleLine = regexp.MustCompile(`(?m)^  (parallelism|completions|replicas): \
 // byte-identical. MXNet is the documented exception: DMLC_NUM_WORKER must equal the worker count, so its pod
 // templates would change, which a Job does not allow; the chart refuses such an upgrade with a message.
 func TestUpgradeScalesOnlyMutableFields(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	scaled := 0
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
@@ -199,7 +199,7 @@ func runID(t *testing.T, objs []chartrender.Object) string {
 // TestUpgradeRefusesTemplateChanges: an upgrade that would change what every pod template carries (min/max nodes,
 // MXNet's worker count) is refused by the chart with a message, instead of Kubernetes' "field is immutable".
 func TestUpgradeRefusesTemplateChanges(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	cases := []struct {
 		desc   string
 		values string
@@ -222,7 +222,7 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			vals1 := readValues(t, filepath.Join(chartDir, c.values))
+			vals1 := chartrender.ReadValues(t, filepath.Join(chartDir, c.values))
 			r1, err := render(ch, vals1, chartrender.Options{Revision: 1})
 			if err != nil {
 				t.Fatal(err)
@@ -248,7 +248,7 @@ func TestUpgradeRefusesTemplateChanges(t *testing.T) {
 // TestDataVolumeOutlivesUninstall: the chart's PVC carries helm.sh/resource-policy: keep unless persistence.keep is
 // false, so following the refusal's advice (uninstall, install again) loses no checkpoint.
 func TestDataVolumeOutlivesUninstall(t *testing.T) {
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	for _, keep := range []bool{true, false} {
 		vals := merge(pinned(t), map[string]any{"command": []any{"torchrun", "t.py"},
 			"persistence": map[string]any{"enabled": true, "keep": keep}})

@@ -667,7 +667,7 @@ func TestWebhookChartCIValues(t *testing.T) {
 		vals := map[string]any{}
 		if file != "" {
 			name = filepath.Base(file)
-			vals = readValues(t, file)
+			vals = chartrender.ReadValues(t, file)
 		}
 		t.Run(name, func(t *testing.T) {
 			lintStrict(t, webhookChartDir, webhookNS, vals)

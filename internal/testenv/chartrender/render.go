@@ -1,7 +1,7 @@
 // Package chartrender renders this repository's Helm charts client-side, as
 // `helm install` and `helm upgrade` would but without a cluster, for the
-// charts' tests (test/helm) and for tests that register what a chart renders
-// with a real API server (test/e2e/webhook): the Helm SDK's chart loader,
+// charts' tests (test/helm) and for tests that send what a chart renders to a
+// real API server (test/e2e): the Helm SDK's chart loader,
 // chartutil.ToRenderValuesWithSchemaValidation (values.schema.json applied)
 // and engine.RenderWithClientProvider, with the chart's lookup calls answered
 // from a list of objects. Real installs against a cluster are
@@ -15,11 +15,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +60,30 @@ func AddSetFiles(path string, vals map[string]any) error {
 	return nil
 }
 
+// Load loads the chart in dir, failing the test when it cannot.
+func Load(t testing.TB, dir string) *chart.Chart {
+	t.Helper()
+	ch, err := loader.Load(dir)
+	if err != nil {
+		t.Fatalf("load chart %s: %v", dir, err)
+	}
+	return ch
+}
+
+// ReadValues reads the values file at path as `helm install -f path` would,
+// with what SetFiles gives for it, failing the test when it cannot.
+func ReadValues(t testing.TB, path string) map[string]any {
+	t.Helper()
+	v, err := chartutil.ReadValuesFile(path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	if err := AddSetFiles(path, v); err != nil {
+		t.Fatal(err)
+	}
+	return v.AsMap()
+}
+
 // Options says which release and revision a chart is rendered as.
 type Options struct {
 	Release, Namespace string
@@ -65,6 +91,8 @@ type Options struct {
 	Revision int
 	// Cluster holds the objects the chart's lookup calls find: what an earlier revision left in the cluster.
 	Cluster []map[string]any
+	// KubeVersion, when set, replaces the package's KubeVersion: a real cluster's, for objects sent to it.
+	KubeVersion *chartutil.KubeVersion
 }
 
 // Object is one rendered manifest.
@@ -78,6 +106,13 @@ type Object struct {
 
 // Key is Kind/Name.
 func (o Object) Key() string { return o.Kind + "/" + o.Name }
+
+// Hook says whether the object is a Helm hook, which an install applies
+// apart from the release's manifest (at its hook's time, or on `helm test`).
+func (o Object) Hook() bool {
+	_, ok := o.Unstructured().GetAnnotations()[release.HookAnnotation]
+	return ok
+}
 
 // Unstructured is the object as unstructured (sharing its map).
 func (o Object) Unstructured() *unstructured.Unstructured {
@@ -127,20 +162,27 @@ func RenderDir(dir string, values map[string]any, o Options) (*Rendered, error) 
 
 // Render renders ch with the user-supplied values as `helm install` (or
 // `helm upgrade`, from revision 2) would, values validated against the chart's
-// values.schema.json, for KubeVersion. Template errors and schema violations
-// are returned as Helm reports them.
+// values.schema.json, for KubeVersion (or o.KubeVersion), which must be one
+// the chart's kubeVersion accepts. Template errors, schema violations and an
+// unsupported Kubernetes version are returned as Helm reports them.
 func Render(ch *chart.Chart, values map[string]any, o Options) (*Rendered, error) {
 	if o.Revision == 0 {
 		o.Revision = 1
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = KubeVersion
+	if o.KubeVersion != nil {
+		caps.KubeVersion = *o.KubeVersion
+	}
 	rv, err := chartutil.ToRenderValuesWithSchemaValidation(ch, values, chartutil.ReleaseOptions{
 		Name: o.Release, Namespace: o.Namespace, Revision: o.Revision,
 		IsInstall: o.Revision == 1, IsUpgrade: o.Revision > 1,
 	}, caps, false)
 	if err != nil {
 		return nil, err
+	}
+	if kv := ch.Metadata.KubeVersion; kv != "" && !chartutil.IsCompatibleRange(kv, caps.KubeVersion.String()) {
+		return nil, fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s", kv, caps.KubeVersion.String())
 	}
 	files, err := engine.RenderWithClientProvider(ch, rv, clusterProvider{objs: o.Cluster})
 	if err != nil {

@@ -1,11 +1,15 @@
 package chartrender
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chartutil"
+
+	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
 // testChart has two templates (rendered out of name order by the engine's map), a NOTES.txt, an empty template
@@ -110,5 +114,52 @@ func TestDir(t *testing.T) {
 	}
 	if r.Find("MutatingWebhookConfiguration", "elastic-training-webhook") == nil {
 		t.Error("no MutatingWebhookConfiguration")
+	}
+}
+
+func TestRenderKubeVersion(t *testing.T) {
+	ch := testChart()
+	ch.Metadata.KubeVersion = ">=1.30.0-0"
+	old := &chartutil.KubeVersion{Version: "v1.29.4", Major: "1", Minor: "29"}
+	if _, err := Render(ch, nil, Options{Release: "rel", Namespace: "ns", KubeVersion: old}); err == nil || !strings.Contains(err.Error(), "incompatible with Kubernetes v1.29.4") {
+		t.Errorf("a cluster older than the chart's kubeVersion: want helm's refusal, got %v", err)
+	}
+	if _, err := Render(ch, nil, Options{Release: "rel", Namespace: "ns"}); err != nil {
+		t.Errorf("the default KubeVersion: %v", err)
+	}
+}
+
+func TestHook(t *testing.T) {
+	ch := testChart()
+	ch.Templates = append(ch.Templates, &chart.File{Name: "templates/tests/t.yaml", Data: []byte(`apiVersion: v1
+kind: Pod
+metadata:
+  name: t
+  annotations:
+    helm.sh/hook: test
+`)})
+	r, err := Render(ch, nil, Options{Release: "rel", Namespace: "ns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hooks []string
+	for _, o := range r.Objects {
+		if o.Hook() {
+			hooks = append(hooks, o.Key())
+		}
+	}
+	if !slices.Equal(hooks, []string{"Pod/t"}) {
+		t.Errorf("hooks %v, want [Pod/t]", hooks)
+	}
+}
+
+func TestReadValues(t *testing.T) {
+	examples := filepath.Join(testenv.RepoRoot(), "examples")
+	v := ReadValues(t, filepath.Join(examples, "script-run.yaml"))
+	if s, _ := v["script"].(string); !strings.Contains(s, "def main") {
+		t.Errorf("script-run.yaml without its --set-file script=train.py: %.80q", s)
+	}
+	if _, ok := ReadValues(t, filepath.Join(examples, "pytorch-elastic.yaml"))["script"]; ok {
+		t.Error("a script for an example whose usage sets none")
 	}
 }

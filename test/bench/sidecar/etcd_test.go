@@ -155,7 +155,7 @@ func BenchmarkTorchrun(b *testing.B) {
 // compare prints and reports the medians of the sidecar's times and etcd
 // 3.4's, each formatted with secFormat, and their ratio.
 func compare(b *testing.B, backend, secFormat string, side, ref []time.Duration) {
-	ms, mr := median(side), median(ref)
+	ms, mr := testenv.Median(side), testenv.Median(ref)
 	fmt.Printf("   %-8s sidecar median "+secFormat+" %v | etcd 3.4 median "+secFormat+" %v | ratio %.2f (goal ≤ 1.0)\n",
 		backend, ms.Seconds(), secs(side), mr.Seconds(), secs(ref), ms.Seconds()/mr.Seconds())
 	b.ReportMetric(ms.Seconds(), "sidecar-s")

@@ -22,6 +22,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
 )
 
 // The members and their hostfile: no baseline but the goals.
@@ -40,7 +41,7 @@ func BenchmarkHostfileLatency(b *testing.B) {
 		"--register=false", "--files-dir="+files, "--health-addr="+jhealth))
 	defer j.Stop(grace)
 	testenv.WaitHTTP(b, j, "http://"+jhealth+"/readyz", http.StatusOK, 60*time.Second)
-	cli := v3client(b, s.clientURL)
+	cli := etcdtest.Client(b, s.clientURL)
 	ctx := b.Context()
 	// Three permanent members so the file always exists.
 	for i := range 3 {

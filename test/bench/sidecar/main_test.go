@@ -108,9 +108,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
@@ -255,32 +252,9 @@ func startEtcd34(b *testing.B) *server {
 	return &server{Proc: p, clientURL: client}
 }
 
-// v3client is an etcd v3 client of url, closed when the benchmark ends.
-func v3client(b *testing.B, url string) *clientv3.Client {
-	b.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cli.Close() })
-	return cli
-}
-
-// agentArgs are torchrun's arguments for one agent of the run runID through
-// endpoint (host:port), then extra and the training script (the integration
-// tests'). On c10d the store is the server's: no agent hosts one
-// (is_host=false, as the webhook sets it, joined to conf).
-func agentArgs(backend, endpoint, runID, nnodes, conf string, extra ...string) []string {
-	if backend == "c10d" {
-		conf = strings.TrimPrefix(conf+",is_host=false", ",")
-	}
-	args := []string{"--nnodes=" + nnodes, "--nproc_per_node=1", "--rdzv_backend=" + backend,
-		"--rdzv_endpoint=" + endpoint, "--rdzv_id=" + runID, "--monitor_interval=1"}
-	if conf != "" {
-		args = append(args, "--rdzv_conf="+conf)
-	}
-	script := filepath.Join(testenv.RepoRoot(), "test/integration/sidecar/testdata/train.py")
-	return append(append(args, extra...), script)
+// trainScript is what the agents run: the integration tests' training script.
+func trainScript() string {
+	return filepath.Join(testenv.RepoRoot(), "test/integration/sidecar/testdata/train.py")
 }
 
 // firstRendezvous starts 4 agents at once through endpoint (host:port) and
@@ -293,7 +267,7 @@ func firstRendezvous(b *testing.B, endpoint, backend, runID string) time.Duratio
 	var ps []*testenv.Proc
 	for i := range 4 {
 		ps = append(ps, startTorch(b, fmt.Sprintf("%s-agent%d", runID, i), nil, "/usr/bin/torchrun",
-			agentArgs(backend, endpoint, runID, "4", "")...))
+			append(testenv.TorchrunArgs(backend, endpoint, runID, "4"), trainScript())...))
 	}
 	var last time.Duration
 	for _, p := range ps {
@@ -324,12 +298,6 @@ func secs(ds []time.Duration) []string {
 		out[i] = fmt.Sprintf("%.3f", d.Seconds())
 	}
 	return out
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 func pct(ds []time.Duration, p float64) time.Duration {

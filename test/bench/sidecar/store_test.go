@@ -64,7 +64,7 @@ func BenchmarkC10dTorchrun(b *testing.B) {
 		{"first rendezvous (4 agents: start → every worker done with all_reduce)", "first", first},
 		{"scale-up 2→3 (--nnodes=2:3: third agent's start → every worker at world 3)", "scale-up", scale},
 	} {
-		side, torch := median(m.ds["sidecar"]), median(m.ds["torch"])
+		side, torch := testenv.Median(m.ds["sidecar"]), testenv.Median(m.ds["torch"])
 		fmt.Printf("   %s\n      sidecar median %6.2fs %v | torch's store median %6.2fs %v | ratio %.2f\n",
 			m.what, side.Seconds(), secs(m.ds["sidecar"]), torch.Seconds(), secs(m.ds["torch"]), side.Seconds()/torch.Seconds())
 		b.ReportMetric(side.Seconds(), m.metric+"-sidecar-s")
@@ -81,7 +81,7 @@ func BenchmarkC10dTorchrun(b *testing.B) {
 // TestTorchrunElasticGrowShrink).
 func scaleUp(b *testing.B, endpoint, runID string) time.Duration {
 	b.Helper()
-	args := agentArgs("c10d", endpoint, runID, "2:3", "last_call_timeout=2", "--max_restarts=5")
+	args := append(testenv.TorchrunArgs("c10d", endpoint, runID, "2:3", "--rdzv_conf=last_call_timeout=2", "--max_restarts=5"), trainScript())
 	env := []string{"TRAIN_STEPS=100000", "STEP_SLEEP=0.3"}
 	var ps []*testenv.Proc
 	startAgent := func() {

@@ -10,10 +10,6 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/releaseutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,15 +28,6 @@ const (
 	examplesDir = "../../../examples"
 )
 
-func loadChart(t *testing.T) *chart.Chart {
-	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 func valuesFiles(t *testing.T) []string {
 	ci, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
 	ex, _ := filepath.Glob(filepath.Join(examplesDir, "*.yaml"))
@@ -48,54 +35,6 @@ func valuesFiles(t *testing.T) []string {
 		t.Fatal("no scenarios found")
 	}
 	return append(ci, ex...)
-}
-
-// readValues reads a values file, with what an example's usage gives with --set-file (chartrender.SetFiles).
-func readValues(t *testing.T, path string) map[string]any {
-	t.Helper()
-	v, err := chartutil.ReadValuesFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := chartrender.AddSetFiles(path, v); err != nil {
-		t.Fatal(err)
-	}
-	return v.AsMap()
-}
-
-// renderManifests renders the chart client-side (`helm install --dry-run`), hooks included.
-func renderManifests(t *testing.T, ch *chart.Chart, release, ns string, vals map[string]any) []*unstructured.Unstructured {
-	t.Helper()
-	in := action.NewInstall(&action.Configuration{})
-	in.DryRun, in.ClientOnly, in.Replace = true, true, true
-	in.ReleaseName, in.Namespace = release, ns
-	in.KubeVersion = &chartutil.KubeVersion{Version: "v1.36.3", Major: "1", Minor: "36"}
-	rel, err := in.Run(ch, vals)
-	if err != nil {
-		t.Fatalf("render: %v", err)
-	}
-	all := rel.Manifest
-	for _, h := range rel.Hooks {
-		all += "\n---\n" + h.Manifest
-	}
-	var out []*unstructured.Unstructured
-	docs := releaseutil.SplitManifests(all)
-	keys := make([]string, 0, len(docs))
-	for k := range docs {
-		keys = append(keys, k)
-	}
-	sort.Sort(releaseutil.BySplitManifestsOrder(keys))
-	for _, k := range keys {
-		var m map[string]any
-		if err := yaml.Unmarshal([]byte(docs[k]), &m); err != nil {
-			t.Fatalf("render: %v", err)
-		}
-		if len(m) == 0 {
-			continue
-		}
-		out = append(out, &unstructured.Unstructured{Object: m})
-	}
-	return out
 }
 
 func clients(t *testing.T, c *cluster) (dynamic.Interface, meta.RESTMapper, discovery.DiscoveryInterface) {
@@ -116,14 +55,20 @@ func clients(t *testing.T, c *cluster) (dynamic.Interface, meta.RESTMapper, disc
 // object is namespaced (a job install needs only namespace-scoped rights).
 func TestServerSideDryRun(t *testing.T) {
 	c := getCluster(t)
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	dc, mapper, _ := clients(t, c)
 	ns := c.namespace(t)
 	total := 0
 	for _, path := range valuesFiles(t) {
 		name := strings.TrimSuffix(filepath.Base(path), ".yaml")
 		t.Run(name, func(t *testing.T) {
-			for _, obj := range renderManifests(t, ch, "dry", ns, readValues(t, path)) {
+			// Hooks included: Helm creates them too (helm test).
+			r, err := chartrender.Render(ch, chartrender.ReadValues(t, path), chartrender.Options{Release: "dry", Namespace: ns})
+			if err != nil {
+				t.Fatalf("render: %v", err)
+			}
+			for _, o := range r.Objects {
+				obj := o.Unstructured()
 				gvk := obj.GroupVersionKind()
 				if gvk.Group == "scheduling.volcano.sh" {
 					// Volcano cannot be built here (docs/queues.md): no API server serves its PodGroup. test/helm
@@ -177,8 +122,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 			ns := c.namespace(t)
 			cfg := c.helmConfig(t, ns)
 			// A chart of its own: Helm's install and upgrade write the release's values into the chart's.
-			ch := loadChart(t)
-			vals := readValues(t, filepath.Join(chartDir, "ci", tc.values))
+			ch := chartrender.Load(t, chartDir)
+			vals := chartrender.ReadValues(t, filepath.Join(chartDir, "ci", tc.values))
 			vals["tests"] = map[string]any{"enabled": false}
 
 			in := action.NewInstall(cfg)

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // TestRefusedUpgradeChangesNothing: on the real cluster, `helm upgrade --reuse-values --set image.tag=…` (a pod
@@ -24,10 +26,10 @@ import (
 // and installing the job again takes that same PVC over.
 func TestRefusedUpgradeChangesNothing(t *testing.T) {
 	c := getCluster(t)
-	ch := loadChart(t)
+	ch := chartrender.Load(t, chartDir)
 	dc, _, _ := clients(t, c)
 	ns := c.namespace(t)
-	vals := readValues(t, filepath.Join(chartDir, "ci", "pytorch-values.yaml"))
+	vals := chartrender.ReadValues(t, filepath.Join(chartDir, "ci", "pytorch-values.yaml"))
 	vals["tests"] = map[string]any{"enabled": false}
 	vals["persistence"] = map[string]any{"enabled": true, "size": "1Gi", "accessModes": []any{"ReadWriteOnce"}}
 
@@ -47,7 +49,7 @@ func TestRefusedUpgradeChangesNothing(t *testing.T) {
 		desc := fmt.Sprint(set) // before Helm merges the release's values into it
 		up := action.NewUpgrade(c.helmConfig(t, ns))
 		up.Namespace, up.ReuseValues, up.Timeout = ns, true, 2*time.Minute
-		_, err = up.Run("job", loadChart(t), set)
+		_, err = up.Run("job", chartrender.Load(t, chartDir), set)
 		if err == nil || !strings.Contains(err.Error(), "upgrade refused, nothing was changed: Job job-worker's pod template would change") {
 			t.Fatalf("helm upgrade --reuse-values --set %s: want the refusal, got %v", desc, err)
 		}
@@ -87,7 +89,7 @@ func TestRefusedUpgradeChangesNothing(t *testing.T) {
 	vals["runId"] = runID
 	in = action.NewInstall(c.helmConfig(t, ns))
 	in.ReleaseName, in.Namespace, in.Timeout = "job", ns, 2*time.Minute
-	if _, err := in.Run(loadChart(t), vals); err != nil {
+	if _, err := in.Run(chartrender.Load(t, chartDir), vals); err != nil {
 		t.Fatalf("helm install again (the refusal's advice): %v", err)
 	}
 	pvc3, err := dc.Resource(pvcs).Namespace(ns).Get(context.Background(), "job-data", metav1.GetOptions{})

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
 // HelmOption changes one Helm install/upgrade setting.
@@ -58,16 +58,6 @@ func (c *Cluster) HelmConfig(t testing.TB, ns string) *action.Configuration {
 	return cfg
 }
 
-// loadChart loads the chart in chartDir for `helm <command> <releaseName>`, failing the test when it cannot.
-func loadChart(t testing.TB, command, releaseName, chartDir string) *chart.Chart {
-	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("helm %s %s: load chart %s: %v", command, releaseName, chartDir, err)
-	}
-	return ch
-}
-
 func applyOptions(opts []HelmOption) helmOptions {
 	o := helmOptions{timeout: 5 * time.Minute}
 	for _, opt := range opts {
@@ -81,7 +71,7 @@ func applyOptions(opts []HelmOption) helmOptions {
 // (before the namespace goes), so cluster-scoped objects such as webhook configurations go with it.
 func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
 	t.Helper()
-	ch := loadChart(t, "install", releaseName, chartDir)
+	ch := chartrender.Load(t, chartDir)
 	o := applyOptions(opts)
 	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
@@ -114,7 +104,7 @@ func (c *Cluster) uninstallLeftover(t testing.TB, ns, releaseName string) {
 // HelmUpgrade upgrades release in ns to the chart in chartDir with values (as `helm upgrade`).
 func (c *Cluster) HelmUpgrade(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
 	t.Helper()
-	ch := loadChart(t, "upgrade", releaseName, chartDir)
+	ch := chartrender.Load(t, chartDir)
 	o := applyOptions(opts)
 	up := action.NewUpgrade(c.HelmConfig(t, ns))
 	up.Namespace = ns
@@ -180,7 +170,7 @@ func (c *Cluster) HelmValues(t testing.TB, ns, releaseName string) map[string]an
 // and uninstalled when the test ends).
 func (c *Cluster) HelmInstallError(t testing.TB, ns, releaseName, chartDir string, values map[string]any) error {
 	t.Helper()
-	ch := loadChart(t, "install", releaseName, chartDir)
+	ch := chartrender.Load(t, chartDir)
 	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
 	t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -49,12 +49,6 @@ func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) sca
 	return s
 }
 
-func median(d []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
-}
-
 // BenchmarkScaling measures, on the real cluster and in one run, how long an elastic PyTorch job takes from
 // `helm install` to its first step, and from `helm upgrade` (one worker more, one fewer) until every worker
 // trains at the new world size, with the chart's rendezvous defaults and with torch's own defaults
@@ -89,7 +83,7 @@ func BenchmarkScaling(b *testing.B) {
 		for _, s := range got[j] {
 			d = append(d, f(s))
 		}
-		return median(d)
+		return testenv.Median(d)
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nelastic PyTorch on the local cluster (%s, torch %s), median of %d runs each (seconds)\n",

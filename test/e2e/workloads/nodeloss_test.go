@@ -142,21 +142,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 
 	// Kubernetes catches up: the lost pods are evicted (the node's grace period, then nodeLossTolerationSeconds),
 	// replaced on the node left, and the job grows back to 3 by itself.
-	c.WaitWorld(t, ns, sel, trainer, 3, 1, 5*time.Minute)
-	pods, err = c.LivePods(t.Context(), ns, sel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, p := range pods {
-		if p.Spec.NodeName == victim {
-			t.Errorf("%s trains on the lost node %s", p.Name, victim)
-		}
-		names = append(names, p.Name)
-	}
-	if m.replaced, err = waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	pods, m.replaced = grownBack(t, c, ns, sel, victim, at)
 	t.Logf("the lost pods replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
 		framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, m.replaced.Seconds(), podNodes(pods))
 
@@ -280,22 +266,8 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 
 	if placement != "dedicated" {
 		// Kubernetes catches up: worker 0 is evicted and replaced on the node left, and the job grows back to 3.
-		c.WaitWorld(t, ns, sel, trainer, 3, 1, 5*time.Minute)
-		pods, err = c.LivePods(t.Context(), ns, sel)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, p := range pods {
-			if p.Spec.NodeName == victim {
-				t.Errorf("%s trains on the lost node %s", p.Name, victim)
-			}
-			names = append(names, p.Name)
-		}
-		all, err := waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var all time.Duration
+		pods, all = grownBack(t, c, ns, sel, victim, at)
 		t.Logf("worker 0 replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
 			framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, all.Seconds(), podNodes(pods))
 	}
@@ -326,6 +298,30 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 		t.Errorf("the rendezvous moved after the node came back: %v %v, want %s", p, err, now.Name)
 	}
 	uninstallJob(t, c, ns, job)
+}
+
+// grownBack waits until the job is back at 3 workers after victim was lost at at, none of them on victim (the
+// test fails for each that is), and all training again. It returns the live pods and how long after at the last
+// of them trained again.
+func grownBack(t testing.TB, c *framework.Cluster, ns, sel, victim string, at time.Time) ([]corev1.Pod, time.Duration) {
+	t.Helper()
+	c.WaitWorld(t, ns, sel, trainer, 3, 1, 5*time.Minute)
+	pods, err := c.LivePods(t.Context(), ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range pods {
+		if p.Spec.NodeName == victim {
+			t.Errorf("%s trains on the lost node %s", p.Name, victim)
+		}
+		names = append(names, p.Name)
+	}
+	again, err := waitTrainingAgain(t.Context(), c, ns, names, 3, at, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods, again
 }
 
 // comeBack brings victim back after fault. Its pods (gone), deleted while it was away, are killed by its kubelet and

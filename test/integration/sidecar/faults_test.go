@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
 )
 
 const leaseTTL = 2 * time.Second // startJoin passes --lease-ttl=2s
@@ -77,7 +78,7 @@ func TestFaults(t *testing.T) {
 	require.NoError(t, s.Wait(t, 30*time.Second))
 	start = time.Now()
 	s.start(t)
-	cli := v3client(t, s.URL)
+	cli := etcdtest.Client(t, s.URL)
 	waitMembers(t, cli, 2)
 	t.Logf("serve restart (same data dir) → members listed: %s after start", time.Since(start).Round(time.Millisecond))
 

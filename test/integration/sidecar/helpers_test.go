@@ -20,8 +20,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
@@ -112,16 +110,6 @@ func startJoinHealth(t *testing.T, endpoint, host string, slots int, filesDir st
 	p := testenv.Start(t, "join "+host, exec.Command(sidecarBin, args...))
 	waitReady(t, p, health)
 	return p, health
-}
-
-func v3client(t *testing.T, endpoint string) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
 }
 
 func readFile(path string) string {

@@ -74,7 +74,7 @@ func testLeaveBeforeStop(t *testing.T, tr trainer, backend string) {
 
 	runID := "leave-" + backend
 	script := trainScript(t)
-	args := append(agentArgs(s, backend, runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
+	args := append(testenv.TorchrunArgs(backend, s.rdzvEndpoint(backend), runID, "2:3", "--max_restarts=5", "--rdzv_conf=last_call_timeout=2"), script)
 	env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
 	a := tr.startAgent(t, "agent-0", env, args...)
 	b := tr.startAgent(t, "agent-1", env, args...)

@@ -33,7 +33,7 @@ func testStoreLost(t *testing.T, tr trainer) {
 		proxy := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 		startJoin(t, s.URL, "agent-a.example", 1, "", "--c10d-addr="+proxy, "--c10d-upstream="+s.C10d)
 		env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.2")
-		args := append(agentArgs(s, "c10d", "lost-store", "2"), trainScript(t))
+		args := append(testenv.TorchrunArgs("c10d", s.rdzvEndpoint("c10d"), "lost-store", "2"), trainScript(t))
 		viaProxy := make([]string, len(args))
 		for i, a := range args {
 			viaProxy[i] = strings.Replace(a, "--rdzv_endpoint="+s.C10d, "--rdzv_endpoint="+proxy, 1)

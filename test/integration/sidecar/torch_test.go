@@ -3,7 +3,6 @@ package sidecar_test
 import (
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,23 +16,13 @@ import (
 
 var backends = []string{"etcd-v2", "etcd", "c10d"}
 
-// agentArgs are torchrun's arguments for the sidecar s as the webhook sets
-// them: c10d through the sidecar's store, which no agent hosts (is_host=false
-// joins any --rdzv_conf in extra).
-func agentArgs(s *server, backend, runID, nnodes string, extra ...string) []string {
-	endpoint := strings.TrimPrefix(s.URL, "http://")
+// rdzvEndpoint is the sidecar s's address for torchrun's backend: c10d goes
+// to its store, the etcd backends to its client port.
+func (s *server) rdzvEndpoint(backend string) string {
 	if backend == "c10d" {
-		endpoint = s.C10d
-		conf := slices.IndexFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--rdzv_conf=") })
-		if conf < 0 {
-			extra = append(extra, "--rdzv_conf=is_host=false")
-		} else {
-			extra = slices.Clone(extra)
-			extra[conf] += ",is_host=false"
-		}
+		return s.C10d
 	}
-	return append([]string{"--nnodes=" + nnodes, "--nproc_per_node=1", "--rdzv_backend=" + backend,
-		"--rdzv_endpoint=" + endpoint, "--rdzv_id=" + runID, "--monitor_interval=1"}, extra...)
+	return strings.TrimPrefix(s.URL, "http://")
 }
 
 // Two real torchrun agents rendezvous through the sidecar and all_reduce.
@@ -43,8 +32,8 @@ func TestTorchrunTwoAgents(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			s := startServe(t)
 			script := trainScript(t)
-			a := tr.startAgent(t, "agent-0", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
-			b := tr.startAgent(t, "agent-1", torchrunEnv(), append(agentArgs(s, backend, "two-"+backend, "2"), script)...)
+			a := tr.startAgent(t, "agent-0", torchrunEnv(), append(testenv.TorchrunArgs(backend, s.rdzvEndpoint(backend), "two-"+backend, "2"), script)...)
+			b := tr.startAgent(t, "agent-1", torchrunEnv(), append(testenv.TorchrunArgs(backend, s.rdzvEndpoint(backend), "two-"+backend, "2"), script)...)
 			requireTwoWorkerResults(t, a, b)
 			// The round, with torch's world size: read from torch's own state (a pickle, on etcd-v2 and c10d).
 			testenv.Eventually(t, 5*time.Second, "a round log line", func() error {
@@ -90,7 +79,7 @@ python3 -c 'import etcd' 2>/dev/null && { echo "python-etcd still importable"; e
 exec /usr/bin/torchrun "$@"`
 	var agents []*testenv.Proc
 	for _, name := range []string{"agent-0", "agent-1"} {
-		cmd := tr.command("/bin/sh", append([]string{"-c", noEtcd, "sh"}, append(agentArgs(s, "c10d", "no-etcd", "2"), script)...)...)
+		cmd := tr.command("/bin/sh", append([]string{"-c", noEtcd, "sh"}, append(testenv.TorchrunArgs("c10d", s.rdzvEndpoint("c10d"), "no-etcd", "2"), script)...)...)
 		cmd.Env = torchrunEnv()
 		agents = append(agents, testenv.Start(t, name, cmd))
 	}
@@ -128,7 +117,7 @@ func testElasticGrowShrink(t *testing.T, tr trainer, backend string) {
 	s := startServe(t)
 	script := trainScript(t)
 	conf := "--rdzv_conf=last_call_timeout=2"
-	args := append(agentArgs(s, backend, "elastic-"+backend, "2:3", "--max_restarts=5", conf), script)
+	args := append(testenv.TorchrunArgs(backend, s.rdzvEndpoint(backend), "elastic-"+backend, "2:3", "--max_restarts=5", conf), script)
 	env := torchrunEnv("TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
 	a := tr.startAgent(t, "agent-0", env, args...)
 	b := tr.startAgent(t, "agent-1", env, args...)
@@ -178,7 +167,7 @@ func TestRunDirectoryOutlivesTTL(t *testing.T) {
 	s := startServe(t, fmt.Sprintf("--v2-max-dir-ttl=%s", ttl))
 	script := trainScript(t)
 	env := torchrunEnv("TRAIN_STEPS=40", "STEP_SLEEP=0.25")
-	args := append(agentArgs(s, "etcd", "ttl-run", "2"), script)
+	args := append(testenv.TorchrunArgs("etcd", s.rdzvEndpoint("etcd"), "ttl-run", "2"), script)
 	a := tr.startAgent(t, "agent-0", env, args...)
 	b := tr.startAgent(t, "agent-1", env, args...)
 

@@ -3,9 +3,7 @@ package podcreation
 import (
 	"context"
 	"fmt"
-	"math"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -129,7 +128,7 @@ func BenchmarkPodCreation(b *testing.B) {
 			without = append(without, r.create.Seconds())
 		}
 	}
-	ratio := median(with) / median(without)
+	ratio := testenv.Median(with) / testenv.Median(without)
 	verdict := "PASS"
 	if ratio > goal {
 		verdict = "MISS"
@@ -148,8 +147,8 @@ func BenchmarkPodCreation(b *testing.B) {
 	for i := range with {
 		fmt.Fprintf(&out, "%-10s %16.2f %16.2f\n", fmt.Sprintf("round %d", i+1), without[i], with[i])
 	}
-	fmt.Fprintf(&out, "%-10s %16.2f %16.2f\n", "median", median(without), median(with))
-	fmt.Fprintf(&out, "%-10s %16.0f %16.0f\n", "pods/s", float64(pods)/median(without), float64(pods)/median(with))
+	fmt.Fprintf(&out, "%-10s %16.2f %16.2f\n", "median", testenv.Median(without), testenv.Median(with))
+	fmt.Fprintf(&out, "%-10s %16.0f %16.0f\n", "pods/s", float64(pods)/testenv.Median(without), float64(pods)/testenv.Median(with))
 	fmt.Fprintf(&out, "ratio with/without (medians): %.3f, goal <= %.2f: %s\n", ratio, goal, verdict)
 	fmt.Fprintf(&out, "without webhook: namespace %s in the chart's webhook.excludeNamespaces (the MutatingWebhookConfiguration's\n", nsWithout)
 	fmt.Fprintf(&out, "  namespaceSelector); checked per repetition: 0 pods mutated and 0 webhook calls; with: every pod mutated\n")
@@ -162,8 +161,8 @@ func BenchmarkPodCreation(b *testing.B) {
 	fmt.Fprintf(&out, "  calls per bucket: %s\n", hist.describe())
 	fmt.Print(out.String())
 
-	b.ReportMetric(median(without), "without-s")
-	b.ReportMetric(median(with), "with-s")
+	b.ReportMetric(testenv.Median(without), "without-s")
+	b.ReportMetric(testenv.Median(with), "with-s")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(hist.quantile(0.5)*1000, "admission-p50-ms")
 	b.ReportMetric(hist.quantile(0.99)*1000, "admission-p99-ms")
@@ -174,18 +173,6 @@ func mode(with bool) string {
 		return "with webhook"
 	}
 	return "without webhook"
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s) == 0 {
-		return math.NaN()
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func callsList(rs []repetition) string {
