@@ -117,13 +117,7 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	}
 	t.Logf("workers: %v; %s's loss takes %v", podNodes(pods), victim, lost)
 
-	var at time.Time
-	switch fault {
-	case crash:
-		at = c.CrashNode(t, victim)
-	case partition:
-		at = c.PartitionNode(t, victim)
-	}
+	at := loseNode(t, c, fault, victim)
 	m := nodeLoss{survivors: len(survivors)}
 	limit := 4 * time.Minute
 	if run.smallerLimit > 0 {
@@ -223,13 +217,7 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 	}
 	t.Logf("workers: %v; %s serves the rendezvous; %s's %s takes it", podNodes(pods), server.Name, victim, fault)
 
-	var at time.Time
-	switch fault {
-	case crash:
-		at = c.CrashNode(t, victim)
-	case partition:
-		at = c.PartitionNode(t, victim)
-	}
+	at := loseNode(t, c, fault, victim)
 	world := len(survivors)
 	if placement == "dedicated" {
 		// No standby: the next store comes with Kubernetes' replacement of the rendezvous pod.
@@ -534,4 +522,17 @@ func podReady(p corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// loseNode brings fault on node and returns when it struck.
+func loseNode(t testing.TB, c *framework.Cluster, fault nodeFault, node string) time.Time {
+	t.Helper()
+	switch fault {
+	case crash:
+		return c.CrashNode(t, node)
+	case partition:
+		return c.PartitionNode(t, node)
+	}
+	t.Fatalf("unknown fault %q", fault)
+	return time.Time{}
 }
