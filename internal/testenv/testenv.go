@@ -1,5 +1,7 @@
-// Package testenv is the project's one test-support package. It helps tests
-// and benchmarks run real programs (etcd 3.4, rdzv-sidecar, torchrun,
+// Package testenv is the project's general test support (beside it:
+// internal/testcert's certificates, internal/mutate/mutatetest's pods,
+// internal/tcpstore/tcpstoretest's store servers, test/e2e/framework's
+// cluster). It helps tests and benchmarks run real programs (etcd 3.4, rdzv-sidecar, torchrun,
 // mpirun): free loopback ports (ports.go: PickFreePort, FreePort), polling
 // instead of sleeping (poll.go: Poll, PollHTTP, CheckHTTP, Eventually,
 // WaitHTTP, WaitOutput), required binaries that fail the test with a clear
