@@ -312,13 +312,17 @@ func hostfileLine(flavour, host string, slots int) string {
 // both workers answer and places a rank on each (a real allreduce across the two nodes). Then `helm upgrade` scales
 // the workers 2 -> 3 -> 2: launch stops the run at each change and runs it again on every worker there is.
 func TestMPIFromDefaults(t *testing.T) {
+	c := framework.Get(t)
+	c.ShapeAsGPUNode(t, framework.ExtraNodes[0]) // tainted as a managed cluster's GPU nodes are
+	// The two flavours together (each in its namespace; nothing here is timed against a goal), after this function
+	// returns and before its cleanup takes the taint off: no other test runs meanwhile.
 	for _, tc := range []struct{ flavour, values, command string }{
 		{constants.FlavourOpenMPI, "examples/local/mpi-allreduce.yaml", "mpirun.openmpi"},
 		{constants.FlavourMPICH, "examples/local/mpich-allreduce.yaml", "mpiexec.hydra"},
 	} {
 		t.Run(tc.flavour, func(t *testing.T) {
+			t.Parallel()
 			c, ns := startTest(t)
-			c.ShapeAsGPUNode(t, framework.ExtraNodes[0]) // tainted as a managed cluster's GPU nodes are
 			const job = "allreduce"
 			v := jobValues(t, c, tc.values, "")
 			set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
