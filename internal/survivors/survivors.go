@@ -221,10 +221,12 @@ func (r *Restarter) dropGoneLocked(ru *run) bool {
 }
 
 // restartAfterTorchDropLocked puts the placeholder on the wait list of ru's
-// completed round when torch dropped a participant whose host is gone (its
-// _sanitize came before the membership's news, or after a compare-and-set of
-// ours lost), so that the survivors restart as they would have if the
-// Restarter had dropped it.
+// completed round when a participant that left it (torch's _sanitize came
+// before the membership's news, or after a compare-and-set of ours lost; or
+// its pod's preStop took it out on a scale-down) is gone from the membership
+// too, so that the survivors restart as they would have if the Restarter had
+// dropped it. After a preStop they would restart anyway, once their
+// collectives fail; now at once.
 func (r *Restarter) restartAfterTorchDropLocked(ru *run) bool {
 	st := ru.prev
 	var lost []string
@@ -249,7 +251,7 @@ func (r *Restarter) restartAfterTorchDropLocked(ru *run) bool {
 		}
 		r.restarts.Inc()
 		ru.placeholder = &p
-		r.log.Info("torch had dropped a participant whose pod left the job's membership; asked the survivors to restart",
+		r.log.Info("a participant out of the round already (torch's _sanitize, or its preStop) left the job's membership; asked the survivors to restart",
 			"round", st.Round, "hosts", lost, "survivors", len(st.Participants))
 	})
 	return wrote
