@@ -71,19 +71,24 @@ func applyOptions(opts []HelmOption) helmOptions {
 // (before the namespace goes), so cluster-scoped objects such as webhook configurations go with it.
 func (c *Cluster) HelmInstall(t testing.TB, ns, releaseName, chartDir string, values map[string]any, opts ...HelmOption) *release.Release {
 	t.Helper()
+	rel, err := c.install(t, ns, releaseName, chartDir, values, applyOptions(opts))
+	if err != nil {
+		t.Fatalf("helm install %s (chart %s) in %s: %v", releaseName, chartDir, ns, err)
+	}
+	return rel
+}
+
+// install is `helm install` with o; a release still installed when the test ends is uninstalled, unless o keeps it.
+func (c *Cluster) install(t testing.TB, ns, releaseName, chartDir string, values map[string]any, o helmOptions) (*release.Release, error) {
+	t.Helper()
 	ch := chartrender.Load(t, chartDir)
-	o := applyOptions(opts)
 	in := action.NewInstall(c.HelmConfig(t, ns))
 	in.ReleaseName, in.Namespace = releaseName, ns
 	in.Wait, in.WaitForJobs, in.Timeout = o.wait, o.waitForJobs, o.timeout
 	if !o.keep {
 		t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })
 	}
-	rel, err := in.RunWithContext(t.Context(), ch, values)
-	if err != nil {
-		t.Fatalf("helm install %s (chart %s) in %s: %v", releaseName, chartDir, ns, err)
-	}
-	return rel
+	return in.RunWithContext(t.Context(), ch, values)
 }
 
 func (c *Cluster) uninstallLeftover(t testing.TB, ns, releaseName string) {
@@ -170,10 +175,6 @@ func (c *Cluster) HelmValues(t testing.TB, ns, releaseName string) map[string]an
 // and uninstalled when the test ends).
 func (c *Cluster) HelmInstallError(t testing.TB, ns, releaseName, chartDir string, values map[string]any) error {
 	t.Helper()
-	ch := chartrender.Load(t, chartDir)
-	in := action.NewInstall(c.HelmConfig(t, ns))
-	in.ReleaseName, in.Namespace = releaseName, ns
-	t.Cleanup(func() { c.uninstallLeftover(t, ns, releaseName) })
-	_, err := in.RunWithContext(t.Context(), ch, values)
+	_, err := c.install(t, ns, releaseName, chartDir, values, applyOptions(nil))
 	return err
 }
