@@ -74,6 +74,7 @@ type memberState struct {
 	registered bool
 	synced     bool // files written at least once
 	members    []membership.Member
+	slotsOf    map[string]int // members' slots by host, made with members
 }
 
 func (s *memberState) set(f func(*memberState)) {
@@ -82,16 +83,13 @@ func (s *memberState) set(f func(*memberState)) {
 	f(s)
 }
 
-// slots is the slots of the member at host, as last listed.
+// slots is the slots of the member at host, as last listed: a map, since the
+// view asks for every node of a round (1,024 at a time).
 func (s *memberState) slots(host string) (int, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, m := range s.members {
-		if m.Host == host {
-			return m.Slots, true
-		}
-	}
-	return 0, false
+	n, ok := s.slotsOf[host]
+	return n, ok
 }
 
 func (s *memberState) ready(register bool) (bool, string) {
@@ -151,7 +149,11 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 				m.filesWritten.Inc()
 			}
 		}
-		st.set(func(s *memberState) { s.members = ms; s.synced = true })
+		slotsOf := make(map[string]int, len(ms))
+		for _, m := range ms {
+			slotsOf[m.Host] = m.Slots
+		}
+		st.set(func(s *memberState) { s.members, s.slotsOf, s.synced = ms, slotsOf, true })
 	})
 	wg.Wait()
 }
