@@ -139,10 +139,10 @@ func (r *Restarter) C10dWrite(key string, value []byte) {
 		case !slices.Contains(st.Waiting, *p):
 			ru.placeholder = nil // torch dropped it (no heartbeat for too long)
 		case st.Round > p.LocalID:
-			r.compareSet(ru, func() ([]byte, error) { return torchstate.WithoutWaiting(value, *p) }, func() {
+			if r.compareSet(ru, func() ([]byte, error) { return torchstate.WithoutWaiting(value, *p) }) {
 				r.log.Info("survivors restarted: placeholder off the wait list", "run", id, "round", st.Round)
 				ru.placeholder = nil
-			})
+			}
 		}
 	}
 }
@@ -197,27 +197,26 @@ func (r *Restarter) dropGoneLocked(ru *run) bool {
 	if !slices.ContainsFunc(st.Participants, func(p torchstate.Participant) bool { return r.gone[p.Addr] }) {
 		return r.restartAfterTorchDropLocked(ru)
 	}
-	p := torchstate.Node{Addr: r.name, LocalID: st.Round}
+	p := r.placeholderOf(st.Round)
 	var dropped []torchstate.Node
-	wrote := false
-	r.compareSet(ru, func() ([]byte, error) {
+	if !r.compareSet(ru, func() ([]byte, error) {
 		out, d, err := torchstate.WithoutParticipants(ru.value, func(addr string) bool { return r.gone[addr] }, p, r.now())
 		dropped = d
 		return out, err
-	}, func() {
-		wrote = true
-		survivors := len(st.Participants) - len(dropped)
-		if survivors == 0 {
-			r.log.Info("the last participants' pods left the job's membership; dropped them, the next round begins",
-				"round", st.Round, "dropped", dropped)
-			return
-		}
-		r.restarts.Inc()
-		ru.placeholder = &p
-		r.log.Info("a participant's pod left the job's membership; dropped it from the round and asked the survivors to restart",
-			"round", st.Round, "dropped", dropped, "survivors", survivors)
-	})
-	return wrote
+	}) {
+		return false
+	}
+	survivors := len(st.Participants) - len(dropped)
+	if survivors == 0 {
+		r.log.Info("the last participants' pods left the job's membership; dropped them, the next round begins",
+			"round", st.Round, "dropped", dropped)
+		return true
+	}
+	r.restarts.Inc()
+	ru.placeholder = &p
+	r.log.Info("a participant's pod left the job's membership; dropped it from the round and asked the survivors to restart",
+		"round", st.Round, "dropped", dropped, "survivors", survivors)
+	return true
 }
 
 // restartAfterTorchDropLocked puts the placeholder on the wait list of ru's
@@ -238,49 +237,52 @@ func (r *Restarter) restartAfterTorchDropLocked(ru *run) bool {
 	if len(lost) == 0 || len(st.Participants) == 0 {
 		return false
 	}
-	p := torchstate.Node{Addr: r.name, LocalID: st.Round}
-	if slices.Contains(st.Waiting, p) {
+	p := r.placeholderOf(st.Round)
+	if slices.Contains(st.Waiting, p) ||
+		!r.compareSet(ru, func() ([]byte, error) { return torchstate.WithWaiting(ru.value, p, r.now()) }) {
 		return false
 	}
 	slices.Sort(lost)
-	wrote := false
-	r.compareSet(ru, func() ([]byte, error) { return torchstate.WithWaiting(ru.value, p, r.now()) }, func() {
-		wrote = true
-		for _, h := range lost {
-			delete(ru.left, h)
-		}
-		r.restarts.Inc()
-		ru.placeholder = &p
-		r.log.Info("a participant out of the round already (torch's _sanitize, or its preStop) left the job's membership; asked the survivors to restart",
-			"round", st.Round, "hosts", lost, "survivors", len(st.Participants))
-	})
-	return wrote
+	for _, h := range lost {
+		delete(ru.left, h)
+	}
+	r.restarts.Inc()
+	ru.placeholder = &p
+	r.log.Info("a participant out of the round already (torch's _sanitize, or its preStop) left the job's membership; asked the survivors to restart",
+		"round", st.Round, "hosts", lost, "survivors", len(st.Participants))
+	return true
+}
+
+// placeholderOf is the node the Restarter puts on round's wait list: the
+// serving pod's name, as torch shows it ("<name>_0_<round>").
+func (r *Restarter) placeholderOf(round int) torchstate.Node {
+	return torchstate.Node{Addr: r.name, LocalID: round}
 }
 
 // compareSet writes what edit makes of ru's state, if the store still holds
-// it, and calls done when it was stored; ru then holds what was written, so
+// it, and reports whether it was stored; ru then holds what was written, so
 // that the next write is compared with it. A failed edit is logged: the state
 // is torch's and was decoded, so it is a bug of ours.
-func (r *Restarter) compareSet(ru *run, edit func() ([]byte, error), done func()) {
+func (r *Restarter) compareSet(ru *run, edit func() ([]byte, error)) bool {
 	desired, err := edit()
 	if err != nil {
 		r.log.Error("cannot edit torch's rendezvous state", "key", ru.key, "err", err)
-		return
+		return false
 	}
 	stored, err := r.store.CompareSet(ru.key, ru.value, desired)
 	if err != nil {
 		r.log.Warn("cannot write torch's rendezvous state", "key", ru.key, "err", err)
-		return
+		return false
 	}
 	if !stored {
 		// An agent wrote in between: the caller tries again at the next write it is handed.
 		r.log.Debug("lost the compare-and-set of torch's rendezvous state to an agent's write", "key", ru.key)
-		return
+		return false
 	}
-	done()
 	if st, err := torchstate.DecodeBase64(desired); err == nil {
 		ru.prev, ru.value = &st, desired
 	}
+	return true
 }
 
 func (r *Restarter) runLocked(id string) *run {
