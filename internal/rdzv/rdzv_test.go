@@ -1,0 +1,166 @@
+package rdzv
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/membership"
+)
+
+var t0 = time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+
+func member(group string, i int) membership.Member {
+	return membership.Member{Host: fmt.Sprintf("job-%s-%d", group, i), Slots: 1, Group: group, Index: i}
+}
+
+// step is one event of a run, at t0 plus at, and what must hold after it.
+type step struct {
+	at    time.Duration
+	do    func(r *Run)
+	round []string // the round Next forms then (nil: none)
+	again time.Duration
+	wait  int // Waiting after it
+}
+
+func joined(ms ...membership.Member) func(*Run) {
+	return func(r *Run) {
+		for _, m := range ms {
+			r.Joined(m)
+		}
+	}
+}
+
+func readyAt(at time.Duration, hosts ...string) func(*Run) {
+	return func(r *Run) {
+		for _, h := range hosts {
+			r.Ready(h, t0.Add(at))
+		}
+	}
+}
+
+func TestNext(t *testing.T) {
+	w0, w1, w2, b0 := member("worker", 0), member("worker", 1), member("worker", 2), member("burst", 0)
+	for name, tc := range map[string]struct {
+		s     Settings
+		steps []step
+	}{
+		"max ready: at once, ranks by group and index": {Settings{Min: 1, Max: 3, LastCall: time.Second}, []step{
+			{do: joined(w2, w0, b0)},
+			{do: readyAt(0, w2.Host, b0.Host, w0.Host), round: []string{b0.Host, w0.Host, w2.Host}},
+		}},
+		"min ready: after the last call from the last one ready": {Settings{Min: 2, Max: 3, LastCall: 2 * time.Second}, []step{
+			{do: joined(w0, w1, w2)},
+			{do: readyAt(0, w0.Host), wait: 1},
+			{at: time.Second, do: readyAt(time.Second, w1.Host), again: 3 * time.Second, wait: 2},
+			{at: 2 * time.Second, again: 3 * time.Second, wait: 2},
+			{at: 3 * time.Second, round: []string{w0.Host, w1.Host}},
+			// w2's agent comes late: the round's agents are told one node waits.
+			{at: 4 * time.Second, do: readyAt(4*time.Second, w2.Host), wait: 1},
+		}},
+		"more ready than max: the first max in order, the others wait": {Settings{Min: 1, Max: 2}, []step{
+			{do: joined(w0, w1, w2)},
+			{do: readyAt(0, w2.Host, w1.Host, w0.Host), round: []string{w0.Host, w1.Host}, wait: 1},
+		}},
+		"an agent that is not a member yet waits for its registration": {Settings{Min: 2, Max: 2}, []step{
+			{do: joined(w0)},
+			{do: readyAt(0, w0.Host, w1.Host), wait: 1},
+			{do: joined(w1), round: []string{w0.Host, w1.Host}},
+		}},
+		"a participant's member leaves: the others re-form without it": {Settings{Min: 1, Max: 3, LastCall: 2 * time.Second}, []step{
+			{do: joined(w0, w1, w2)},
+			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
+			{at: time.Second, do: func(r *Run) { r.Left(w1.Host) }, wait: 1},
+			// The survivors restart and ask for the next round: it forms after the last call.
+			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host, w2.Host), again: 4 * time.Second, wait: 1},
+			{at: 4 * time.Second, round: []string{w0.Host, w2.Host}},
+		}},
+		"a ready member that leaves is not in the round": {Settings{Min: 2, Max: 3, LastCall: time.Second}, []step{
+			{do: joined(w0, w1, w2)},
+			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
+			{at: time.Second, do: func(r *Run) { r.Ready(w0.Host, t0.Add(time.Second)); r.Ready(w1.Host, t0.Add(time.Second)); r.Left(w2.Host) },
+				again: 2 * time.Second, wait: 1},
+			{at: 2 * time.Second, round: []string{w0.Host, w1.Host}},
+		}},
+		"closed: nothing forms": {Settings{Min: 1, Max: 1}, []step{
+			{do: joined(w0)},
+			{do: func(r *Run) { r.Close(); r.Ready(w0.Host, t0) }, wait: 1},
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, err := New(tc.s)
+			require.NoError(t, err)
+			for i, st := range tc.steps {
+				if st.do != nil {
+					st.do(r)
+				}
+				round, ok, again := r.Next(t0.Add(st.at))
+				if st.round == nil {
+					require.False(t, ok, "step %d formed %v", i, round)
+				} else {
+					require.True(t, ok, "step %d formed nothing", i)
+					require.Equal(t, st.round, round.Participants, "step %d", i)
+					require.Equal(t, round, r.Current())
+				}
+				if st.again != 0 {
+					require.Equal(t, t0.Add(st.again), again, "step %d: when to ask again", i)
+				} else {
+					require.True(t, again.IsZero(), "step %d: asked again at %s", i, again)
+				}
+				require.Equal(t, st.wait, r.Waiting(), "step %d: waiting", i)
+			}
+		})
+	}
+}
+
+func TestSettingsCheck(t *testing.T) {
+	for _, s := range []Settings{{Min: 0, Max: 1}, {Min: 2, Max: 1}, {Min: 1, Max: 1, LastCall: -time.Second}} {
+		_, err := New(s)
+		require.Error(t, err, "%+v", s)
+	}
+}
+
+// FuzzRun: any sequence of joins, departures, readiness and time never forms
+// a round over max, under min, with a non-member, or twice with one host, and
+// round numbers only rise.
+func FuzzRun(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7}, uint8(1), uint8(3))
+	f.Fuzz(func(t *testing.T, ops []byte, lo, hi uint8) {
+		s := Settings{Min: int(lo%4) + 1, Max: int(lo%4) + 1 + int(hi%4), LastCall: time.Second}
+		r, err := New(s)
+		require.NoError(t, err)
+		now, last := t0, 0
+		for _, op := range ops {
+			m := member("worker", int(op>>4)%6)
+			switch op % 5 {
+			case 0:
+				r.Joined(m)
+			case 1:
+				r.Left(m.Host)
+			case 2:
+				r.Ready(m.Host, now)
+			case 3:
+				now = now.Add(time.Duration(op>>2) * 100 * time.Millisecond)
+			case 4:
+				round, ok, _ := r.Next(now)
+				if !ok {
+					continue
+				}
+				require.Greater(t, round.Number, last)
+				last = round.Number
+				require.GreaterOrEqual(t, len(round.Participants), s.Min)
+				require.LessOrEqual(t, len(round.Participants), s.Max)
+				seen := map[string]bool{}
+				for _, h := range round.Participants {
+					require.False(t, seen[h], "%s twice in %v", h, round.Participants)
+					seen[h] = true
+					_, member := r.members[h]
+					require.True(t, member, "%s not a member", h)
+				}
+			}
+			require.GreaterOrEqual(t, r.Waiting(), 0)
+		}
+	})
+}
