@@ -80,7 +80,11 @@ func TestNext(t *testing.T) {
 		"a ready member that leaves is not in the round": {Settings{Min: 2, Max: 3, LastCall: time.Second}, []step{
 			{do: joined(w0, w1, w2)},
 			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
-			{at: time.Second, do: func(r *Run) { r.Ready(w0.Host, t0.Add(time.Second)); r.Ready(w1.Host, t0.Add(time.Second)); r.Left(w2.Host) },
+			{at: time.Second, do: func(r *Run) {
+				r.Ready(w0.Host, t0.Add(time.Second))
+				r.Ready(w1.Host, t0.Add(time.Second))
+				r.Left(w2.Host)
+			},
 				again: 2 * time.Second, wait: 1},
 			{at: 2 * time.Second, round: []string{w0.Host, w1.Host}},
 		}},
