@@ -53,7 +53,10 @@ class Handler:
 
     @property
     def use_agent_store(self):
-        return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+        # Not yet: sharing means rank 0's agent hosts a TCPStore server for its workers, as torch's own handler
+        # does (_create_tcp_store_server); without it the workers' rank 0 hosts the store at MASTER_PORT, which
+        # RendezvousStoreInfo.build picks free. An open question of the design (docs/own-rendezvous.md).
+        return False
 
     def get_run_id(self):
         return self._run
