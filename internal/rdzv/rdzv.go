@@ -2,10 +2,19 @@
 // (docs/own-rendezvous.md): which members' agents form the next round, in
 // which rank order, and how many nodes the agents of the current round are
 // told are waiting. It is pure: the serving sidecar hands it the job's
-// membership and the agents' readiness as they change, and writes what it
-// decides into the c10d store. One agent's readiness or one member's
-// departure costs constant work here, apart from the sort of the ready
-// members when a round forms.
+// membership and the agents' readiness as they change
+// (internal/rdzv/c10drounds), and writes what it decides into the c10d
+// store. A change costs constant work here (counts kept as they change); only
+// forming a round walks and sorts its participants.
+//
+// The rules are torch's dynamic rendezvous' (dynamic_rendezvous.py), without
+// its shared state: a round stays until every participant that is still a
+// member has asked for the next one (torch: until every participant left
+// it); the next forms at once with max ready members, or with at least min
+// once none has become ready for the last call; and the agents of a round
+// restart (num_nodes_waiting > 0) when one of them asks for a new round, when
+// a member asks to join a round that has room, or when a participant's member
+// is gone (its node lost, its pod stopped).
 package rdzv
 
 import (
@@ -51,10 +60,14 @@ type Run struct {
 	settings Settings
 	members  map[string]membership.Member // live, by host
 	ready    map[string]bool              // agents asking for the next round, by host
+	in       map[string]bool              // the current round's participants
 	// grown is when the ready members last grew: the last call counts from it.
 	grown  time.Time
 	round  Round
 	closed bool
+	// Counts kept as hosts change (count): ready members, of them the
+	// participants, and participants that are no longer members.
+	nReady, nReadyIn, nGone int
 }
 
 // New returns a run that has formed no round.
@@ -62,26 +75,60 @@ func New(s Settings) (*Run, error) {
 	if err := s.Check(); err != nil {
 		return nil, err
 	}
-	return &Run{settings: s, members: map[string]membership.Member{}, ready: map[string]bool{}}, nil
+	return &Run{settings: s, members: map[string]membership.Member{}, ready: map[string]bool{}, in: map[string]bool{}}, nil
 }
 
-// Joined records a member that registered.
-func (r *Run) Joined(m membership.Member) { r.members[m.Host] = m }
+// Settings are the run's.
+func (r *Run) Settings() Settings { return r.settings }
+
+// count adds host's part of the counts d times (d = -1 takes it away): change
+// calls it around every change of a host.
+func (r *Run) count(host string, d int) {
+	_, member := r.members[host]
+	if r.ready[host] && member {
+		r.nReady += d
+		if r.in[host] {
+			r.nReadyIn += d
+		}
+	}
+	if r.in[host] && !member {
+		r.nGone += d
+	}
+}
+
+// change applies f, which changes host alone, and keeps the counts.
+func (r *Run) change(host string, f func()) {
+	r.count(host, -1)
+	f()
+	r.count(host, 1)
+}
+
+// Joined records a member that registered (again, with new details: the
+// last one counts).
+func (r *Run) Joined(m membership.Member) { r.change(m.Host, func() { r.members[m.Host] = m }) }
 
 // Left records a member whose registration ended (its pod stopped, or its
 // lease ran out with its node): it is no longer ready, and if it takes part
 // in the current round the others must re-form (Waiting).
 func (r *Run) Left(host string) {
-	delete(r.members, host)
-	delete(r.ready, host)
+	r.change(host, func() {
+		delete(r.members, host)
+		delete(r.ready, host)
+	})
 }
+
+// Member says whether host is a member.
+func (r *Run) Member(host string) bool { _, ok := r.members[host]; return ok }
 
 // Ready records that host's agent asks for the next round (torch's
 // next_rendezvous) at now. An agent that is not a member yet waits until it
 // is one.
 func (r *Run) Ready(host string, now time.Time) {
-	if !r.ready[host] {
-		r.ready[host] = true
+	if r.ready[host] {
+		return
+	}
+	r.change(host, func() { r.ready[host] = true })
+	if r.Member(host) {
 		r.grown = now
 	}
 }
@@ -95,58 +142,67 @@ func (r *Run) Closed() bool { return r.closed }
 // Current is the last round formed (Number 0: none yet).
 func (r *Run) Current() Round { return r.round }
 
-// eligible are the ready members, in the order ranks follow: group, index,
-// host.
-func (r *Run) eligible() []membership.Member {
-	var ms []membership.Member
-	for h := range r.ready {
-		if m, ok := r.members[h]; ok {
-			ms = append(ms, m)
-		}
-	}
-	return membership.Sorted(ms)
-}
-
 // Waiting is what num_nodes_waiting tells the agents of the current round:
-// the ready members outside it (a scale-up, or agents restarting), at least 1
-// when one of its participants is no longer a member (its node lost or its pod
-// stopped), so that the others restart and re-form without it.
+// the participants that asked for a new round (their workers failed, or they
+// restarted), the other ready members when the round has room for them (a
+// scale-up), and at least 1 when a participant is no longer a member, so that
+// the others restart and re-form without it.
 func (r *Run) Waiting() int {
-	n := 0
-	for _, m := range r.eligible() {
-		if r.round.Rank(m.Host) < 0 {
-			n++
-		}
+	n := r.nReadyIn
+	if len(r.round.Participants) < r.settings.Max {
+		n = r.nReady
 	}
-	if n == 0 && slices.ContainsFunc(r.round.Participants, func(h string) bool { _, ok := r.members[h]; return !ok }) {
+	if n == 0 && r.nGone > 0 {
 		n = 1
 	}
 	return n
 }
 
-// Next forms the next round if it is due at now: Max ready members at once,
-// or at least Min once none has become ready for the last call. It returns
-// the round formed (ok), or when to ask again (zero: when something changes).
+// pending are the participants of the current round that are members and
+// have not asked for the next one: the round stays while there are any.
+func (r *Run) pending() int { return len(r.round.Participants) - r.nGone - r.nReadyIn }
+
+// Next forms the next round if it is due at now: once no participant of the
+// current round is pending, Max ready members at once, or at least Min once
+// none has become ready for the last call. It returns the round formed (ok),
+// or when to ask again (zero: when something changes).
 func (r *Run) Next(now time.Time) (round Round, ok bool, again time.Time) {
-	if r.closed {
+	if r.closed || r.pending() > 0 {
 		return Round{}, false, time.Time{}
 	}
-	ms := r.eligible()
 	switch {
-	case len(ms) >= r.settings.Max:
-		ms = ms[:r.settings.Max]
-	case len(ms) >= r.settings.Min:
+	case r.nReady >= r.settings.Max:
+	case r.nReady >= r.settings.Min:
 		if due := r.grown.Add(r.settings.LastCall); now.Before(due) {
 			return Round{}, false, due
 		}
 	default:
 		return Round{}, false, time.Time{}
 	}
-	next := Round{Number: r.round.Number + 1}
+	ms := r.eligible()
+	if len(ms) > r.settings.Max {
+		ms = ms[:r.settings.Max]
+	}
+	next := Round{Number: r.round.Number + 1, Participants: make([]string, 0, len(ms))}
+	for _, h := range r.round.Participants {
+		r.change(h, func() { delete(r.in, h) })
+	}
 	for _, m := range ms {
 		next.Participants = append(next.Participants, m.Host)
-		delete(r.ready, m.Host)
+		r.change(m.Host, func() { delete(r.ready, m.Host); r.in[m.Host] = true })
 	}
 	r.round = next
 	return next, true, time.Time{}
+}
+
+// eligible are the ready members, in the order ranks follow: group, index,
+// host.
+func (r *Run) eligible() []membership.Member {
+	ms := make([]membership.Member, 0, r.nReady)
+	for h := range r.ready {
+		if m, ok := r.members[h]; ok {
+			ms = append(ms, m)
+		}
+	}
+	return membership.Sorted(ms)
 }

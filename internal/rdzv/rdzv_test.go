@@ -62,7 +62,8 @@ func TestNext(t *testing.T) {
 		}},
 		"more ready than max: the first max in order, the others wait": {Settings{Min: 1, Max: 2}, []step{
 			{do: joined(w0, w1, w2)},
-			{do: readyAt(0, w2.Host, w1.Host, w0.Host), round: []string{w0.Host, w1.Host}, wait: 1},
+			// The round is full: no one restarts for w2.
+			{do: readyAt(0, w2.Host, w1.Host, w0.Host), round: []string{w0.Host, w1.Host}},
 		}},
 		"an agent that is not a member yet waits for its registration": {Settings{Min: 2, Max: 2}, []step{
 			{do: joined(w0)},
@@ -74,7 +75,7 @@ func TestNext(t *testing.T) {
 			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
 			{at: time.Second, do: func(r *Run) { r.Left(w1.Host) }, wait: 1},
 			// The survivors restart and ask for the next round: it forms after the last call.
-			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host, w2.Host), again: 4 * time.Second, wait: 1},
+			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host, w2.Host), again: 4 * time.Second, wait: 2},
 			{at: 4 * time.Second, round: []string{w0.Host, w2.Host}},
 		}},
 		"a ready member that leaves is not in the round": {Settings{Min: 2, Max: 3, LastCall: time.Second}, []step{
@@ -85,8 +86,24 @@ func TestNext(t *testing.T) {
 				r.Ready(w1.Host, t0.Add(time.Second))
 				r.Left(w2.Host)
 			},
-				again: 2 * time.Second, wait: 1},
+				again: 2 * time.Second, wait: 2},
 			{at: 2 * time.Second, round: []string{w0.Host, w1.Host}},
+		}},
+		"a participant asks again (its workers failed): the others restart, and the round waits for them": {Settings{Min: 1, Max: 3, LastCall: time.Second}, []step{
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w0.Host, w1.Host), again: time.Second, wait: 2},
+			{at: time.Second, round: []string{w0.Host, w1.Host}},
+			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host), wait: 1},
+			{at: 5 * time.Second, wait: 1}, // w1 is still in the round: nothing forms without it
+			{at: 6 * time.Second, do: readyAt(6*time.Second, w1.Host), again: 7 * time.Second, wait: 2},
+			{at: 7 * time.Second, round: []string{w0.Host, w1.Host}},
+		}},
+		"a full round: a new member waits, restarting no one, and takes a lost participant's place": {Settings{Min: 2, Max: 2}, []step{
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w0.Host, w1.Host), round: []string{w0.Host, w1.Host}},
+			{do: func(r *Run) { r.Joined(w2); r.Ready(w2.Host, t0) }},
+			{do: func(r *Run) { r.Left(w1.Host) }, wait: 1},
+			{do: readyAt(0, w0.Host), round: []string{w0.Host, w2.Host}},
 		}},
 		"closed: nothing forms": {Settings{Min: 1, Max: 1}, []step{
 			{do: joined(w0)},
@@ -114,6 +131,7 @@ func TestNext(t *testing.T) {
 					require.True(t, again.IsZero(), "step %d: asked again at %s", i, again)
 				}
 				require.Equal(t, st.wait, r.Waiting(), "step %d: waiting", i)
+				requireCounts(t, r)
 			}
 		})
 	}
@@ -165,6 +183,29 @@ func FuzzRun(f *testing.F) {
 				}
 			}
 			require.GreaterOrEqual(t, r.Waiting(), 0)
+			requireCounts(t, r)
 		}
 	})
+}
+
+// requireCounts checks the counts Run keeps as hosts change against a count
+// from scratch.
+func requireCounts(t *testing.T, r *Run) {
+	t.Helper()
+	var ready, readyIn, gone int
+	for h := range r.ready {
+		if r.Member(h) {
+			ready++
+			if r.in[h] {
+				readyIn++
+			}
+		}
+	}
+	for _, h := range r.round.Participants {
+		if !r.Member(h) {
+			gone++
+		}
+	}
+	require.Equal(t, [3]int{ready, readyIn, gone}, [3]int{r.nReady, r.nReadyIn, r.nGone}, "ready, ready participants, gone participants")
+	require.Len(t, r.in, len(r.round.Participants))
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,6 +84,34 @@ func (s *Server) CompareSet(key string, expected, desired []byte) (bool, error) 
 	stored, kicks, err := s.st.compareSetExisting(key, expected, bytes.Clone(desired))
 	kick(kicks)
 	return stored, err
+}
+
+// Set stores value under key and wakes the clients waiting for it, as a
+// client's SET does, for a writer in the same process (the job's own
+// rendezvous). It is not reported to OnSet.
+func (s *Server) Set(key string, value []byte) error {
+	s.st.mu.Lock()
+	err := s.st.set(key, bytes.Clone(value))
+	kicks := s.st.kicks
+	s.st.kicks = nil
+	s.st.mu.Unlock()
+	kick(kicks)
+	return err
+}
+
+// DeletePrefix deletes every key that begins with prefix, for a writer in the
+// same process, and says how many. It walks every key: a writer calls it
+// once per round, not per request.
+func (s *Server) DeletePrefix(prefix string) int {
+	s.st.mu.Lock()
+	defer s.st.mu.Unlock()
+	n := 0
+	for k := range s.st.kv {
+		if strings.HasPrefix(k, prefix) && s.st.remove(k) {
+			n++
+		}
+	}
+	return n
 }
 
 // kick starts a flush for each of conns, which a wake gave a STOP_WAITING

@@ -9,12 +9,14 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
 
 	// The tests of the package itself, written outside it only because
 	// tcpstoretest imports it.
@@ -636,4 +638,28 @@ func TestOnSet(t *testing.T) {
 	if diff := cmp.Diff([]string{"torch.rendezvous.r.0/MASTER_ADDR=w-0.job", "a=1", "b=2"}, got); diff != "" {
 		t.Errorf("OnSet calls (-want +got):\n%s", diff)
 	}
+}
+
+// TestInProcessWriter: the job's own rendezvous writes and deletes from the
+// sidecar's process: a SET from there wakes a client's WAIT, a prefix's keys
+// go and give their room back, and neither reaches OnSet.
+func TestInProcessWriter(t *testing.T) {
+	var sets atomic.Int32
+	ts := startServerWith(t, Config{OnSet: func(string, []byte) { sets.Add(1) }})
+	c := dial(t, ts.Addr)
+	c.send(&Request{Op: OpWait, Keys: []string{"/et/rdzv/r/round/1/w-0"}})
+	ts.waitRegistered(t, 1)
+	require.NoError(t, ts.Set("/et/rdzv/r/round/1/w-0", []byte("0 2")))
+	require.NoError(t, ts.Set("/et/rdzv/r/round/1/w-1", []byte("1 2")))
+	require.NoError(t, ts.Set("/et/rdzv/r/round/10/w-0", []byte("0 1")))
+	if got := c.byte1(); got != StopWaiting {
+		t.Fatalf("waiter read 0x%02x, want STOP_WAITING", got)
+	}
+	require.Equal(t, "0 2", string(c.get("/et/rdzv/r/round/1/w-0")))
+	require.Equal(t, 3, ts.gauge(ts.m.Keys))
+	require.Equal(t, 2, ts.DeletePrefix("/et/rdzv/r/round/1/"))
+	require.Equal(t, 1, ts.gauge(ts.m.Keys))
+	_, ok := ts.Get("/et/rdzv/r/round/10/w-0")
+	require.True(t, ok, "round 10 is not round 1")
+	require.Zero(t, sets.Load(), "the writer knows what it wrote")
 }

@@ -104,8 +104,14 @@ func newStore(m *metrics, lim Limits, q Quotas) *store {
 // store at all is the NetworkPolicy's and the verifying sidecars' to decide.)
 const rendezvousPrefix = "/torch.rendezvous."
 
+// OwnRendezvousPrefix begins every key of the job's own rendezvous
+// (internal/rdzv/c10drounds): they share the reserve with torch's.
+const OwnRendezvousPrefix = "/et/rdzv/"
+
 // isRendezvousKey says whether key may use the reserve.
-func isRendezvousKey(key string) bool { return strings.HasPrefix(key, rendezvousPrefix) }
+func isRendezvousKey(key string) bool {
+	return strings.HasPrefix(key, rendezvousPrefix) || strings.HasPrefix(key, OwnRendezvousPrefix)
+}
 
 // reserve accounts for a write that adds items and bytes (either may be
 // negative), or refuses it when it would pass a quota: all of it for the
@@ -345,15 +351,20 @@ func (s *store) handleGetNumKeys(c *conn, _ *Request) error {
 }
 
 func (s *store) handleDeleteKey(c *conn, q *Request) error {
-	cur, ok := s.kv[q.Key]
-	if ok {
-		s.reserve(-1, -int64(len(q.Key)+len(cur)), true)
-		s.keyBytes -= int64(len(q.Key))
-	}
-	delete(s.kv, q.Key)
-	s.m.keys.Set(float64(len(s.kv)))
-	c.putI64(b2i(ok))
+	c.putI64(b2i(s.remove(q.Key)))
 	return nil
+}
+
+// remove deletes key, if there, and gives its room back.
+func (s *store) remove(key string) bool {
+	cur, ok := s.kv[key]
+	if ok {
+		s.reserve(-1, -int64(len(key)+len(cur)), true)
+		s.keyBytes -= int64(len(key))
+		delete(s.kv, key)
+		s.m.keys.Set(float64(len(s.kv)))
+	}
+	return ok
 }
 
 func (s *store) handleListKeys(c *conn, q *Request) error {
