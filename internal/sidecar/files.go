@@ -13,6 +13,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/prestop"
+	"github.com/elastic-training/elastic-training/internal/rdzvpy"
 )
 
 // File modes of what we write into the shared volume.
@@ -22,7 +23,8 @@ const (
 	helperMode   = 0o555 // the launcher helper (this binary)
 )
 
-// installFiles prepares dir (when set): the PyTorch preStop script and,
+// installFiles prepares dir (when set): the PyTorch preStop script, the
+// torchrun rendezvous backend (internal/rdzvpy) and,
 // with helper, a copy of this binary.
 func installFiles(dir string, helper bool, log *slog.Logger) error {
 	if dir == "" {
@@ -34,6 +36,9 @@ func installFiles(dir string, helper bool, log *slog.Logger) error {
 	if err := prestop.Install(dir, constants.LeaveScriptName); err != nil {
 		return err
 	}
+	if err := rdzvpy.Install(dir); err != nil {
+		return err
+	}
 	helperPath := ""
 	if helper {
 		if err := installSelf(dir, constants.SidecarBinaryName); err != nil {
@@ -41,7 +46,8 @@ func installFiles(dir string, helper bool, log *slog.Logger) error {
 		}
 		helperPath = dir + "/" + constants.SidecarBinaryName
 	}
-	log.Info("installed preStop script", "prestop", dir+"/"+constants.LeaveScriptName, "launcher_helper", helperPath)
+	log.Info("installed preStop script and rendezvous backend", "prestop", dir+"/"+constants.LeaveScriptName,
+		"rendezvous_backend", dir+"/"+rdzvpy.Dir, "launcher_helper", helperPath)
 	return nil
 }
 

@@ -74,7 +74,7 @@ type memberState struct {
 	registered bool
 	synced     bool // files written at least once
 	members    []membership.Member
-	slotsOf    map[string]int // members' slots by host, made with members
+	byHost     map[string]membership.Member // members by host, made with members
 }
 
 func (s *memberState) set(f func(*memberState)) {
@@ -86,10 +86,17 @@ func (s *memberState) set(f func(*memberState)) {
 // slots is the slots of the member at host, as last listed: a map, since the
 // view asks for every node of a round (1,024 at a time).
 func (s *memberState) slots(host string) (int, bool) {
+	m, ok := s.member(host)
+	return m.Slots, ok
+}
+
+// member is the member at host, as last listed (the own rendezvous' ranks
+// follow its group and index).
+func (s *memberState) member(host string) (membership.Member, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n, ok := s.slotsOf[host]
-	return n, ok
+	m, ok := s.byHost[host]
+	return m, ok
 }
 
 func (s *memberState) ready(register bool) (bool, string) {
@@ -128,6 +135,12 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 	first := true
 	etcdmembers.Watch(ctx, cli, cfg.Prefix, cfg.Resync, log, func(ms []membership.Member) {
 		joined, left := membership.Diff(before, ms)
+		// The listeners read the members by host: the state first.
+		byHost := make(map[string]membership.Member, len(ms))
+		for _, m := range ms {
+			byHost[m.Host] = m
+		}
+		st.set(func(s *memberState) { s.members, s.byHost = ms, byHost })
 		switch {
 		case first:
 			log.Info("membership", "summary", membership.Describe(ms))
@@ -149,11 +162,7 @@ func runMember(ctx context.Context, cli *clientv3.Client, cfg MemberConfig, log 
 				m.filesWritten.Inc()
 			}
 		}
-		slotsOf := make(map[string]int, len(ms))
-		for _, m := range ms {
-			slotsOf[m.Host] = m.Slots
-		}
-		st.set(func(s *memberState) { s.members, s.slotsOf, s.synced = ms, slotsOf, true })
+		st.set(func(s *memberState) { s.synced = true })
 	})
 	wg.Wait()
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/incluster"
 	"github.com/elastic-training/elastic-training/internal/lostpods"
+	"github.com/elastic-training/elastic-training/internal/rdzv/c10drounds"
 	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
 	"github.com/elastic-training/elastic-training/internal/rdzvlease"
@@ -172,13 +173,11 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	}
 	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
-		restart, err := startC10d(rctx, &wg, cfg, view, cand, etcd)
+		listeners, err := startC10d(rctx, &wg, cfg, view, cand, etcd, st)
 		if err != nil {
 			return err
 		}
-		if restart != nil {
-			members = append(members, restart)
-		}
+		members = append(members, listeners...)
 	}
 	cfg.Member.Listener = members
 	if cfg.Member.active() {
@@ -229,11 +228,12 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 
 // startC10d serves torch's c10d store at cfg.C10dAddr, after etcd is ready so
 // that a c10d client never meets a sidecar that answers but is not ready. The
-// view and, with RestartSurvivors, the survivors' restarter see every write;
-// the restarter writes to the store, so it joins the fan-out once the store
-// exists (before it serves: no write comes earlier), and it is returned to
-// hear of the membership's changes while this pod serves (nil: none).
-func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *rdzvlease.Candidate, etcd *rdzvetcd.Server) (MembershipListener, error) {
+// view, the own rendezvous' rounds and, with RestartSurvivors, the survivors'
+// restarter see every write; the last two write to the store, so they join
+// the fan-out once the store exists (before it serves: no write comes
+// earlier), and they are returned to hear of the membership's changes while
+// this pod serves.
+func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *rdzvlease.Candidate, etcd *rdzvetcd.Server, st *memberState) ([]MembershipListener, error) {
 	log := cfg.Log
 	writes := &storeWriteFanOut{view}
 	c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
@@ -242,12 +242,15 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 	if err != nil {
 		return nil, err
 	}
-	var restart MembershipListener
+	rounds := c10drounds.New(c10drounds.Config{Store: srv, Member: st.member, Log: log.With("component", "rendezvous")})
+	wg.Go(func() { <-ctx.Done(); rounds.Stop() })
+	*writes = append(*writes, rounds)
+	listeners := []MembershipListener{whileServing{cand: cand, next: rounds}}
 	if cfg.RestartSurvivors {
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
 		r := survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
 		*writes = append(*writes, r)
-		restart = whileServing{cand: cand, next: r}
+		listeners = append(listeners, whileServing{cand: cand, next: r})
 	}
 	if err := serveC10d(ctx, wg, cfg.C10dAddr, srv, c10d); err != nil {
 		return nil, err
@@ -260,7 +263,7 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 			return nil, err
 		}
 	}
-	return restart, nil
+	return listeners, nil
 }
 
 // waitServing waits until ctx ends (nil, nil), etcd fails (its error as

@@ -1,0 +1,306 @@
+// Package c10drounds serves the job's own torchrun rendezvous
+// (docs/own-rendezvous.md) from the serving sidecar's c10d store: it reads
+// the agents' readiness from their writes and the membership from the
+// sidecar's watch, lets internal/rdzv decide the rounds, and writes each
+// round's ranks and the run's state back into the store, where the agents'
+// handler (internal/rdzvpy) waits for them. Every key is one member's or one
+// run's: no agent rewrites what another wrote.
+//
+// The keys, as stored (torch's client puts the "/" in front of what the
+// handler names), with R the run id and N a round:
+//
+//	/et/rdzv/R/ready/<host>      an agent asks for the next round: {"min","max","last_call"}
+//	/et/rdzv/R/rank/<host>       the sidecar: "<round> <rank> <world size>" once a round takes the agent
+//	                             (the agent deletes it before it asks again, then waits for it)
+//	/et/rdzv/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
+//	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting)
+//	/et/rdzv/R/closed            an agent closed the run (set_closed)
+package c10drounds
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/rdzv"
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+)
+
+// Prefix begins every key of the own rendezvous.
+const Prefix = tcpstore.OwnRendezvousPrefix
+
+// Bounds on what an agent may ask for: one job has one run id, and a ready
+// value is a few numbers.
+const (
+	MaxRuns       = 4
+	maxRunID      = 128
+	maxReadyValue = 1 << 10
+	maxNodes      = 1 << 20
+	maxLastCall   = time.Hour
+)
+
+// The keys of run.
+func ReadyKey(run, host string) string { return Prefix + run + "/ready/" + host }
+func RankKey(run, host string) string  { return Prefix + run + "/rank/" + host }
+func StateKey(run string) string       { return Prefix + run + "/state" }
+func ClosedKey(run string) string      { return Prefix + run + "/closed" }
+func RoundPrefix(run string, n int) string {
+	return Prefix + run + "/round/" + strconv.Itoa(n) + "/"
+}
+
+// Ready is what an agent writes under its ready key: the settings of its
+// --nnodes and --rdzv-conf. The run takes the first agent's.
+type Ready struct {
+	Min      int     `json:"min"`
+	Max      int     `json:"max"`
+	LastCall float64 `json:"last_call"` // seconds
+}
+
+// settings checks r and gives the core's settings.
+func (r Ready) settings() (rdzv.Settings, error) {
+	s := rdzv.Settings{Min: r.Min, Max: r.Max, LastCall: time.Duration(r.LastCall * float64(time.Second))}
+	if r.Max > maxNodes || r.LastCall < 0 || r.LastCall > maxLastCall.Seconds() {
+		return s, fmt.Errorf("ready value: want max <= %d and 0 <= last_call <= %s", maxNodes, maxLastCall)
+	}
+	return s, s.Check()
+}
+
+// ParseReady reads an agent's ready value.
+func ParseReady(value []byte) (rdzv.Settings, error) {
+	if len(value) > maxReadyValue {
+		return rdzv.Settings{}, fmt.Errorf("ready value: %d bytes, at most %d", len(value), maxReadyValue)
+	}
+	var r Ready
+	if err := json.Unmarshal(value, &r); err != nil {
+		return rdzv.Settings{}, fmt.Errorf("ready value: %w", err)
+	}
+	return r.settings()
+}
+
+// Store is the serving sidecar's c10d store (tcpstore.Server).
+type Store interface {
+	Set(key string, value []byte) error
+	DeletePrefix(prefix string) int
+}
+
+// Config configures Rounds.
+type Config struct {
+	Store Store
+	// Member is the member at host in the sidecar's last listing.
+	Member func(host string) (membership.Member, bool)
+	Log    *slog.Logger // nil: discard
+	// OnRound, if not nil, is told of each round formed (the view, Events).
+	OnRound func(run string, r rdzv.Round)
+	Now     func() time.Time // nil: time.Now
+}
+
+// Rounds follows the runs of the own rendezvous. It is a
+// sidecar.StoreWriteListener and a sidecar.MembershipListener.
+type Rounds struct {
+	cfg     Config
+	refused *rate.Limiter // a flood of bad writes logs a few lines
+
+	mu   sync.Mutex
+	runs map[string]*run
+}
+
+// run is one run's core, its last-call timer and what its state key holds.
+type run struct {
+	id    string
+	core  *rdzv.Run
+	timer *time.Timer
+	state string
+}
+
+// New returns Rounds that follow no run yet.
+func New(cfg Config) *Rounds {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Rounds{cfg: cfg, runs: map[string]*run{}, refused: rate.NewLimiter(1, 5)}
+}
+
+// errIgnored: a write under Prefix that is not the sidecar's business (a
+// round's store).
+var errIgnored = errors.New("not a rendezvous request")
+
+// C10dWrite takes an agent's ready and closed writes.
+func (rs *Rounds) C10dWrite(key string, value []byte) {
+	rest, ok := strings.CutPrefix(key, Prefix)
+	if !ok {
+		return
+	}
+	if err := rs.write(rest, value); err != nil && !errors.Is(err, errIgnored) && rs.refused.Allow() {
+		rs.cfg.Log.Warn("own rendezvous: ignoring a write", "key", truncate(key), "err", err)
+	}
+}
+
+func (rs *Rounds) write(rest string, value []byte) error {
+	id, what, _ := strings.Cut(rest, "/")
+	if id == "" || len(id) > maxRunID {
+		return fmt.Errorf("run id: want 1 to %d bytes", maxRunID)
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	switch {
+	case what == "closed":
+		if r := rs.runs[id]; r != nil && !r.core.Closed() {
+			r.core.Close()
+			rs.cfg.Log.Info("own rendezvous: run closed", "run_id", id, "round", r.core.Current().Number)
+		}
+		return nil
+	case strings.HasPrefix(what, "ready/"):
+		host := strings.TrimPrefix(what, "ready/")
+		if err := membership.ValidateHost(host); err != nil {
+			return err
+		}
+		s, err := ParseReady(value)
+		if err != nil {
+			return err
+		}
+		r, err := rs.runLocked(id, s)
+		if err != nil {
+			return err
+		}
+		if !r.core.Member(host) {
+			if m, ok := rs.cfg.Member(host); ok {
+				r.core.Joined(m)
+			}
+		}
+		r.core.Ready(host, rs.cfg.Now())
+		rs.decideLocked(r)
+		return nil
+	}
+	return errIgnored
+}
+
+// runLocked is run id, begun with s if it is new.
+func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
+	if r := rs.runs[id]; r != nil {
+		return r, nil
+	}
+	if len(rs.runs) >= MaxRuns {
+		return nil, fmt.Errorf("run %q: the store follows at most %d runs", id, MaxRuns)
+	}
+	core, err := rdzv.New(s)
+	if err != nil {
+		return nil, err
+	}
+	r := &run{id: id, core: core}
+	rs.runs[id] = r
+	rs.cfg.Log.Info("own rendezvous: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
+	return r, nil
+}
+
+// MembersChanged tells every run of the members that joined and left.
+func (rs *Rounds) MembersChanged(joined, left []string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var ms []membership.Member
+	for _, h := range joined {
+		if m, ok := rs.cfg.Member(h); ok {
+			ms = append(ms, m)
+		}
+	}
+	for _, r := range rs.runs {
+		for _, h := range left {
+			r.core.Left(h)
+		}
+		for _, m := range ms {
+			r.core.Joined(m)
+		}
+		rs.decideLocked(r)
+	}
+}
+
+// decideLocked forms r's next round if it is due, asks again at the last
+// call, and writes the state when it changed.
+func (rs *Rounds) decideLocked(r *run) {
+	now := rs.cfg.Now()
+	round, formed, again := r.core.Next(now)
+	if formed {
+		rs.writeRoundLocked(r, round)
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	if !again.IsZero() {
+		r.timer = time.AfterFunc(again.Sub(now), func() {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			if rs.runs[r.id] == r {
+				rs.decideLocked(r)
+			}
+		})
+	}
+	state := fmt.Sprintf("round=%d waiting=%d", r.core.Current().Number, r.core.Waiting())
+	if state == r.state {
+		return
+	}
+	if err := rs.cfg.Store.Set(StateKey(r.id), []byte(state)); err != nil {
+		rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", state, "err", err)
+		return
+	}
+	r.state = state
+}
+
+// writeRoundLocked gives each participant of round its rank, then drops the
+// store of the round before it: every participant of that one has asked for
+// this one.
+func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
+	world := len(round.Participants)
+	for rank, h := range round.Participants {
+		if err := rs.cfg.Store.Set(RankKey(r.id, h), []byte(fmt.Sprintf("%d %d %d", round.Number, rank, world))); err != nil {
+			rs.cfg.Log.Error("own rendezvous: cannot write a rank", "run_id", r.id, "round", round.Number, "host", h, "err", err)
+		}
+	}
+	dropped := 0
+	if round.Number > 1 {
+		dropped = rs.cfg.Store.DeletePrefix(RoundPrefix(r.id, round.Number-1))
+	}
+	rs.cfg.Log.Info(fmt.Sprintf("own rendezvous: round %d of run %s: %d nodes", round.Number, r.id, world),
+		"run_id", r.id, "round", round.Number, "world_size", world, "participants", summary(round.Participants), "keys_dropped", dropped)
+	if rs.cfg.OnRound != nil {
+		rs.cfg.OnRound(r.id, round)
+	}
+}
+
+// Stop ends the last-call timers.
+func (rs *Rounds) Stop() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, r := range rs.runs {
+		if r.timer != nil {
+			r.timer.Stop()
+		}
+	}
+}
+
+// summary names the first few hosts of a round, for a log line that stays
+// short at 4,096 nodes.
+func summary(hosts []string) string {
+	const show = 8
+	if len(hosts) <= show {
+		return strings.Join(hosts, ",")
+	}
+	return fmt.Sprintf("%s,... (%d more)", strings.Join(hosts[:show], ","), len(hosts)-show)
+}
+
+func truncate(s string) string {
+	if len(s) > 96 {
+		return s[:96] + "..."
+	}
+	return s
+}

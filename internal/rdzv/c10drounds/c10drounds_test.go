@@ -1,0 +1,174 @@
+package c10drounds
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+
+	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/rdzv"
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// fixture is Rounds on a real (in-process) c10d store, with a membership the
+// test edits.
+type fixture struct {
+	*Rounds
+	store   *tcpstore.Server
+	members map[string]membership.Member
+	rounds  []rdzv.Round
+	log     *testenv.SyncBuffer
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	st, err := tcpstore.New(tcpstore.Config{})
+	require.NoError(t, err)
+	f := &fixture{store: st, members: map[string]membership.Member{}, log: &testenv.SyncBuffer{}}
+	f.Rounds = New(Config{Store: st, Log: slog.New(slog.NewTextHandler(f.log, nil)),
+		Member:  func(h string) (membership.Member, bool) { m, ok := f.members[h]; return m, ok },
+		OnRound: func(_ string, r rdzv.Round) { f.rounds = append(f.rounds, r) }})
+	t.Cleanup(f.Stop)
+	return f
+}
+
+func host(i int) string { return fmt.Sprintf("job-worker-%d.job.ns.svc", i) }
+
+// join registers worker i (as the membership's watch would tell).
+func (f *fixture) join(is ...int) {
+	var hs []string
+	for _, i := range is {
+		f.members[host(i)] = membership.Member{Host: host(i), Slots: 1, Group: "worker", Index: i}
+		hs = append(hs, host(i))
+	}
+	f.MembersChanged(hs, nil)
+}
+
+func (f *fixture) leave(i int) {
+	delete(f.members, host(i))
+	f.MembersChanged(nil, []string{host(i)})
+}
+
+// ready is worker i's agent asking for the next round, as the handler writes it.
+func (f *fixture) ready(run, settings string, is ...int) {
+	for _, i := range is {
+		f.C10dWrite(ReadyKey(run, host(i)), []byte(settings))
+	}
+}
+
+func (f *fixture) get(key string) string {
+	v, ok := f.store.Get(key)
+	if !ok {
+		return "<none>"
+	}
+	return string(v)
+}
+
+func TestRounds(t *testing.T) {
+	const elastic = `{"min":2,"max":3,"last_call":0}`
+	f := newFixture(t)
+	f.join(1, 0)
+	f.ready("r", elastic, 1)
+	require.Equal(t, "round=0 waiting=1", f.get(StateKey("r")))
+	f.ready("r", elastic, 0)
+	require.Equal(t, "1 0 2", f.get(RankKey("r", host(0))), "ranks follow the index")
+	require.Equal(t, "1 1 2", f.get(RankKey("r", host(1))))
+	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")))
+
+	// A scale-up: the newcomer is waiting, the round's agents restart and ask again.
+	f.join(2)
+	f.ready("r", elastic, 2)
+	require.Equal(t, "round=1 waiting=1", f.get(StateKey("r")))
+	require.NoError(t, f.store.Set(RoundPrefix("r", 1)+"store/MASTER_ADDR", []byte(host(0))), "the round's store, as the agents write it")
+	f.ready("r", elastic, 0, 1)
+	require.Equal(t, "round=2 waiting=0", f.get(StateKey("r")))
+	for i := range 3 {
+		require.Equal(t, fmt.Sprintf("2 %d 3", i), f.get(RankKey("r", host(i))))
+	}
+	require.Equal(t, "<none>", f.get(RoundPrefix("r", 1)+"store/MASTER_ADDR"), "round 1's store is dropped once round 2 forms")
+
+	// A node lost: its member leaves, the survivors are told one node waits, and re-form without it.
+	f.leave(1)
+	require.Equal(t, "round=2 waiting=1", f.get(StateKey("r")))
+	f.ready("r", elastic, 2, 0)
+	require.Equal(t, "3 0 2", f.get(RankKey("r", host(0))))
+	require.Equal(t, "3 1 2", f.get(RankKey("r", host(2))))
+	require.Len(t, f.rounds, 3)
+	require.Contains(t, f.log.String(), "own rendezvous: round 3 of run r: 2 nodes")
+
+	// Closed: nothing forms after it.
+	f.C10dWrite(ClosedKey("r"), []byte("1"))
+	f.ready("r", elastic, 0, 2)
+	require.Len(t, f.rounds, 3)
+}
+
+// TestLastCall: with fewer than max ready, the round forms a last call after
+// the last agent became ready (a real timer, bounded by the test's wait).
+func TestLastCall(t *testing.T) {
+	f := newFixture(t)
+	f.join(0, 1, 2)
+	f.ready("r", `{"min":1,"max":3,"last_call":0.2}`, 0, 1)
+	require.Equal(t, "<none>", f.get(RankKey("r", host(0))))
+	testenv.Eventually(t, 10*time.Second, "round 1 after the last call", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.rounds) != 1 || len(f.rounds[0].Participants) != 2 {
+			return fmt.Errorf("rounds %v", f.rounds)
+		}
+		return nil
+	})
+}
+
+// TestRefused: writes that are not a valid request change nothing and are
+// logged, a few lines for many.
+func TestRefused(t *testing.T) {
+	f := newFixture(t)
+	f.refused = rate.NewLimiter(rate.Inf, 0) // every refusal logged, to check each message
+	f.join(0)
+	for _, tc := range []struct{ key, value, err string }{
+		{ReadyKey("r", host(0)), `{"min":2,"max":1}`, "min (2) <= max (1)"},
+		{ReadyKey("r", host(0)), `{"min":1,"max":2000000}`, "max <= 1048576"},
+		{ReadyKey("r", host(0)), `{"min":1,"max":1,"last_call":-1}`, "last_call"},
+		{ReadyKey("r", host(0)), `not json`, "ready value"},
+		{ReadyKey("r", host(0)), strings.Repeat(" ", 2000), "at most 1024"},
+		{ReadyKey("r", "bad_host"), `{"min":1,"max":1}`, "not allowed"},
+		{Prefix + "/ready/" + host(0), `{"min":1,"max":1}`, "run id"},
+		{Prefix + strings.Repeat("r", 200) + "/ready/" + host(0), `{"min":1,"max":1}`, "run id"},
+	} {
+		f.C10dWrite(tc.key, []byte(tc.value))
+		require.Contains(t, f.log.String(), tc.err, "%s = %s", tc.key, tc.value)
+	}
+	require.Empty(t, f.runs)
+	f.C10dWrite(RoundPrefix("r", 1)+"store/x", []byte("1"))
+	require.NotContains(t, f.log.String(), "store/x", "a round's store is not the sidecar's business")
+
+	for i := range MaxRuns + 2 {
+		f.ready(fmt.Sprint("run-", i), `{"min":2,"max":2}`, 0)
+	}
+	require.Len(t, f.runs, MaxRuns)
+	require.Contains(t, f.log.String(), "at most 4 runs")
+}
+
+// FuzzWrite: no write makes Rounds panic or follow more runs than MaxRuns,
+// and every rank it writes is within its round.
+func FuzzWrite(f *testing.F) {
+	f.Add("r/ready/"+host(0), []byte(`{"min":1,"max":2,"last_call":0}`))
+	f.Add("r/closed", []byte("1"))
+	f.Add("r/ready/a", []byte(`{"min":1,"max":1e9}`))
+	f.Fuzz(func(t *testing.T, rest string, value []byte) {
+		fx := newFixture(t)
+		fx.join(0, 1)
+		fx.C10dWrite(Prefix+rest, value)
+		fx.ready("r", `{"min":1,"max":2,"last_call":0}`, 0, 1)
+		require.LessOrEqual(t, len(fx.runs), MaxRuns)
+		for _, r := range fx.rounds {
+			require.LessOrEqual(t, len(r.Participants), 2)
+		}
+	})
+}

@@ -1,0 +1,182 @@
+"""elastic-training's torchrun rendezvous backend (docs/own-rendezvous.md).
+
+torchrun (torch >= 2.5) loads it through the ``torchrun.handlers`` entry point: the rendezvous sidecar installs this
+package and its dist-info into the files directory it shares with the trainer, and the webhook puts that directory on
+PYTHONPATH. The job's serving sidecar decides the rounds (internal/rdzv) from the job's membership and the agents'
+readiness. An agent writes one key of its own and waits for one key of its own; nothing here rewrites what another
+agent wrote, so a round of N agents costs O(N) store operations, not torch's O(N^2) compare-and-sets of one shared
+pickle. Standard library and torch only.
+
+The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
+    et/rdzv/<run>/ready/<host>     this agent asks for the next round: {"min", "max", "last_call"}
+    et/rdzv/<run>/rank/<host>      the sidecar: "<round> <rank> <world size>" once a round takes this agent; the agent
+                                   deletes it before it asks, so it waits for one key of its own with no round number
+    et/rdzv/<run>/round/<N>/store  round N's store (a PrefixStore)
+    et/rdzv/<run>/state            the sidecar: "round=<N> waiting=<K>"
+    et/rdzv/<run>/closed           set_closed
+"""
+
+import json
+import logging
+import socket
+import time
+from datetime import timedelta
+
+BACKEND = "elastic-training"
+PREFIX = "et/rdzv"
+
+# How long one wait for this agent's rank lasts before the agent looks again whether the run was closed: the join
+# timeout bounds the whole.
+POLL = 5.0
+
+log = logging.getLogger(__name__)
+
+
+class Keys:
+    """The run's keys, as the agent names them."""
+
+    def __init__(self, run_id):
+        self.base = f"{PREFIX}/{run_id}"
+        self.state = f"{self.base}/state"
+        self.closed = f"{self.base}/closed"
+
+    def ready(self, host):
+        return f"{self.base}/ready/{host}"
+
+    def rank(self, host):
+        return f"{self.base}/rank/{host}"
+
+    def store(self, n):
+        return f"{self.base}/round/{n}/store"
+
+
+def parse_state(raw):
+    """The sidecar's state: "round=N waiting=K"."""
+    out = {"round": 0, "waiting": 0}
+    for field in raw.decode().split():
+        k, _, v = field.partition("=")
+        if k in out:
+            out[k] = int(v)
+    return out
+
+
+class Rendezvous:
+    """The protocol against a c10d store client of the sidecar; torch's classes are the caller's (create)."""
+
+    def __init__(self, store, run_id, host, settings, join_timeout, closed_error, timeout_error, wait_error):
+        self.store, self.run_id, self.host = store, run_id, host
+        self.settings = settings  # {"min", "max", "last_call"}: the run takes the first agent's
+        self.join_timeout = join_timeout
+        self.keys = Keys(run_id)
+        self.closed_error, self.timeout_error, self.wait_error = closed_error, timeout_error, wait_error
+
+    def state(self):
+        if not self.store.check([self.keys.state]):
+            return {"round": 0, "waiting": 0}
+        return parse_state(self.store.get(self.keys.state))
+
+    def is_closed(self):
+        return self.store.check([self.keys.closed])
+
+    def set_closed(self):
+        self.store.set(self.keys.closed, b"1")
+
+    def num_nodes_waiting(self):
+        return self.state()["waiting"]
+
+    def next(self):
+        """Ask for the next round and wait for this agent's rank in it: (round, rank, world size)."""
+        if self.is_closed():
+            raise self.closed_error()
+        key = self.keys.rank(self.host)
+        # The last round's rank goes first: the one this agent then waits for is the next round's. (One connection:
+        # the sidecar sees the delete before the ready.)
+        self.store.delete_key(key)
+        self.store.set(self.keys.ready(self.host), json.dumps(self.settings).encode())
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
+            try:
+                self.store.wait([key], timedelta(seconds=min(left, POLL)))
+            except self.wait_error:
+                if self.is_closed():
+                    raise self.closed_error()
+                continue
+            n, rank, world = (int(x) for x in self.store.get(key).decode().split())
+            log.info("elastic-training rendezvous: run %s round %d: rank %d of %d", self.run_id, n, rank, world)
+            return n, rank, world
+
+    def shutdown(self):
+        """This agent leaves: it asks for no round. The run stays open for the others (a scale-down)."""
+        try:
+            self.store.delete_key(self.keys.ready(self.host))
+        except Exception:  # the store may be gone with the job
+            return False
+        return True
+
+
+def handler():
+    """The entry point: torchrun calls it with no arguments and registers what it returns as the creator."""
+    return create
+
+
+def create(params):
+    """torch's creator: RendezvousParameters in, a RendezvousHandler out."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import api
+
+    host, _, port = params.endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--rdzv-endpoint {params.endpoint!r}: want host:port of the rendezvous sidecar's c10d store")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60), use_libuv=False)
+    local_addr = params.local_addr or socket.getfqdn()
+    settings = {
+        "min": params.min_nodes,
+        "max": params.max_nodes,
+        "last_call": float(params.get("last_call_timeout", 30)),
+    }
+    rdzv = Rendezvous(
+        store,
+        params.run_id,
+        local_addr,
+        settings,
+        float(params.get("join_timeout", 600)),
+        api.RendezvousClosedError,
+        api.RendezvousTimeoutError,
+        dist.DistStoreError,
+    )
+
+    class Handler(api.RendezvousHandler):
+        def get_backend(self):
+            return BACKEND
+
+        @property
+        def use_agent_store(self):
+            # The workers' rank 0 hosts their own store at MASTER_ADDR:MASTER_PORT, as torch's c10d handler does
+            # with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (which the webhook sets).
+            return False
+
+        def next_rendezvous(self):
+            n, rank, world = rdzv.next()
+            round_store = dist.PrefixStore(rdzv.keys.store(n), store)
+            info = api.RendezvousStoreInfo.build(rank, round_store, local_addr=local_addr)
+            return api.RendezvousInfo(round_store, rank, world, info)
+
+        def is_closed(self):
+            return rdzv.is_closed()
+
+        def set_closed(self):
+            rdzv.set_closed()
+
+        def num_nodes_waiting(self):
+            return rdzv.num_nodes_waiting()
+
+        def get_run_id(self):
+            return rdzv.run_id
+
+        def shutdown(self):
+            return rdzv.shutdown()
+
+    return Handler()

@@ -1,0 +1,117 @@
+package sidecar_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/rdzvpy"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+// ownRdzv is a serving sidecar that installs the backend and follows the
+// membership, and agents on loopback addresses of their own (127.0.0.N:
+// distinct member hosts that the workers can reach), each a member through a
+// joining sidecar of its own, as each pod has one.
+type ownRdzv struct {
+	tr    trainer
+	s     *server
+	files string
+	args  []string // torchrun's, without --local_addr and the script
+	env   []string
+}
+
+func newOwnRdzv(t *testing.T, tr trainer, runID, nnodes string, env ...string) *ownRdzv {
+	t.Helper()
+	files := t.TempDir()
+	o := &ownRdzv{tr: tr, files: files}
+	o.s = startServe(t, "--register=false", "--files-dir="+files)
+	o.args = testenv.TorchrunArgs(rdzvpy.Backend, o.s.C10d, runID, nnodes, "--max_restarts=5", "--rdzv_conf=last_call_timeout=1")
+	o.env = torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, rdzvpy.Dir)}, env...)...)
+	return o
+}
+
+// node is agent i with its joining sidecar.
+type node struct {
+	agent, join *testenv.Proc
+	host        string
+}
+
+func (o *ownRdzv) start(t *testing.T, i int) node {
+	t.Helper()
+	host := fmt.Sprintf("127.0.0.%d", i+1)
+	join := startJoin(t, o.s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i))
+	args := append(append([]string{"--local_addr=" + host}, o.args...), trainScript(t))
+	return node{agent: o.tr.startAgent(t, fmt.Sprintf("agent-%d", i), o.env, args...), join: join, host: host}
+}
+
+// Two agents of torch 2.14 and 2.6 form a round through the sidecar's own
+// rendezvous (the entry point found on PYTHONPATH), all_reduce, and exit 0.
+func TestOwnRendezvousTwoAgents(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			o := newOwnRdzv(t, tr, "own-two", "2")
+			a, b := o.start(t, 0), o.start(t, 1)
+			requireTwoWorkerResults(t, a.agent, b.agent)
+			require.Contains(t, o.s.Output(), "own rendezvous: round 1 of run own-two: 2 nodes")
+			require.Contains(t, a.agent.Output(), "RESULT rank=0 ", "ranks follow the member index")
+			require.Contains(t, b.agent.Output(), "RESULT rank=1 ")
+			require.NotContains(t, o.s.Output(), "/torch.rendezvous.", "torch's own rendezvous played no part")
+		})
+	}
+}
+
+// An elastic run --nnodes=2:3 on the own rendezvous: a third agent joins
+// (world 3), then its node vanishes (agent and sidecar killed: its
+// registration ends with its lease) and the survivors train on at world 2.
+func TestOwnRendezvousGrowAndLoseANode(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			o := newOwnRdzv(t, tr, "own-elastic", "2:3", "TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+			a, b := o.start(t, 0), o.start(t, 1)
+			waitWorldAfter(t, a.agent, "world 2", "2", 0)
+			waitWorldAfter(t, b.agent, "world 2", "2", 0)
+
+			start := time.Now()
+			c := o.start(t, 2)
+			at3 := waitWorldAfter(t, a.agent, "world 3 after a third agent started", "3", 0)
+			t.Logf("torch %s own rendezvous: scale-up 2→3 took %s (from the new agent's start)", tr.version, time.Since(start).Round(100*time.Millisecond))
+			waitWorldAfter(t, c.agent, "world 3 on the new agent", "3", 0)
+
+			start = time.Now()
+			c.join.Kill()
+			c.agent.Kill()
+			waitWorldAfter(t, a.agent, "world 2 after the third node vanished", "2", at3)
+			t.Logf("torch %s own rendezvous: node lost 3→2 took %s (lease TTL 2 s)", tr.version, time.Since(start).Round(100*time.Millisecond))
+			require.Contains(t, o.s.Output(), "own rendezvous: round 3 of run own-elastic: 2 nodes")
+			for _, n := range []node{a, b} {
+				n.agent.Signal(syscall.SIGKILL)
+			}
+		})
+	}
+}
+
+// waitWorldAfter waits until p's workers report world want past offset after
+// in its output, and returns where.
+func waitWorldAfter(t *testing.T, p interface{ Output() string }, phase, want string, after int) int {
+	t.Helper()
+	var at int
+	testenv.Eventually(t, 150*time.Second, phase, func() error {
+		out := p.Output()
+		i := strings.LastIndex(out, "world="+want+" ")
+		if i < after || i < 0 {
+			return fmt.Errorf("no world=%s step yet; sizes so far %v", want, worldSizes(out))
+		}
+		at = i
+		return nil
+	})
+	return at
+}
+
