@@ -114,4 +114,3 @@ func waitWorldAfter(t *testing.T, p interface{ Output() string }, phase, want st
 	})
 	return at
 }
-
