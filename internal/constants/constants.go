@@ -67,7 +67,7 @@ const (
 // their enums against these) all use them.
 var (
 	Frameworks      = []string{FrameworkCustom, FrameworkMPI, FrameworkMXNet, FrameworkPyTorch}
-	Backends        = []string{BackendEtcdV2, BackendEtcd, BackendC10d}
+	Backends        = []string{BackendEtcdV2, BackendEtcd, BackendC10d, BackendOwn}
 	MPIFlavours     = []string{FlavourOpenMPI, FlavourMPICH, FlavourIntelMPI}
 	HostfileFormats = append(MPIFlavours[:len(MPIFlavours):len(MPIFlavours)], FormatHorovod)
 	PullPolicies    = []string{"Always", "IfNotPresent", "Never"}
@@ -182,7 +182,15 @@ const (
 	BackendEtcdV2 = "etcd-v2" // the webhook's default for a pod that does not say (the chart's default is c10d)
 	BackendEtcd   = "etcd"
 	BackendC10d   = "c10d" // torch's TCPStore, served by the sidecar; needs no python-etcd
+	// BackendOwn: the job's own rendezvous (docs/own-rendezvous.md), a torchrun backend of torch >= 2.5's
+	// torchrun.handlers entry point that the sidecar installs, on the sidecar's c10d store.
+	BackendOwn = "elastic-training"
 )
+
+// OnSidecarStore says whether backend keeps the rendezvous in the serving
+// sidecar's c10d store, which every trainer reaches through its own pod's
+// sidecar (c10d and the own rendezvous), rather than in its etcd.
+func OnSidecarStore(backend string) bool { return backend == BackendC10d || backend == BackendOwn }
 
 // MPI flavours (values of AnnotationMPIFlavour and of the sidecar's --hostfile-flavour).
 const (
@@ -306,8 +314,13 @@ const (
 	EnvDiscoverHosts = "ET_DISCOVER_HOSTS"
 	// EnvDisableSharedStore is torch's opt-out of sharing the rendezvous TCPStore with the workers (torch >= 2.5).
 	EnvDisableSharedStore = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-	EnvRdzvEndpoint       = "ET_RDZV_ENDPOINT"
-	EnvMemberHost         = "ET_MEMBER_HOST" // this pod's stable FQDN
+	// EnvPythonPath: where a PyTorch trainer of the own rendezvous finds its backend (PythonDir), first.
+	EnvPythonPath = "PYTHONPATH"
+	// PythonDir: the own rendezvous' torchrun backend, as the sidecar installs it (internal/rdzvpy).
+	PythonDir       = FilesDir + "/" + PythonDirName
+	PythonDirName   = "python"
+	EnvRdzvEndpoint = "ET_RDZV_ENDPOINT"
+	EnvMemberHost   = "ET_MEMBER_HOST" // this pod's stable FQDN
 )
 
 // Env vars the webhook sets in a candidate's sidecar (AnnotationRdzvStandbys), from the downward API: the Lease's

@@ -106,7 +106,7 @@ func TestDenied(t *testing.T) {
 		{"standbys with an etcd backend", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvStandbys] = "1"
 			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendEtcdV2
-		}, []string{"annotation elastic-training.io/rdzv-standbys=1 with elastic-training.io/rdzv-backend=etcd-v2: standbys serve the c10d rendezvous only"}},
+		}, []string{"annotation elastic-training.io/rdzv-standbys=1 with elastic-training.io/rdzv-backend=etcd-v2: standbys serve the c10d store only"}},
 		{"standbys of an MPI job", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvStandbys] = "1"
 			p.Annotations[constants.AnnotationFramework] = constants.FrameworkMPI
@@ -118,7 +118,11 @@ func TestDenied(t *testing.T) {
 		{"tls with the c10d backend", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
 			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendC10d
-		}, []string{"rdzv-tls-secret=\"certs\" with elastic-training.io/rdzv-backend=c10d: torch's c10d rendezvous has no TLS"}},
+		}, []string{"rdzv-tls-secret=\"certs\" with elastic-training.io/rdzv-backend=c10d: torch's c10d store has no TLS"}},
+		{"tls with the own rendezvous", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
+			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendOwn
+		}, []string{"rdzv-tls-secret=\"certs\" with elastic-training.io/rdzv-backend=elastic-training: torch's c10d store has no TLS"}},
 		{"tls volume name taken by another volume", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
 			p.Spec.Volumes = []corev1.Volume{{Name: constants.TLSVolumeName, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "other"}}}}

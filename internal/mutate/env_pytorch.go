@@ -22,6 +22,10 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 	case constants.BackendEtcd:
 		conf["timeout"] = strconv.Itoa(s.joinTimeout)
 		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
+	case constants.BackendOwn: // internal/rdzvpy reads these; membership replaces keep-alives
+		conf["join_timeout"] = strconv.Itoa(s.joinTimeout)
+		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
+		conf["close_timeout"] = strconv.Itoa(s.closeTimeout)
 	default: // etcd-v2 and c10d: torch's dynamic rendezvous
 		conf["join_timeout"] = strconv.Itoa(s.joinTimeout)
 		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
@@ -29,7 +33,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		conf["keep_alive_interval"] = strconv.Itoa(KeepAliveInterval(s.keepAlive, s.maxNodes))
 		conf["keep_alive_max_attempt"] = strconv.Itoa(s.keepAliveAttempts)
 	}
-	if s.backend == constants.BackendC10d {
+	if constants.OnSidecarStore(s.backend) {
 		// The TCPStore is the serving sidecar's (rdzv-sidecar serve
 		// --c10d-addr): no agent hosts one, so the rendezvous outlives every
 		// worker. Every trainer reaches it through its own pod's sidecar
@@ -37,7 +41,9 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		// membership: torch's client would wait for a lost store's answer
 		// until the kernel gives the connection up (internal/storeproxy).
 		endpoint = s.c10dLocal()
-		conf["is_host"] = "false"
+		if s.backend == constants.BackendC10d {
+			conf["is_host"] = "false"
+		}
 	}
 	if s.tlsSecret != "" {
 		// Both etcd backends talk to the store through python-etcd, but each
@@ -52,7 +58,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 			conf["ca_cert"], conf["ssl_cert"], conf["ssl_cert_key"] = tlsCAFile, tlsCertFile, tlsKeyFile
 		}
 	}
-	return []corev1.EnvVar{
+	env := []corev1.EnvVar{
 		{Name: "PET_RDZV_BACKEND", Value: s.backend},
 		{Name: "PET_RDZV_ENDPOINT", Value: endpoint},
 		{Name: "PET_RDZV_ID", Value: s.runID},
@@ -71,6 +77,11 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		// fresh store. Older torch does not read the variable.
 		{Name: constants.EnvDisableSharedStore, Value: "1"},
 	}
+	if s.backend == constants.BackendOwn {
+		// torchrun finds the backend through its entry point, in the dist-info the sidecar installs there.
+		env = append(env, corev1.EnvVar{Name: constants.EnvPythonPath, Value: constants.PythonDir})
+	}
+	return env
 }
 
 // rdzvConf renders torchrun's --rdzv-conf: key=value pairs, sorted so the output is stable.

@@ -20,9 +20,13 @@ import (
 // setEnv adds v to c unless the user already set that variable: the user's
 // value wins, with a warning when it differs from the computed one.
 func setEnv(e *editor, containerPath string, c *corev1.Container, v corev1.EnvVar) {
-	for _, have := range c.Env {
+	for i, have := range c.Env {
 		if have.Name != v.Name {
 			continue
+		}
+		if v.Name == constants.EnvPythonPath {
+			prependPath(e, containerPath, c, i, v.Value)
+			return
 		}
 		if have.ValueFrom == nil && have.Value != v.Value {
 			e.warn("env %s=%q set in container %q is kept; the webhook computed %q", v.Name, have.Value, c.Name, v.Value)
@@ -30,6 +34,26 @@ func setEnv(e *editor, containerPath string, c *corev1.Container, v corev1.EnvVa
 		return
 	}
 	appendTo(e, containerPath+"/env", &c.Env, v)
+}
+
+// prependPath puts dir first on the container's env var i, a search path
+// (PYTHONPATH) the container sets itself: the trainer's own entries stay,
+// after ours. A value from a reference cannot be edited: it is kept, with a
+// warning.
+func prependPath(e *editor, containerPath string, c *corev1.Container, i int, dir string) {
+	have := &c.Env[i]
+	switch {
+	case have.ValueFrom != nil:
+		e.warn("env %s in container %q comes from a reference and is kept: add %s to it, or the rendezvous backend is not found", have.Name, c.Name, dir)
+	case slices.Contains(strings.Split(have.Value, ":"), dir):
+	default:
+		value := dir
+		if have.Value != "" {
+			value += ":" + have.Value
+		}
+		e.add(fmt.Sprintf("%s/env/%d/value", containerPath, i), value)
+		have.Value = value
+	}
 }
 
 // setMount mounts volume at mountPath in c; another volume at that path is a conflict.

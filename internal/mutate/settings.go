@@ -407,16 +407,16 @@ func (s *settings) parsePyTorch(ann map[string]string) (errs field.ErrorList) {
 func (s *settings) pytorchConflicts(ann map[string]string) (errs field.ErrorList) {
 	// torch's TCPStore protocol has no TLS (neither its client nor the
 	// sidecar's store), so a TLS request cannot be honoured for c10d.
-	if tls := ann[constants.AnnotationRdzvTLSSecret]; s.backend == constants.BackendC10d && tls != "" {
+	if tls := ann[constants.AnnotationRdzvTLSSecret]; constants.OnSidecarStore(s.backend) && tls != "" {
 		errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationRdzvTLSSecret),
-			fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d rendezvous has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
-				constants.AnnotationRdzvTLSSecret, tls, constants.AnnotationRdzvBackend, constants.BackendC10d)))
+			fmt.Sprintf("annotation %s=%q with %s=%s: torch's c10d store has no TLS; use backend etcd-v2 or etcd, or drop the TLS Secret",
+				constants.AnnotationRdzvTLSSecret, tls, constants.AnnotationRdzvBackend, s.backend)))
 	}
 	// A standby's fresh store is one more round for torch's c10d agents; its etcd backends are not known to take
 	// one (their state would vanish under them).
-	if s.standbys > 0 && s.backend != constants.BackendC10d {
+	if s.standbys > 0 && !constants.OnSidecarStore(s.backend) {
 		errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationRdzvStandbys),
-			fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve the c10d rendezvous only; use backend c10d or drop the standbys",
+			fmt.Sprintf("annotation %s=%d with %s=%s: standbys serve the c10d store only; use backend c10d or elastic-training, or drop the standbys",
 				constants.AnnotationRdzvStandbys, s.standbys, constants.AnnotationRdzvBackend, s.backend)))
 	}
 	if s.minNodes > 0 && s.maxNodes > 0 && s.minNodes > s.maxNodes {

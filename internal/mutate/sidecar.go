@@ -107,7 +107,7 @@ func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
 
 func joinArgs(s *settings, register bool, rdzvHost, rdzvURL string) []string {
 	args := []string{modeJoin, "--endpoints=" + rdzvURL, "--health-addr=" + s.healthAddr()}
-	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d {
+	if s.framework == constants.FrameworkPyTorch && constants.OnSidecarStore(s.backend) {
 		args = append(args, "--c10d-addr="+s.c10dLocal(), "--c10d-upstream="+rdzvHost+":"+svcC10dPort)
 		if s.verifiesStore() && register {
 			args = append(args, "--c10d-verify")
@@ -194,7 +194,7 @@ func sidecarMounts(s *settings, mode string) []corev1.VolumeMount {
 // itself a pod of the job (internal/sidecar verify.go): PyTorch on c10d, from contract 2 on, whose serving sidecars
 // (admitted by a webhook of contract 2 or later) name themselves; a job of an older chart keeps the Service's word.
 func (s *settings) verifiesStore() bool {
-	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendC10d && s.contract >= 2
+	return s.framework == constants.FrameworkPyTorch && constants.OnSidecarStore(s.backend) && s.contract >= 2
 }
 
 // sidecarSecurityContext is the sidecar's: it needs no privilege at all, and

@@ -16,14 +16,15 @@ import (
 	"path/filepath"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // Backend is the name torchrun's --rdzv-backend gives it.
-const Backend = "elastic-training"
+const Backend = constants.BackendOwn
 
 // Dir is where, under the files directory, the package is installed: the
 // PYTHONPATH entry.
-const Dir = "python"
+const Dir = constants.PythonDirName
 
 //go:embed all:python
 var files embed.FS // all: __init__.py begins with _

@@ -31,11 +31,12 @@ func TestRendezvousLeaseAndStandbys(t *testing.T) {
 		values   map[string]any
 		standbys string // the annotation on the first worker group's pods; "": none
 	}{
-		"pytorch defaults":   {pytorch(nil), "1"},
-		"pytorch 2 standbys": {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 2}}), "2"},
-		"pytorch 0 standbys": {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 0}}), ""},
-		"pytorch etcd-v2":    {pytorch(map[string]any{"rendezvous": map[string]any{"backend": "etcd-v2"}}), ""},
-		"pytorch dedicated":  {pytorch(map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), ""},
+		"pytorch defaults":       {pytorch(nil), "1"},
+		"pytorch 2 standbys":     {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 2}}), "2"},
+		"pytorch 0 standbys":     {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 0}}), ""},
+		"pytorch etcd-v2":        {pytorch(map[string]any{"rendezvous": map[string]any{"backend": "etcd-v2"}}), ""},
+		"pytorch own rendezvous": {pytorch(map[string]any{"rendezvous": map[string]any{"backend": constants.BackendOwn}}), "1"},
+		"pytorch dedicated":      {pytorch(map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), ""},
 		"mpi": {merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI,
 			"mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}), ""},
 	} {

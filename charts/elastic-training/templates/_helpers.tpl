@@ -146,9 +146,9 @@ Kubernetes replaces a Job's pod once it is evicted from a lost node, and never a
 {{- range $groups -}}
 {{- $out = append $out (set . "rdzvHost" (eq .name $host)) -}}
 {{- end -}}
-{{- /* Standbys of the rendezvous: PyTorch's c10d served by a worker group (docs/failures.md). */ -}}
+{{- /* Standbys of the rendezvous: PyTorch's c10d store served by a worker group (docs/failures.md). */ -}}
 {{- $standbys := 0 -}}
-{{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.backend "c10d") (not $dedicated) $resolved -}}
+{{- if and (eq $v.framework "pytorch") (has $v.rendezvous.backend (list "c10d" "elastic-training")) (not $dedicated) $resolved -}}
 {{- $standbys = int $v.rendezvous.standbys -}}
 {{- end -}}
 {{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible "eventsGroup" $eventsGroup "standbys" $standbys) -}}
@@ -405,7 +405,7 @@ are the serving pod's (elastic-training.sidecarPorts; the dedicated pod is never
   targetPort: {{ $p.health }}
   protocol: TCP
 {{- end }}
-{{- if and (eq .Values.framework "pytorch") (eq .Values.rendezvous.backend "c10d") }}
+{{- if and (eq .Values.framework "pytorch") (has .Values.rendezvous.backend (list "c10d" "elastic-training")) }}
 - name: c10d
   port: 29400
   targetPort: {{ $p.c10d }}

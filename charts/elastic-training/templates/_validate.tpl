@@ -66,8 +66,8 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- end -}}
 {{- $backend := $v.rendezvous.backend -}}
 {{- /* The backend is torchrun's: other frameworks use only the sidecar's membership, whatever it says. */ -}}
-{{- if and (eq $backend "c10d") (eq $v.framework "pytorch") $v.rendezvous.tls.secretName -}}
-{{- fail "rendezvous.tls works with backend etcd-v2 or etcd, not c10d (torch's TCPStore has no TLS): set rendezvous.backend=etcd-v2 (the trainer image then needs python-etcd)" -}}
+{{- if and (has $backend (list "c10d" "elastic-training")) (eq $v.framework "pytorch") $v.rendezvous.tls.secretName -}}
+{{- fail (printf "rendezvous.tls works with backend etcd-v2 or etcd, not %s (torch's TCPStore has no TLS): set rendezvous.backend=etcd-v2 (the trainer image then needs python-etcd)" $backend) -}}
 {{- end -}}
 {{- if eq $v.framework "mpi" -}}
 {{- if not (or $v.mpi.launcher.command $v.command) -}}
