@@ -1,4 +1,5 @@
-"""Take this pod's torchrun agent out of the etcd-v2, c10d (or legacy etcd) rendezvous before the pod stops.
+"""Take this pod's torchrun agent out of the etcd-v2, c10d, elastic-training (or legacy etcd) rendezvous before the
+pod stops.
 
 The webhook runs this as the training container's preStop hook; the sidecar installs it into the shared
 files directory. torchrun's agent does not leave the rendezvous when it gets SIGTERM (torch keeps the round
@@ -19,6 +20,10 @@ concurrent change by an agent is never overwritten; a stale read is retried.
 
 It does not import torch (two seconds of a preStop budget on a small node): the pickled state is read and
 written with stand-ins for torch's classes that keep every attribute they do not know about.
+
+The job's own rendezvous (elastic-training, docs/own-rendezvous.md) needs none of that: one SET of this member's
+leave key tells the serving sidecar, which makes the others re-form at once. Its handler does not close the
+rendezvous on SIGTERM, so nothing is killed.
 """
 
 import base64
@@ -389,13 +394,30 @@ def main():
     try:
         leave_rendezvous(pids)
     finally:
-        if pids:
+        if pids and os.environ.get("PET_RDZV_BACKEND") != OWN_BACKEND:
             stop_if_closing(pids)
+
+
+OWN_BACKEND = "elastic-training"
+
+
+def leave_own(endpoint, run_id, host):
+    """The own rendezvous: SET et/rdzv/<run>/leave/<host> (torch's client puts the "/" in front)."""
+    h, _, port = endpoint.rpartition(":")
+    key = f"/et/rdzv/{run_id}/leave/{host}".encode()
+    field = lambda b: struct.pack("<Q", len(b)) + b
+    with socket.create_connection((h, int(port)), timeout=3) as sock:
+        sock.sendall(struct.pack("<BI", 0, StateOverC10d.MAGIC) + b"\x01" + field(key) + field(b"1"))
+        # SET has no reply; a PING-free way to know it was read: the store answers CHECK in order.
+        sock.sendall(b"\x05" + struct.pack("<Q", 1) + field(key))
+        if sock.recv(1) != b"\x00":
+            raise RuntimeError("the store did not take the leave key")
+    log("INFO", "left the rendezvous before stopping", run_id=run_id, host=host)
 
 
 def leave_rendezvous(pids):
     backend = os.environ.get("PET_RDZV_BACKEND", "")
-    if backend not in ("etcd-v2", "etcd", "c10d"):
+    if backend not in ("etcd-v2", "etcd", "c10d", OWN_BACKEND):
         log("INFO", "nothing to do for this rendezvous backend", backend=backend or "unset")
         return
     run_id = os.environ.get("PET_RDZV_ID", "")
@@ -407,6 +429,9 @@ def leave_rendezvous(pids):
     addrs = {a for a in (os.environ.get("PET_LOCAL_ADDR"), socket.getfqdn()) if a}
     if not pids:
         log("INFO", "no torchrun agent runs in this container; nothing to leave")
+        return
+    if backend == OWN_BACKEND:
+        leave_own(endpoint, run_id, os.environ.get("PET_LOCAL_ADDR") or socket.getfqdn())
         return
     conf = parse_conf(os.environ.get("PET_RDZV_CONF", ""))
     if backend == "etcd":

@@ -88,6 +88,16 @@ type run struct {
 	decodeErr error
 	logged    string // the last round logged
 	seq       uint64
+	own       *ownState // the own rendezvous' runs: their state as the sidecar decided it
+}
+
+// ownState is a run of the own rendezvous as internal/rdzv/c10drounds last
+// reported it: no pickle to decode.
+type ownState struct {
+	round   int
+	hosts   []string // by rank; the core's, never changed once made
+	waiting int
+	closed  bool
 }
 
 type seenRound struct {
@@ -205,7 +215,26 @@ func (t *Tracker) stateLocked(k runKey) (st torchstate.State, ok bool, err error
 	return *r.decoded, true, r.decodeErr
 }
 
-func (t *Tracker) round(r Round) {
+// OwnState is a change of the own rendezvous' run (c10drounds.Config.OnState):
+// its round by rank (hosts), the nodes waiting, closed. The view shows it as
+// it is; a new round is logged and recorded as torch's are.
+func (t *Tracker) OwnState(run string, round int, hosts []string, waiting int, closed bool) {
+	k := runKey{constants.BackendOwn, run}
+	t.mu.Lock()
+	t.runLocked(k).own = &ownState{round: round, hosts: hosts, waiting: waiting, closed: closed}
+	t.mu.Unlock()
+	if round > 0 {
+		t.record(Round{Backend: constants.BackendOwn, RunID: run, Round: strconv.Itoa(round), Participants: len(hosts)}, hosts)
+	}
+}
+
+// round is a round of torch's own backends: its nodes come from torch's
+// state, when the Tracker has the state of that round.
+func (t *Tracker) round(r Round) { t.record(r, nil) }
+
+// record logs r and records its Event, once per round; nodes nil: from
+// torch's state.
+func (t *Tracker) record(r Round, nodes []string) {
 	k := runKey{r.Backend, r.RunID}
 	t.mu.Lock()
 	run := t.runLocked(k)
@@ -214,12 +243,16 @@ func (t *Tracker) round(r Round) {
 		return
 	}
 	run.logged = r.Round
-	var nodes []string
-	st, ok, err := t.stateLocked(k)
-	if ok && err == nil && strconv.Itoa(st.Round) == r.Round {
-		r.Participants = len(st.Participants)
-		for _, p := range st.Participants {
-			nodes = append(nodes, p.Addr)
+	var err error
+	if nodes == nil {
+		var st torchstate.State
+		var ok bool
+		st, ok, err = t.stateLocked(k)
+		if ok && err == nil && strconv.Itoa(st.Round) == r.Round {
+			r.Participants = len(st.Participants)
+			for _, p := range st.Participants {
+				nodes = append(nodes, p.Addr)
+			}
 		}
 	}
 	t.last = &seenRound{Round: r, at: t.now()}
@@ -316,6 +349,9 @@ type View struct {
 	WorldSize    int        `json:"worldSize"`
 	// Waiting are the nodes that asked to join the next round.
 	Waiting []string `json:"waiting,omitempty"`
+	// WaitingNodes is the own rendezvous' count of them (num_nodes_waiting),
+	// which it keeps without naming them.
+	WaitingNodes int `json:"waitingNodes,omitempty"`
 	// LastCompletedRound is the last round this sidecar saw complete, and when.
 	LastCompletedRound int       `json:"lastCompletedRound"`
 	LastCompletedAt    time.Time `json:"lastCompletedAt"`
@@ -341,6 +377,15 @@ func (t *Tracker) view() (View, bool, error) {
 	n, _ := strconv.Atoi(last.Round.Round)
 	v := View{Backend: last.Backend, RunID: last.RunID, Round: n, Complete: true, WorldSize: last.Participants,
 		LastCompletedRound: n, LastCompletedAt: last.at.UTC(), Now: t.now().UTC()}
+	if r := t.runs[runKey{last.Backend, last.RunID}]; r != nil && r.own != nil {
+		// Complete while no node waits: a waiting node makes every agent of the round restart into the next.
+		o := r.own
+		v.Round, v.Complete, v.Closed, v.WorldSize, v.WaitingNodes = o.round, o.waiting == 0 && !o.closed, o.closed, len(o.hosts), o.waiting
+		for rank, h := range o.hosts {
+			v.Participants = append(v.Participants, ViewNode{Node: h, Addr: h, Rank: rank})
+		}
+		return v, true, nil
+	}
 	st, ok, err := t.stateLocked(runKey{last.Backend, last.RunID})
 	if !ok {
 		return v, true, nil

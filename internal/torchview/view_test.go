@@ -258,3 +258,46 @@ func TestRoundEventProcesses(t *testing.T) {
 		})
 	}
 }
+
+// TestOwnStateView: the own rendezvous' rounds are logged and recorded as
+// torch's are, with their nodes and processes from the membership, and
+// /rendezvous shows the run as the sidecar decided it: complete while no
+// node waits.
+func TestOwnStateView(t *testing.T) {
+	var logs bytes.Buffer
+	var events []string
+	now := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
+	l := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: prometheus.NewRegistry(),
+		Now: func() time.Time { return now }, Events: recorderFunc(func(m string) { events = append(events, m) }),
+		Slots: func(string) (int, bool) { return 2, true }})
+	view := func() View {
+		rec := httptest.NewRecorder()
+		l.ServeHTTP(rec, httptest.NewRequest("GET", "/rendezvous", nil))
+		require.Equal(t, 200, rec.Code, rec.Body.String())
+		var v View
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &v))
+		return v
+	}
+	hosts := []string{"job-worker-0.job.ns.svc", "job-worker-1.job.ns.svc"}
+	l.OwnState("r", 0, nil, 1, false) // agents ready, no round yet: nothing to report
+	require.Empty(t, events)
+	l.OwnState("r", 1, hosts, 0, false)
+	l.OwnState("r", 1, hosts, 0, false) // the same round again: reported once
+	require.Equal(t, []string{"Round 1 of run r: 2 nodes, 4 processes (job-worker-0, job-worker-1)"}, events)
+	require.Contains(t, logs.String(), `msg="torch rendezvous round 1 of run r complete: 2 nodes" backend=elastic-training`)
+	v := view()
+	require.Equal(t, View{Backend: "elastic-training", RunID: "r", Round: 1, Complete: true, WorldSize: 2,
+		Participants: []ViewNode{{Node: hosts[0], Addr: hosts[0], Rank: 0}, {Node: hosts[1], Addr: hosts[1], Rank: 1}},
+		LastCompletedRound: 1, LastCompletedAt: now, Now: now}, v)
+
+	l.OwnState("r", 1, hosts, 1, false) // a node waits: the round's agents restart
+	v = view()
+	require.False(t, v.Complete)
+	require.Equal(t, 1, v.WaitingNodes)
+	l.OwnState("r", 1, hosts, 0, true)
+	require.True(t, view().Closed)
+}
+
+type recorderFunc func(string)
+
+func (f recorderFunc) Record(m string) { f(m) }

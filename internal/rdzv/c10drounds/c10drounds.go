@@ -15,6 +15,8 @@
 //	/et/rdzv/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
 //	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting)
 //	/et/rdzv/R/closed            an agent closed the run (set_closed)
+//	/et/rdzv/R/leave/<host>      the pod's preStop hook: this member leaves now (a scale-down), before its
+//	                             registration ends with the pod
 package c10drounds
 
 import (
@@ -97,8 +99,9 @@ type Config struct {
 	// Member is the member at host in the sidecar's last listing.
 	Member func(host string) (membership.Member, bool)
 	Log    *slog.Logger // nil: discard
-	// OnRound, if not nil, is told of each round formed (the view, Events).
-	OnRound func(run string, r rdzv.Round)
+	// OnState, if not nil, is told of each change of a run's state: a round
+	// formed, the nodes waiting, closed (the view, Events). It must not block.
+	OnState func(run string, s State)
 	Now     func() time.Time // nil: time.Now
 }
 
@@ -112,13 +115,28 @@ type Rounds struct {
 	runs map[string]*run
 }
 
-// run is one run's core, its last-call timer and what its state key holds.
+// run is one run's core, its last-call timer and what it last reported.
 type run struct {
-	id    string
-	core  *rdzv.Run
-	timer *time.Timer
-	state string
+	id       string
+	core     *rdzv.Run
+	timer    *time.Timer
+	reported State
+	// leaving are members whose pod said it stops (leave): their agent may
+	// still restart its workers and ask for a round before its SIGTERM, and is
+	// not heard until the member's registration ends (a replacement pod of the
+	// same name registers anew after that).
+	leaving map[string]bool
 }
+
+// State is a run's as the sidecar shows it.
+type State struct {
+	Round   rdzv.Round
+	Waiting int
+	Closed  bool
+}
+
+// value is the state key's value.
+func (s State) value() string { return fmt.Sprintf("round=%d waiting=%d", s.Round.Number, s.Waiting) }
 
 // New returns Rounds that follow no run yet.
 func New(cfg Config) *Rounds {
@@ -158,6 +176,16 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		if r := rs.runs[id]; r != nil && !r.core.Closed() {
 			r.core.Close()
 			rs.cfg.Log.Info("own rendezvous: run closed", "run_id", id, "round", r.core.Current().Number)
+			rs.decideLocked(r)
+		}
+		return nil
+	case strings.HasPrefix(what, "leave/"):
+		host := strings.TrimPrefix(what, "leave/")
+		if r := rs.runs[id]; r != nil && r.core.Member(host) {
+			r.core.Left(host)
+			r.leaving[host] = true
+			rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
+			rs.decideLocked(r)
 		}
 		return nil
 	case strings.HasPrefix(what, "ready/"):
@@ -172,6 +200,10 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		r, err := rs.runLocked(id, s)
 		if err != nil {
 			return err
+		}
+		if r.leaving[host] {
+			rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
+			return nil
 		}
 		if !r.core.Member(host) {
 			if m, ok := rs.cfg.Member(host); ok {
@@ -197,7 +229,7 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &run{id: id, core: core}
+	r := &run{id: id, core: core, leaving: map[string]bool{}}
 	rs.runs[id] = r
 	rs.cfg.Log.Info("own rendezvous: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
 	return r, nil
@@ -216,6 +248,7 @@ func (rs *Rounds) MembersChanged(joined, left []string) {
 	for _, r := range rs.runs {
 		for _, h := range left {
 			r.core.Left(h)
+			delete(r.leaving, h)
 		}
 		for _, m := range ms {
 			r.core.Joined(m)
@@ -245,15 +278,20 @@ func (rs *Rounds) decideLocked(r *run) {
 			}
 		})
 	}
-	state := fmt.Sprintf("round=%d waiting=%d", r.core.Current().Number, r.core.Waiting())
-	if state == r.state {
+	st := State{Round: r.core.Current(), Waiting: r.core.Waiting(), Closed: r.core.Closed()}
+	if st.Round.Number == r.reported.Round.Number && st.Waiting == r.reported.Waiting && st.Closed == r.reported.Closed {
 		return
 	}
-	if err := rs.cfg.Store.Set(StateKey(r.id), []byte(state)); err != nil {
-		rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", state, "err", err)
-		return
+	if st.value() != r.reported.value() { // not when only Closed changed: the agents read the closed key
+		if err := rs.cfg.Store.Set(StateKey(r.id), []byte(st.value())); err != nil {
+			rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", st.value(), "err", err)
+			return
+		}
 	}
-	r.state = state
+	r.reported = st
+	if rs.cfg.OnState != nil {
+		rs.cfg.OnState(r.id, st)
+	}
 }
 
 // writeRoundLocked gives each participant of round its rank, then drops the
@@ -270,11 +308,9 @@ func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	if round.Number > 1 {
 		dropped = rs.cfg.Store.DeletePrefix(RoundPrefix(r.id, round.Number-1))
 	}
-	rs.cfg.Log.Info(fmt.Sprintf("own rendezvous: round %d of run %s: %d nodes", round.Number, r.id, world),
+	// Debug: the view logs each round for every backend (OnState).
+	rs.cfg.Log.Debug(fmt.Sprintf("own rendezvous: round %d of run %s: %d nodes", round.Number, r.id, world),
 		"run_id", r.id, "round", round.Number, "world_size", world, "participants", summary(round.Participants), "keys_dropped", dropped)
-	if rs.cfg.OnRound != nil {
-		rs.cfg.OnRound(r.id, round)
-	}
 }
 
 // Stop ends the last-call timers.

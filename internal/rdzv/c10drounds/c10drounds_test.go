@@ -22,7 +22,8 @@ type fixture struct {
 	*Rounds
 	store   *tcpstore.Server
 	members map[string]membership.Member
-	rounds  []rdzv.Round
+	rounds  []rdzv.Round // as OnState told them
+	states  []State
 	log     *testenv.SyncBuffer
 }
 
@@ -31,9 +32,14 @@ func newFixture(t *testing.T) *fixture {
 	st, err := tcpstore.New(tcpstore.Config{})
 	require.NoError(t, err)
 	f := &fixture{store: st, members: map[string]membership.Member{}, log: &testenv.SyncBuffer{}}
-	f.Rounds = New(Config{Store: st, Log: slog.New(slog.NewTextHandler(f.log, nil)),
+	f.Rounds = New(Config{Store: st, Log: slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Member:  func(h string) (membership.Member, bool) { m, ok := f.members[h]; return m, ok },
-		OnRound: func(_ string, r rdzv.Round) { f.rounds = append(f.rounds, r) }})
+		OnState: func(_ string, s State) {
+			if n := len(f.rounds); s.Round.Number > 0 && (n == 0 || f.rounds[n-1].Number != s.Round.Number) {
+				f.rounds = append(f.rounds, s.Round)
+			}
+			f.states = append(f.states, s)
+		}})
 	t.Cleanup(f.Stop)
 	return f
 }
@@ -100,12 +106,32 @@ func TestRounds(t *testing.T) {
 	require.Equal(t, "3 0 2", f.get(RankKey("r", host(0))))
 	require.Equal(t, "3 1 2", f.get(RankKey("r", host(2))))
 	require.Len(t, f.rounds, 3)
-	require.Contains(t, f.log.String(), "own rendezvous: round 3 of run r: 2 nodes")
+	require.Contains(t, f.log.String(), "own rendezvous: round 3 of run r: 2 nodes", "at debug level")
+
+	// A scale-down: the leaving pod's preStop hook says so before its registration ends.
+	f.join(1)
+	f.ready("r", elastic, 1)
+	f.ready("r", elastic, 0, 2)
+	require.Equal(t, "4 2 3", f.get(RankKey("r", host(2))))
+	f.C10dWrite(Prefix+"r/leave/"+host(2), []byte("1"))
+	require.Equal(t, "round=4 waiting=1", f.get(StateKey("r")))
+	require.Equal(t, State{Round: f.rounds[3], Waiting: 1}, f.states[len(f.states)-1])
+	f.ready("r", elastic, 2) // its agent restarts its workers before its SIGTERM: not heard
+	f.ready("r", elastic, 0, 1)
+	require.Equal(t, "5 1 2", f.get(RankKey("r", host(1))))
+	// Its pod's registration ends; a replacement of the same name registers and is heard again.
+	f.leave(2)
+	f.join(2)
+	f.ready("r", elastic, 2)
+	require.Equal(t, "round=5 waiting=1", f.get(StateKey("r")))
+	f.ready("r", elastic, 0, 1)
+	require.Equal(t, "6 2 3", f.get(RankKey("r", host(2))))
 
 	// Closed: nothing forms after it.
 	f.C10dWrite(ClosedKey("r"), []byte("1"))
-	f.ready("r", elastic, 0, 2)
-	require.Len(t, f.rounds, 3)
+	require.True(t, f.states[len(f.states)-1].Closed)
+	f.ready("r", elastic, 0, 1)
+	require.Len(t, f.rounds, 6)
 }
 
 // TestLastCall: with fewer than max ready, the round forms a last call after

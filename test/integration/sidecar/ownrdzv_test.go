@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,7 +60,7 @@ func TestOwnRendezvousTwoAgents(t *testing.T) {
 			o := newOwnRdzv(t, tr, "own-two", "2")
 			a, b := o.start(t, 0), o.start(t, 1)
 			requireTwoWorkerResults(t, a.agent, b.agent)
-			require.Contains(t, o.s.Output(), "own rendezvous: round 1 of run own-two: 2 nodes")
+			require.Regexp(t, `torch rendezvous round 1 of run own-two complete: 2 nodes" .*backend=elastic-training`, o.s.Output())
 			require.Contains(t, a.agent.Output(), "RESULT rank=0 ", "ranks follow the member index")
 			require.Contains(t, b.agent.Output(), "RESULT rank=1 ")
 			require.NotContains(t, o.s.Output(), "/torch.rendezvous.", "torch's own rendezvous played no part")
@@ -90,12 +91,56 @@ func TestOwnRendezvousGrowAndLoseANode(t *testing.T) {
 			c.agent.Kill()
 			waitWorldAfter(t, a.agent, "world 2 after the third node vanished", "2", at3)
 			t.Logf("torch %s own rendezvous: node lost 3→2 took %s (lease TTL 2 s)", tr.version, time.Since(start).Round(100*time.Millisecond))
-			require.Contains(t, o.s.Output(), "own rendezvous: round 3 of run own-elastic: 2 nodes")
+			require.Regexp(t, `torch rendezvous round 3 of run own-elastic complete: 2 nodes" .*backend=elastic-training`, o.s.Output())
 			for _, n := range []node{a, b} {
 				n.agent.Signal(syscall.SIGKILL)
 			}
 		})
 	}
+}
+
+// A scale-down on the own rendezvous: the stopping pod's preStop script sets
+// its member's leave key, the survivors re-form at once, and the agent's
+// SIGTERM closes nothing, on torch 2.6 too (whose own handler closes the
+// whole rendezvous then): no SIGKILL.
+func TestOwnRendezvousLeaveBeforeStop(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			o := newOwnRdzv(t, tr, "own-leave", "2:3", "TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
+			a, b, c := o.start(t, 0), o.start(t, 1), o.start(t, 2)
+			var at3 int
+			for _, n := range []node{a, b, c} {
+				i := waitWorldAfter(t, n.agent, "world 3 on "+n.agent.Name, "3", 0)
+				if n == a {
+					at3 = i
+				}
+			}
+			start := time.Now()
+			out := runLeave(t, tr, o.files, "PET_RDZV_BACKEND="+rdzvpy.Backend, "PET_RDZV_ENDPOINT="+o.s.C10d, "PET_RDZV_ID=own-leave",
+				"PET_NNODES=2:3", "PET_LOCAL_ADDR="+c.host, "ET_LEAVE_AGENT_PID="+strconv.Itoa(c.agent.Cmd.Process.Pid))
+			t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
+			require.Contains(t, out, `msg="left the rendezvous before stopping"`)
+			require.NotContains(t, out, "SIGKILL")
+			c.agent.Signal(syscall.SIGTERM)
+			waitWorldAfter(t, a.agent, "world 2 after the preStop and SIGTERM", "2", at3)
+			t.Logf("torch %s own rendezvous: preStop + SIGTERM -> survivors at world 2: %s", tr.version, time.Since(start).Round(100*time.Millisecond))
+			c.agent.Wait(t, 60*time.Second) // torchrun exits 1 on SIGTERM (torch's SignalException), whatever the backend
+			c.join.Signal(syscall.SIGTERM) // then its pod's sidecar, as Kubernetes stops a native sidecar last
+			time.Sleep(3 * time.Second)    // the membership's change reaches the survivors' round: it must change nothing
+			require.NotContains(t, a.agent.Output()+b.agent.Output()+c.agent.Output(), "RendezvousClosedError")
+			require.Equal(t, "2", lastWorld(a.agent.Output()), "the survivors train on at world 2")
+		})
+	}
+}
+
+// lastWorld is the last world size p's workers reported.
+func lastWorld(out string) string {
+	ws := worldSizes(out)
+	if len(ws) == 0 {
+		return ""
+	}
+	return ws[len(ws)-1]
 }
 
 // waitWorldAfter waits until p's workers report world want past offset after
