@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
@@ -147,19 +148,24 @@ func (r scaleResult) String() string {
 		r.reads, r.writes, 100*r.lost, r.serverCPU, r.serverRSS, r.clientCPU)
 }
 
-// scaleServer starts the server kind for backend and returns its process and
-// the endpoint torch is given (host:port).
-func scaleServer(b *testing.B, backend, kind string) (*testenv.Proc, string) {
+// scaleServer starts the server kind for backend and returns its process,
+// the endpoint torch is given (host:port) and the participants' environment.
+// The own rendezvous' server is the sidecar with n+1 members registered
+// (own_test.go), and its participants find the backend where it installed it.
+func scaleServer(b *testing.B, backend, kind string, n int) (*testenv.Proc, string, []string) {
 	switch {
+	case backend == constants.BackendOwn:
+		s, pythonPath := startOwnSidecar(b, n+1)
+		return s.Proc, s.c10d, []string{"PYTHONPATH=" + pythonPath}
 	case backend == "c10d":
 		s := startStore(b, map[string]string{"sidecar": "sidecar", "torch": "torch"}[kind])
-		return s.Proc, s.addr
+		return s.Proc, s.addr, nil
 	case kind == "sidecar":
 		s := startSidecar(b)
-		return s.Proc, strings.TrimPrefix(s.clientURL, "http://")
+		return s.Proc, strings.TrimPrefix(s.clientURL, "http://"), nil
 	default:
 		s := startEtcd34(b)
-		return s.Proc, strings.TrimPrefix(s.clientURL, "http://")
+		return s.Proc, strings.TrimPrefix(s.clientURL, "http://"), nil
 	}
 }
 
@@ -169,9 +175,9 @@ type participants struct {
 	ctrl string
 }
 
-func startParticipants(b *testing.B, backend, endpoint, runID, nnodes string, st scaleSettings, count, first int, ctrl string) *participants {
+func startParticipants(b *testing.B, backend, endpoint, runID, nnodes string, env []string, st scaleSettings, count, first int, ctrl string) *participants {
 	script := filepath.Join(testenv.RepoRoot(), "test/bench/sidecar/testdata/scale_agents.py")
-	p := startTorch(b, fmt.Sprintf("%s-agents%d", runID, first), nil, "/usr/bin/python3", script, backend, endpoint, runID, nnodes,
+	p := startTorch(b, fmt.Sprintf("%s-agents%d", runID, first), env, "/usr/bin/python3", script, backend, endpoint, runID, nnodes,
 		strconv.Itoa(count), strconv.Itoa(first), ctrl, strconv.FormatFloat(st.monitor, 'f', -1, 64), st.conf)
 	return &participants{Proc: p, ctrl: ctrl}
 }
@@ -283,7 +289,7 @@ func cpuOf(b *testing.B, ps ...*testenv.Proc) float64 {
 // for window, a node joining and the same node leaving.
 func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc int, window, timeout time.Duration) scaleResult {
 	b.Helper()
-	server, endpoint := scaleServer(b, backend, kind)
+	server, endpoint, env := scaleServer(b, backend, kind, n)
 	defer server.Stop(grace)
 	runID := fmt.Sprintf("scale-%s-%d", kind, n)
 	nnodes := fmt.Sprintf("%d:%d", n, n+1)
@@ -296,7 +302,7 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 		}
 	}()
 	for first := 0; first < n; first += perProc {
-		ps = append(ps, startParticipants(b, backend, endpoint, runID, nnodes, st, min(perProc, n-first), first, ctrl))
+		ps = append(ps, startParticipants(b, backend, endpoint, runID, nnodes, env, st, min(perProc, n-first), first, ctrl))
 	}
 	for _, p := range ps {
 		testenv.WaitOutput(b, p.Proc, "READY", 5*time.Minute)
@@ -334,7 +340,7 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	// One node joins: its own process (its own pid, as the preStop script
 	// finds an agent by pid) and control directory.
 	jctrl := b.TempDir()
-	joiner := startParticipants(b, backend, endpoint, runID, nnodes, st, 1, n, jctrl)
+	joiner := startParticipants(b, backend, endpoint, runID, nnodes, env, st, 1, n, jctrl)
 	testenv.WaitOutput(b, joiner.Proc, "READY", 5*time.Minute)
 	all := append(ps, joiner)
 	t1 := time.Now()
@@ -345,11 +351,15 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	}
 
 	// It leaves as a pod does: the preStop script, then SIGKILL; the
-	// survivors' workers fail and the agents restart.
+	// survivors' workers fail and the agents restart. (The own rendezvous
+	// tells them to restart at the preStop script's word: their workers'
+	// failure would come after.)
 	t2 := time.Now()
 	leave := leaveRendezvous(b, backend, endpoint, runID, nnodes, fmt.Sprintf("node-%d", n), st, joiner)
 	joiner.Kill()
-	touch(b, ctrl, "restart-1")
+	if backend != constants.BackendOwn {
+		touch(b, ctrl, "restart-1")
+	}
 	if r.leave, r.leftBy, r.left = waitRound(b, ps, n, n, t2, timeout); !r.left {
 		_, _, _, r.inState = opsTotal(b, ps)
 	}

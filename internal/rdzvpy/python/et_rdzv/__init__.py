@@ -149,6 +149,8 @@ def create(params):
     )
 
     class Handler(api.RendezvousHandler):
+        round = 0  # the last round this agent took part in (0: none yet)
+
         def get_backend(self):
             return BACKEND
 
@@ -160,6 +162,7 @@ def create(params):
 
         def next_rendezvous(self):
             n, rank, world = rdzv.next()
+            self.round = n
             round_store = dist.PrefixStore(rdzv.keys.store(n), store)
             info = api.RendezvousStoreInfo.build(rank, round_store, local_addr=local_addr)
             return api.RendezvousInfo(round_store, rank, world, info)

@@ -1,7 +1,8 @@
 # Many torch elastic agents in one process, for the rendezvous at scale (scale_test.go).
 #
-# Each participant is torch's own DynamicRendezvousHandler (the c10d or etcd-v2 backend, is_host=false on c10d),
-# driven as torchrun's agent drives it: next_rendezvous(), then every monitor interval num_nodes_waiting(), and a new
+# Each participant is torch's own DynamicRendezvousHandler (the c10d or etcd-v2 backend, is_host=false on c10d), or
+# the job's own (elastic-training: internal/rdzvpy, found through its entry point on PYTHONPATH), driven as
+# torchrun's agent drives it: next_rendezvous(), then every monitor interval num_nodes_waiting(), and a new
 # next_rendezvous() when a node waits (a scale-up) or when its workers fail (a scale-down: the restart file). Only the
 # workers are left out. Each participant has its own address (local_addr) and so its own node in torch's state;
 # heartbeats are torch's own timer threads.
@@ -68,14 +69,17 @@ def participant(index):
     params = RendezvousParameters(backend=backend, endpoint=endpoint, run_id=run_id, min_nodes=min_nodes,
                                   max_nodes=max_nodes, local_addr=addr, **kwargs)
     handler = get_rendezvous_handler(params)
-    counted(handler._state_holder._backend)
-    holders.append(handler._state_holder)
+    own = backend == "elastic-training"  # no shared state to count or read: one key per node
+    if not own:
+        counted(handler._state_holder._backend)
+        holders.append(handler._state_holder)
     restarts = 0
     try:
         while not exists("stop"):
             info = handler.next_rendezvous()
             rank, world = (info[1], info[2]) if isinstance(info, tuple) else (info.rank, info.world_size)
-            emit(f"EV {addr} {handler._state_holder.state.round} {rank} {world} {time.time():.4f}")
+            round_ = handler.round if own else handler._state_holder.state.round
+            emit(f"EV {addr} {round_} {rank} {world} {time.time():.4f}")
             # The agent's monitor loop: its workers run until a node waits or they fail.
             while not exists("stop"):
                 time.sleep(monitor)
@@ -87,7 +91,8 @@ def participant(index):
     except Exception as e:  # noqa: BLE001 - reported to the benchmark, which fails on it
         emit(f"ERR {addr} {type(e).__name__}: {e}")
     finally:
-        handler._stop_heartbeats()
+        if not own:
+            handler._stop_heartbeats()
 
 
 def write_ops():
