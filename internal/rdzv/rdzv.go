@@ -11,7 +11,11 @@
 // its shared state: a round stays until every participant that is still a
 // member has asked for the next one (torch: until every participant left
 // it); the next forms at once with max ready members, or with at least min
-// once none has become ready for the last call; and the agents of a round
+// once none has become ready for the last call, or at once when every member
+// is ready: the last call waits for nodes that may yet come, and no node
+// comes that is not a member first (its pod's sidecar registers it before
+// its agent starts), so a round re-formed after a loss or a scale-down, and a
+// job's first round, wait for no one; and the agents of a round
 // restart (num_nodes_waiting > 0) when one of them asks for a new round, when
 // a member asks to join a round that has room, or when a participant's member
 // is gone (its node lost, its pod stopped).
@@ -164,14 +168,16 @@ func (r *Run) pending() int { return len(r.round.Participants) - r.nGone - r.nRe
 
 // Next forms the next round if it is due at now: once no participant of the
 // current round is pending, Max ready members at once, or at least Min once
-// none has become ready for the last call. It returns the round formed (ok),
-// or when to ask again (zero: when something changes).
+// none has become ready for the last call or once every member is ready. It
+// returns the round formed (ok), or when to ask again (zero: when something
+// changes).
 func (r *Run) Next(now time.Time) (round Round, ok bool, again time.Time) {
 	if r.closed || r.pending() > 0 {
 		return Round{}, false, time.Time{}
 	}
 	switch {
 	case r.nReady >= r.settings.Max:
+	case r.nReady >= r.settings.Min && r.nReady == len(r.members):
 	case r.nReady >= r.settings.Min:
 		if due := r.grown.Add(r.settings.LastCall); now.Before(due) {
 			return Round{}, false, due

@@ -74,9 +74,8 @@ func TestNext(t *testing.T) {
 			{do: joined(w0, w1, w2)},
 			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
 			{at: time.Second, do: func(r *Run) { r.Left(w1.Host) }, wait: 1},
-			// The survivors restart and ask for the next round: it forms after the last call.
-			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host, w2.Host), again: 4 * time.Second, wait: 2},
-			{at: 4 * time.Second, round: []string{w0.Host, w2.Host}},
+			// The survivors restart and ask for the next round: every member is ready, so it forms at once.
+			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host, w2.Host), round: []string{w0.Host, w2.Host}},
 		}},
 		"a ready member that leaves is not in the round": {Settings{Min: 2, Max: 3, LastCall: time.Second}, []step{
 			{do: joined(w0, w1, w2)},
@@ -86,17 +85,25 @@ func TestNext(t *testing.T) {
 				r.Ready(w1.Host, t0.Add(time.Second))
 				r.Left(w2.Host)
 			},
-				again: 2 * time.Second, wait: 2},
-			{at: 2 * time.Second, round: []string{w0.Host, w1.Host}},
+				round: []string{w0.Host, w1.Host}},
 		}},
 		"a participant asks again (its workers failed): the others restart, and the round waits for them": {Settings{Min: 1, Max: 3, LastCall: time.Second}, []step{
-			{do: joined(w0, w1)},
-			{do: readyAt(0, w0.Host, w1.Host), again: time.Second, wait: 2},
+			{do: joined(w0, w1, w2)},
+			{do: readyAt(0, w0.Host, w1.Host), again: time.Second, wait: 2}, // w2's agent may yet come
 			{at: time.Second, round: []string{w0.Host, w1.Host}},
 			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host), wait: 1},
 			{at: 5 * time.Second, wait: 1}, // w1 is still in the round: nothing forms without it
 			{at: 6 * time.Second, do: readyAt(6*time.Second, w1.Host), again: 7 * time.Second, wait: 2},
 			{at: 7 * time.Second, round: []string{w0.Host, w1.Host}},
+		}},
+		"every member ready: no last call": {Settings{Min: 1, Max: 4, LastCall: time.Minute}, []step{
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w1.Host), again: time.Minute, wait: 1},
+			{do: readyAt(0, w0.Host), round: []string{w0.Host, w1.Host}},
+			// A scale-up: the new member's agent comes, the others restart, and the round forms as the last is ready.
+			{do: joined(w2)},
+			{at: time.Second, do: readyAt(time.Second, w2.Host), wait: 1},
+			{at: 2 * time.Second, do: readyAt(2*time.Second, w0.Host, w1.Host), round: []string{w0.Host, w1.Host, w2.Host}},
 		}},
 		"a full round: a new member waits, restarting no one, and takes a lost participant's place": {Settings{Min: 2, Max: 2}, []step{
 			{do: joined(w0, w1)},

@@ -90,6 +90,13 @@ func (s *memberState) slots(host string) (int, bool) {
 	return m.Slots, ok
 }
 
+// listed is the members as last listed.
+func (s *memberState) listed() []membership.Member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.members
+}
+
 // member is the member at host, as last listed (the own rendezvous' ranks
 // follow its group and index).
 func (s *memberState) member(host string) (membership.Member, bool) {

@@ -242,7 +242,7 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 	if err != nil {
 		return nil, err
 	}
-	rounds := c10drounds.New(c10drounds.Config{Store: srv, Member: st.member, Log: log.With("component", "rendezvous"),
+	rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 		OnState: func(run string, s c10drounds.State) {
 			view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Closed)
 		}})

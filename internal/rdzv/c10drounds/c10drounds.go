@@ -96,9 +96,11 @@ type Store interface {
 // Config configures Rounds.
 type Config struct {
 	Store Store
-	// Member is the member at host in the sidecar's last listing.
-	Member func(host string) (membership.Member, bool)
-	Log    *slog.Logger // nil: discard
+	// Members is the sidecar's last listing of the membership, which a run
+	// begins with; Member the member at host in it.
+	Members func() []membership.Member
+	Member  func(host string) (membership.Member, bool)
+	Log     *slog.Logger // nil: discard
 	// OnState, if not nil, is told of each change of a run's state: a round
 	// formed, the nodes waiting, closed (the view, Events). It must not block.
 	OnState func(run string, s State)
@@ -228,6 +230,9 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 	core, err := rdzv.New(s)
 	if err != nil {
 		return nil, err
+	}
+	for _, m := range rs.cfg.Members() {
+		core.Joined(m)
 	}
 	r := &run{id: id, core: core, leaving: map[string]bool{}}
 	rs.runs[id] = r

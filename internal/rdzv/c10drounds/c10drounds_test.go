@@ -33,7 +33,14 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	f := &fixture{store: st, members: map[string]membership.Member{}, log: &testenv.SyncBuffer{}}
 	f.Rounds = New(Config{Store: st, Log: slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Member:  func(h string) (membership.Member, bool) { m, ok := f.members[h]; return m, ok },
+		Member: func(h string) (membership.Member, bool) { m, ok := f.members[h]; return m, ok },
+		Members: func() []membership.Member {
+			var ms []membership.Member
+			for _, m := range f.members {
+				ms = append(ms, m)
+			}
+			return ms
+		},
 		OnState: func(_ string, s State) {
 			if n := len(f.rounds); s.Round.Number > 0 && (n == 0 || f.rounds[n-1].Number != s.Round.Number) {
 				f.rounds = append(f.rounds, s.Round)

@@ -48,6 +48,19 @@ func TestNodeLossPyTorch(t *testing.T) {
 	t.Run("store/dedicated/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
 		testStoreNodeLoss(t, framework.TrainerImages[0], "dedicated", crash)
 	})
+	// The own rendezvous (docs/own-rendezvous.md): no pickle to rewrite, the sidecar's rounds take the loss.
+	own := map[string]any{"backend": constants.BackendOwn}
+	for _, img := range framework.TrainerImages {
+		t.Run("own/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) {
+			c, ns := startTest(t)
+			m := workerNodeLoss(t, c, ns, img, crash, lossRun{rdzv: own})
+			t.Logf("own rendezvous: node loss (crash, torch %s): %d survivors train at world %d %.1fs after the loss (goal 8 s); "+
+				"all 3 workers train again %.1fs after it", img.Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
+		})
+	}
+	t.Run("own/store/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
+		testStoreNodeLoss(t, framework.TrainerImages[0], "auto", crash, own)
+	})
 }
 
 // nodeLoss is what one worker-node loss measured.
@@ -156,12 +169,17 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 // default one, where the cut-off worker 0 serves on until a member leaves and must then step down: when its node
 // comes back, its old pod never serves or joins again. Placement dedicated: the one rendezvous pod, whose loss costs
 // Kubernetes' replacement of it (a Deployment's pod) and every worker on the other node survives.
-func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fault nodeFault) {
+func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fault nodeFault, rdzv ...map[string]any) {
 	c, ns := startTest(t)
 	const job = "storeloss"
 	victim := framework.ExtraNodes[0]
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
+	for _, r := range rdzv {
+		for k, x := range r {
+			set(v, "rendezvous."+k, x)
+		}
+	}
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})
 	set(v, "rendezvous.placement", placement)

@@ -34,7 +34,7 @@ const (
 // images are.
 func TestElasticPyTorch(t *testing.T) {
 	for _, img := range framework.TrainerImages {
-		for _, backend := range []string{"etcd-v2", "etcd", "c10d"} {
+		for _, backend := range []string{"etcd-v2", "etcd", "c10d", constants.BackendOwn} {
 			t.Run("torch-"+img.Torch+"/"+backend, func(t *testing.T) {
 				testElasticPyTorch(t, img, backend)
 			})
