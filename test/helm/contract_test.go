@@ -18,7 +18,10 @@ func TestContract(t *testing.T) {
 		constants.RoleServer: true, constants.RoleRdzv: true}
 	frameworks := map[string]bool{constants.FrameworkPyTorch: true, constants.FrameworkMPI: true,
 		constants.FrameworkMXNet: true, constants.FrameworkCustom: true}
-	backends := map[string]bool{constants.BackendEtcdV2: true, constants.BackendEtcd: true, constants.BackendC10d: true}
+	backends := map[string]bool{}
+	for _, b := range constants.Backends {
+		backends[b] = true
+	}
 	known := map[string]bool{}
 	for _, k := range constants.PodAnnotations {
 		known[k] = true

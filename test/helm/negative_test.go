@@ -32,7 +32,7 @@ func TestRejected(t *testing.T) {
 		{"typo in a group", []string{"workers.replica=3"}, "additional properties 'replica' not allowed"},
 		{"typo in a worker group", []string{"workerGroups.burst.replicas=1", "workerGroups.burst.gpu=1"}, "additional properties 'gpu' not allowed"},
 		{"worker group without replicas", []string{"workerGroups.burst.gpus=1"}, "missing property 'replicas'"},
-		{"unknown rendezvous backend", []string{"rendezvous.backend=zookeeper"}, "at '/rendezvous/backend': value must be one of 'etcd-v2', 'etcd', 'c10d'"},
+		{"unknown rendezvous backend", []string{"rendezvous.backend=zookeeper"}, "at '/rendezvous/backend': value must be one of 'auto', 'etcd-v2', 'etcd', 'c10d', 'elastic-training'"},
 		{"unknown MPI flavour", []string{"framework=mpi", "mpi.flavour=mvapich", "mpi.launcher.command={mpirun}"}, "at '/mpi/flavour': value must be one of 'openmpi', 'mpich', 'intelmpi'"},
 		{"unknown restart policy", []string{"restartPolicy=Always"}, "at '/restartPolicy': value must be one of 'auto', 'Never', 'OnFailure'"},
 		{"bad group name", []string{"workerGroups.Burst_1.replicas=1"}, "at '/workerGroups': additional properties 'Burst_1' not allowed"},

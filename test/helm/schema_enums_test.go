@@ -44,7 +44,8 @@ func TestSchemaEnumsMatchConstants(t *testing.T) {
 		// extra are values a property's enum has besides the constants' list, and why.
 		extra map[string][]string
 	}{
-		{"elastic-training", []string{"framework", "backend", "flavour", "pullPolicy"}, nil},
+		// "auto": the chart resolves it (elastic-training.backend) before any pod names a backend.
+		{"elastic-training", []string{"framework", "backend", "flavour", "pullPolicy"}, map[string][]string{"backend": {"auto"}}},
 		// "": the webhook passes no --sidecar-image-pull-policy, and injected sidecars get Kubernetes' default
 		// (mutate.Config.SidecarImagePullPolicy); the webhook's own image likewise.
 		{"elastic-training-webhook", []string{"rdzvBackend", "mpiFlavour", "pullPolicy"}, map[string][]string{"pullPolicy": {""}}},

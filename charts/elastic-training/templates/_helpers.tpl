@@ -85,6 +85,27 @@ random suffix. Computed once per render (cached in .Values) so every template se
 {{- end -}}
 
 {{/*
+The rendezvous backend: rendezvous.backend, and for auto the job's own (elastic-training: torchrun finds it through
+torch >= 2.5's torchrun.handlers entry point, docs/own-rendezvous.md), unless the trainer image's tag names an older
+torch the way pytorch/pytorch's tags do ("2.4.1-cuda12.1-cudnn9-runtime"): c10d there.
+*/}}
+{{- define "elastic-training.backend" -}}
+{{- $b := .Values.rendezvous.backend -}}
+{{- if eq $b "auto" -}}
+{{- $b = "elastic-training" -}}
+{{- $m := regexFind "^[0-9]+[.][0-9]+[.][0-9]+(-|$)" (toString .Values.image.tag) -}}
+{{- if $m -}}
+{{- $major := splitList "." $m | first | atoi -}}
+{{- $minor := index (splitList "." $m) 1 | atoi -}}
+{{- if or (lt $major 2) (and (eq $major 2) (lt $minor 5)) -}}
+{{- $b = "c10d" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $b -}}
+{{- end -}}
+
+{{/*
 The job's plan: every group with its role, workload kind, whether its pods are rendezvous members, which group
 hosts the rendezvous, and the job-wide counts. Returned as YAML; use with fromYaml.
 */}}
@@ -148,7 +169,7 @@ Kubernetes replaces a Job's pod once it is evicted from a lost node, and never a
 {{- end -}}
 {{- /* Standbys of the rendezvous: PyTorch's c10d store served by a worker group (docs/failures.md). */ -}}
 {{- $standbys := 0 -}}
-{{- if and (eq $v.framework "pytorch") (has $v.rendezvous.backend (list "c10d" "elastic-training")) (not $dedicated) $resolved -}}
+{{- if and (eq $v.framework "pytorch") (has (include "elastic-training.backend" $) (list "c10d" "elastic-training")) (not $dedicated) $resolved -}}
 {{- $standbys = int $v.rendezvous.standbys -}}
 {{- end -}}
 {{- toYaml (dict "groups" $out "minNodes" $min "maxNodes" $max "replicas" $replicas "dedicated" $dedicated "host" $host "preemptible" $preemptible "eventsGroup" $eventsGroup "standbys" $standbys) -}}
@@ -164,7 +185,7 @@ elastic-training.io/framework: {{ $v.framework | quote }}
 elastic-training.io/run-id: {{ include "elastic-training.runId" .root | quote }}
 elastic-training.io/min-nodes: {{ $plan.minNodes | quote }}
 elastic-training.io/max-nodes: {{ $plan.maxNodes | quote }}
-elastic-training.io/rdzv-backend: {{ $v.rendezvous.backend | quote }}
+elastic-training.io/rdzv-backend: {{ include "elastic-training.backend" .root | quote }}
 elastic-training.io/rdzv-join-timeout: {{ $v.rendezvous.joinTimeout | quote }}
 elastic-training.io/rdzv-last-call-timeout: {{ $v.rendezvous.lastCallTimeout | quote }}
 elastic-training.io/rdzv-close-timeout: {{ $v.rendezvous.closeTimeout | quote }}
@@ -405,7 +426,7 @@ are the serving pod's (elastic-training.sidecarPorts; the dedicated pod is never
   targetPort: {{ $p.health }}
   protocol: TCP
 {{- end }}
-{{- if and (eq .Values.framework "pytorch") (has .Values.rendezvous.backend (list "c10d" "elastic-training")) }}
+{{- if and (eq .Values.framework "pytorch") (has (include "elastic-training.backend" .) (list "c10d" "elastic-training")) }}
 - name: c10d
   port: 29400
   targetPort: {{ $p.c10d }}

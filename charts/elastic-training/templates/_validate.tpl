@@ -64,7 +64,7 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- if eq $members 0 -}}
 {{- fail "no worker group: enable workers or add one under workerGroups" -}}
 {{- end -}}
-{{- $backend := $v.rendezvous.backend -}}
+{{- $backend := include "elastic-training.backend" . -}}
 {{- /* The backend is torchrun's: other frameworks use only the sidecar's membership, whatever it says. */ -}}
 {{- if and (has $backend (list "c10d" "elastic-training")) (eq $v.framework "pytorch") $v.rendezvous.tls.secretName -}}
 {{- fail (printf "rendezvous.tls works with backend etcd-v2 or etcd, not %s (torch's TCPStore has no TLS): set rendezvous.backend=etcd-v2 (the trainer image then needs python-etcd)" $backend) -}}

@@ -27,7 +27,7 @@ var (
 	TrainerImages = trainerImages(settings["TRAINER_IMAGE"], settings["TRAINER_SUITES"])
 	TrainerImage  = TrainerImages[0].Image
 	// StockTrainer is the forky image without python-etcd, as a stock torch image is: what the chart's default
-	// backend (c10d) must train with.
+	// backend (elastic-training, auto) must train with.
 	StockTrainer = Trainer{Image: settings["STOCK_TRAINER_IMAGE"], Torch: trainerTorch["forky"]}
 	// NodeName is the node of the host itself (node1), where the control plane runs; ExtraNodes are the others.
 	NodeName = settings["NODE_NAME"]

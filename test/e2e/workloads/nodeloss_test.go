@@ -28,7 +28,8 @@ const (
 	partition nodeFault = "partition"
 )
 
-// TestNodeLossPyTorch: an elastic PyTorch job with the chart's defaults (c10d served by worker 0's sidecar) loses
+// TestNodeLossPyTorch: an elastic PyTorch job with the chart's defaults (the own rendezvous, served by worker 0's
+// sidecar) loses
 // the node of other workers. The survivors train again at the smaller world size, Kubernetes replaces the lost pods
 // on the node that is left and the job grows back to its replicas by itself, and the lost node's old pods never take
 // part in a round again once it is back. Crash on every torch of the trainer images, partition on the default one.
@@ -48,18 +49,12 @@ func TestNodeLossPyTorch(t *testing.T) {
 	t.Run("store/dedicated/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
 		testStoreNodeLoss(t, framework.TrainerImages[0], "dedicated", crash)
 	})
-	// The own rendezvous (docs/own-rendezvous.md): no pickle to rewrite, the sidecar's rounds take the loss.
-	own := map[string]any{"backend": constants.BackendOwn}
-	for _, img := range framework.TrainerImages {
-		t.Run("own/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) {
-			c, ns := startTest(t)
-			m := workerNodeLoss(t, c, ns, img, crash, lossRun{rdzv: own})
-			t.Logf("own rendezvous: node loss (crash, torch %s): %d survivors train at world %d %.1fs after the loss (goal 8 s); "+
-				"all 3 workers train again %.1fs after it", img.Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
-		})
-	}
-	t.Run("own/store/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
-		testStoreNodeLoss(t, framework.TrainerImages[0], "auto", crash, own)
+	// torch's c10d rendezvous, where the survivors' restarter rewrites torch's state (internal/survivors).
+	t.Run("c10d/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
+		c, ns := startTest(t)
+		m := workerNodeLoss(t, c, ns, framework.TrainerImages[0], crash, lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}})
+		t.Logf("c10d: node loss (crash, torch %s): %d survivors train at world %d %.1fs after the loss; all 3 workers "+
+			"train again %.1fs after it", framework.TrainerImages[0].Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
 	})
 }
 
@@ -81,7 +76,7 @@ type lossRun struct {
 func testWorkerNodeLoss(t *testing.T, img framework.Trainer, fault nodeFault) {
 	c, ns := startTest(t)
 	m := workerNodeLoss(t, c, ns, img, fault, lossRun{})
-	t.Logf("node loss (%s, torch %s): %d survivors train at world %d %.1fs after the loss (goal 20 s); all 3 workers "+
+	t.Logf("node loss (%s, torch %s): %d survivors train at world %d %.1fs after the loss (goal 8 s); all 3 workers "+
 		"train again %.1fs after it (goal 90 s)", fault, img.Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
 }
 
@@ -169,17 +164,12 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 // default one, where the cut-off worker 0 serves on until a member leaves and must then step down: when its node
 // comes back, its old pod never serves or joins again. Placement dedicated: the one rendezvous pod, whose loss costs
 // Kubernetes' replacement of it (a Deployment's pod) and every worker on the other node survives.
-func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fault nodeFault, rdzv ...map[string]any) {
+func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fault nodeFault) {
 	c, ns := startTest(t)
 	const job = "storeloss"
 	victim := framework.ExtraNodes[0]
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
-	for _, r := range rdzv {
-		for k, x := range r {
-			set(v, "rendezvous."+k, x)
-		}
-	}
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})
 	set(v, "rendezvous.placement", placement)
