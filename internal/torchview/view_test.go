@@ -287,7 +287,7 @@ func TestOwnStateView(t *testing.T) {
 	require.Contains(t, logs.String(), `msg="torch rendezvous round 1 of run r complete: 2 nodes" backend=elastic-training`)
 	v := view()
 	require.Equal(t, View{Backend: "elastic-training", RunID: "r", Round: 1, Complete: true, WorldSize: 2,
-		Participants: []ViewNode{{Node: hosts[0], Addr: hosts[0], Rank: 0}, {Node: hosts[1], Addr: hosts[1], Rank: 1}},
+		Participants:       []ViewNode{{Node: hosts[0], Addr: hosts[0], Rank: 0}, {Node: hosts[1], Addr: hosts[1], Rank: 1}},
 		LastCompletedRound: 1, LastCompletedAt: now, Now: now}, v)
 
 	l.OwnState("r", 1, hosts, 1, false) // a node waits: the round's agents restart

@@ -126,8 +126,8 @@ func TestOwnRendezvousLeaveBeforeStop(t *testing.T) {
 			waitWorldAfter(t, a.agent, "world 2 after the preStop and SIGTERM", "2", at3)
 			t.Logf("torch %s own rendezvous: preStop + SIGTERM -> survivors at world 2: %s", tr.version, time.Since(start).Round(100*time.Millisecond))
 			c.agent.Wait(t, 60*time.Second) // torchrun exits 1 on SIGTERM (torch's SignalException), whatever the backend
-			c.join.Signal(syscall.SIGTERM) // then its pod's sidecar, as Kubernetes stops a native sidecar last
-			time.Sleep(3 * time.Second)    // the membership's change reaches the survivors' round: it must change nothing
+			c.join.Signal(syscall.SIGTERM)  // then its pod's sidecar, as Kubernetes stops a native sidecar last
+			time.Sleep(3 * time.Second)     // the membership's change reaches the survivors' round: it must change nothing
 			require.NotContains(t, a.agent.Output()+b.agent.Output()+c.agent.Output(), "RendezvousClosedError")
 			require.Equal(t, "2", lastWorld(a.agent.Output()), "the survivors train on at world 2")
 		})
