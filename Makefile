@@ -135,8 +135,9 @@ bench-sidecar: rootfs
 
 ## bench-scale: the rendezvous at the scale of real jobs (docs/scale.md): N = 64, 256, 1,024 of torch's own rendezvous
 ## handlers through the sidecar vs torch's TCPStore server (c10d) and etcd 3.4 (etcd-v2), the chart's settings and
-## torch's; torch's join race with Go clients at 256 to 1,024 nodes; 500 members each kept by its own join; 16,384
-## concurrent c10d clients. BENCH_SIDECAR_SCALE_* choose.
+## torch's; the job's own rendezvous vs torch's c10d handler on the sidecar at 64 to 4,096 nodes (OwnRendezvousScale,
+## which the pattern matches too); torch's join race with Go clients at 256 to 1,024 nodes; 500 members each kept by
+## its own join; 16,384 concurrent c10d clients. BENCH_SIDECAR_SCALE_* and _OWN_* choose.
 bench-scale: rootfs
 	$(GO) test -count=1 -timeout 150m -run '^$$' -bench 'RendezvousScale|C10dJoinRace|^BenchmarkScale$$|C10dClients' -benchtime 1x ./test/bench/sidecar
 

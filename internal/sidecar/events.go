@@ -12,8 +12,8 @@ type MembershipListener interface {
 // membershipFanOut tells every listener of a change, in its order. The
 // serving sidecar's order (serve) is the Lease candidate first, since
 // whether this pod still serves decides what the others do with a
-// departure; then the lost-pod reaper; then the survivors' restarter, behind
-// whileServing.
+// departure; then the lost-pod reaper; then the own rendezvous' rounds and
+// the survivors' restarter, behind whileServing.
 type membershipFanOut []MembershipListener
 
 func (f membershipFanOut) MembersChanged(joined, left []string) {
@@ -44,8 +44,8 @@ type StoreWriteListener interface {
 }
 
 // storeWriteFanOut hands a write to every listener, in its order: the view
-// of torch's rounds first (it only reads), then the survivors' restarter,
-// which may write back.
+// of torch's rounds first (it only reads), then the own rendezvous' rounds
+// (internal/rdzv/c10drounds) and the survivors' restarter, which write back.
 type storeWriteFanOut []StoreWriteListener
 
 func (f *storeWriteFanOut) C10dWrite(key string, value []byte) {
