@@ -81,7 +81,7 @@ t0=$(date +%s)
 out=$(helm -n "$NS" test "$JOB" 2>&1) || { echo "$out"; kubectl -n "$NS" logs "$JOB-test-rdzv" || true; exit 1; }
 echo "$out" | grep -E "^(TEST SUITE|Phase)"
 echo "   helm test: $(since $t0) s"
-say "The rendezvous as kubectl shows it: who serves it (the Lease's holder), torch's state, and one Event per round on the Job"
+say "The rendezvous as kubectl shows it: who serves it (the Lease's holder), its current round, and one Event per round on the Job"
 holder=$(kubectl -n "$NS" get lease "$JOB-rdzv" -o jsonpath='{.spec.holderIdentity}')
 echo "   served by $holder"
 kubectl -n "$NS" get --raw "/api/v1/namespaces/$NS/pods/$holder:2381/proxy/rendezvous"; echo
