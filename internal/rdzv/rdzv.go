@@ -121,6 +121,10 @@ func (r *Run) Left(host string) {
 	})
 }
 
+// Unregistered is how many agents asked for a round from hosts that are not
+// members (yet): their pods' registrations may still be on their way.
+func (r *Run) Unregistered() int { return len(r.ready) - r.nReady }
+
 // Member says whether host is a member.
 func (r *Run) Member(host string) bool { _, ok := r.members[host]; return ok }
 

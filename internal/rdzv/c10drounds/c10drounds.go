@@ -47,6 +47,9 @@ const (
 	maxReadyValue = 1 << 10
 	maxNodes      = 1 << 20
 	maxLastCall   = time.Hour
+	// maxUnregistered bounds the agents heard from hosts that are not members:
+	// a registration is on its way for a moment, a forged host forever.
+	maxUnregistered = 1024
 )
 
 // The keys of run.
@@ -213,6 +216,8 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		if !r.core.Member(host) {
 			if m, ok := rs.cfg.Member(host); ok {
 				r.core.Joined(m)
+			} else if r.core.Unregistered() >= maxUnregistered {
+				return fmt.Errorf("host %s is not a member, and %d agents of hosts that are not wait already", host, maxUnregistered)
 			}
 		}
 		r.core.Ready(host, rs.cfg.Now())

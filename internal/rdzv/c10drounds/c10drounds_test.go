@@ -186,6 +186,13 @@ func TestRefused(t *testing.T) {
 	}
 	require.Len(t, f.runs, MaxRuns)
 	require.Contains(t, f.log.String(), "at most 4 runs")
+
+	// Agents of hosts that are not members wait for their registration, a bounded number of them.
+	for i := range maxUnregistered + 10 {
+		f.C10dWrite(ReadyKey("run-0", fmt.Sprintf("stranger-%d", i)), []byte(`{"min":2,"max":2}`))
+	}
+	require.Equal(t, maxUnregistered, f.runs["run-0"].core.Unregistered())
+	require.Contains(t, f.log.String(), "agents of hosts that are not wait already")
 }
 
 // FuzzWrite: no write makes Rounds panic or follow more runs than MaxRuns,
