@@ -92,7 +92,8 @@ func reportOwn(b *testing.B, n int, o, c scaleResult) {
 func startOwnSidecar(b *testing.B, members int) (*server, string) {
 	b.Helper()
 	files := b.TempDir()
-	s := startSidecar(b, "--files-dir="+files, "--register=false")
+	// Each participant holds a connection: the store's default quota (16,384) is a job's, one agent a machine.
+	s := startSidecar(b, "--files-dir="+files, "--register=false", fmt.Sprintf("--c10d-max-connections=%d", max(16384, 2*members)))
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.clientURL}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
