@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
@@ -51,11 +52,12 @@ func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) sca
 
 // BenchmarkScaling measures, on the real cluster and in one run, how long an elastic PyTorch job takes from
 // `helm install` to its first step, and from `helm upgrade` (one worker more, one fewer) until every worker
-// trains at the new world size, with the chart's rendezvous defaults and with torch's own defaults
-// (last_call_timeout 30 s, close_timeout 30 s; torch 2.14's monitor_interval is 0.1 s, which the chart cannot
-// express, so both run at the chart's 1 s), on the default trainer image (torch 2.14). Goal: the chart's defaults <= 10 s and <= 0.5x
-// torch's. BENCH_SCALING_REPS sets the repetitions (default 2); runs alternate between the two settings so
-// machine noise hits both alike. Run it with `make bench-e2e`.
+// trains at the new world size, with the chart's rendezvous defaults (the own rendezvous), with torch's c10d
+// rendezvous at the chart's settings, and with torch's own defaults (c10d, last_call_timeout 30 s, close_timeout
+// 30 s; torch 2.14's monitor_interval is 0.1 s, which the chart cannot express, so all run at the chart's 1 s), on
+// the default trainer image (torch 2.14). Goal: the chart's defaults <= 10 s and <= 0.5x torch's. BENCH_SCALING_REPS
+// sets the repetitions (default 2); runs alternate between the settings so machine noise hits them alike. Run it
+// with `make bench-e2e`.
 func BenchmarkScaling(b *testing.B) {
 	reps := 2
 	if r := os.Getenv("BENCH_SCALING_REPS"); r != "" {
@@ -68,8 +70,10 @@ func BenchmarkScaling(b *testing.B) {
 		rdzv map[string]any
 	}{
 		{"chart defaults", nil},
-		{"torch defaults", map[string]any{"lastCallTimeout": 30, "closeTimeout": 30}},
+		{"c10d, chart's", map[string]any{"backend": constants.BackendC10d}},
+		{"torch defaults", map[string]any{"backend": constants.BackendC10d, "lastCallTimeout": 30, "closeTimeout": 30}},
 	}
+	torch := len(configs) - 1 // the ratio's baseline
 	got := make([][]scaling, len(configs))
 	for i := 0; i < b.N*reps; i++ {
 		for j, cfg := range configs {
@@ -88,7 +92,7 @@ func BenchmarkScaling(b *testing.B) {
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nelastic PyTorch on the local cluster (%s, torch %s), median of %d runs each (seconds)\n",
 		framework.TrainerImages[0].Image, framework.TrainerImages[0].Torch, reps*b.N)
-	fmt.Fprintf(&out, "%-32s %14s %14s %8s\n", "", configs[0].name, configs[1].name, "ratio")
+	fmt.Fprintf(&out, "%-32s %14s %14s %14s %8s\n", "", configs[0].name, configs[1].name, configs[torch].name, "ratio")
 	for _, m := range []struct {
 		name string
 		f    func(scaling) time.Duration
@@ -99,8 +103,8 @@ func BenchmarkScaling(b *testing.B) {
 		{"  of which: workers' own start", func(s scaling) time.Duration { return s.workersStart }},
 		{"scale down 3->2 -> all at world 2", func(s scaling) time.Duration { return s.down }},
 	} {
-		a, t := pick(0, m.f), pick(1, m.f)
-		fmt.Fprintf(&out, "%-32s %14.1f %14.1f %8.2f\n", m.name, a.Seconds(), t.Seconds(), a.Seconds()/t.Seconds())
+		a, c10d, t := pick(0, m.f), pick(1, m.f), pick(torch, m.f)
+		fmt.Fprintf(&out, "%-32s %14.1f %14.1f %14.1f %8.2f\n", m.name, a.Seconds(), c10d.Seconds(), t.Seconds(), a.Seconds()/t.Seconds())
 		if !strings.HasPrefix(m.name, " ") {
 			b.ReportMetric(a.Seconds(), strings.Fields(m.name)[0]+"-"+strings.Fields(m.name)[1]+"-s")
 		}
@@ -151,8 +155,9 @@ func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since
 // BenchmarkNodeLoss measures, on the two-node cluster and in one run, what a crashed worker node costs an elastic
 // PyTorch job (3 workers, worker 0 serving the rendezvous on the node that stays, the others spread): the time from
 // the crash until every survivor trains at the smaller world size, and until every worker trains at the full size
-// again (Kubernetes replaced the lost pods). Once with the chart's defaults, once with torch's own behaviour
-// (rendezvous.restartSurvivors false, last_call and close timeouts 30 s): its survivors wait for the collective
+// again (Kubernetes replaced the lost pods). Once with the chart's defaults (the own rendezvous), once with torch's
+// c10d rendezvous at the chart's settings (the survivors' restarter), once with torch's own behaviour (c10d,
+// rendezvous.restartSurvivors false, last_call and close timeouts 30 s): its survivors wait for the collective
 // timeout (gloo: 30 min), so the wait for them stops at 180 s and reports "> 180". On the default trainer image
 // (torch 2.14). Goals (issue 23): smaller size within 20 s, full size within 90 s. Run it with `make bench-node-loss`.
 func BenchmarkNodeLoss(b *testing.B) {
@@ -165,7 +170,9 @@ func BenchmarkNodeLoss(b *testing.B) {
 		run  lossRun
 	}{
 		{"chart defaults", lossRun{}},
-		{"torch's own", lossRun{rdzv: map[string]any{"restartSurvivors": false, "lastCallTimeout": 30, "closeTimeout": 30}, smallerLimit: limit}},
+		{"c10d, chart's", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}}},
+		{"torch's own", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d, "restartSurvivors": false, "lastCallTimeout": 30, "closeTimeout": 30},
+			smallerLimit: limit}},
 	}
 	got := make([]nodeLoss, len(configs))
 	for i := 0; i < b.N; i++ {
@@ -181,9 +188,10 @@ func BenchmarkNodeLoss(b *testing.B) {
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nworker node crash, elastic PyTorch 3 workers on 2 nodes (%s, torch %s), seconds after the crash\n", img.Image, img.Torch)
-	fmt.Fprintf(&out, "%-40s %14s %14s\n", "", configs[0].name, configs[1].name)
-	fmt.Fprintf(&out, "%-40s %14s %14s\n", fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors), secs(got[0].trainAgain), secs(got[1].trainAgain))
-	fmt.Fprintf(&out, "%-40s %14s %14s\n", "all 3 train again (lost pods replaced)", secs(got[0].replaced), secs(got[1].replaced))
+	fmt.Fprintf(&out, "%-40s %14s %14s %14s\n", "", configs[0].name, configs[1].name, configs[2].name)
+	fmt.Fprintf(&out, "%-40s %14s %14s %14s\n", fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors),
+		secs(got[0].trainAgain), secs(got[1].trainAgain), secs(got[2].trainAgain))
+	fmt.Fprintf(&out, "%-40s %14s %14s %14s\n", "all 3 train again (lost pods replaced)", secs(got[0].replaced), secs(got[1].replaced), secs(got[2].replaced))
 	fmt.Print(out.String())
 	b.ReportMetric(got[0].trainAgain.Seconds(), "smaller-size-s")
 	b.ReportMetric(got[0].replaced.Seconds(), "full-size-s")
