@@ -1,6 +1,7 @@
 package sidecar_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/rdzvpy"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/torchview"
 )
 
 // ownRdzv is a serving sidecar that installs the backend and follows the
@@ -126,8 +128,16 @@ func TestOwnRendezvousLeaveBeforeStop(t *testing.T) {
 			waitWorldAfter(t, a.agent, "world 2 after the preStop and SIGTERM", "2", at3)
 			t.Logf("torch %s own rendezvous: preStop + SIGTERM -> survivors at world 2: %s", tr.version, time.Since(start).Round(100*time.Millisecond))
 			c.agent.Wait(t, 60*time.Second) // torchrun exits 1 on SIGTERM (torch's SignalException), whatever the backend
-			c.join.Signal(syscall.SIGTERM)  // then its pod's sidecar, as Kubernetes stops a native sidecar last
-			time.Sleep(3 * time.Second)     // the membership's change reaches the survivors' round: it must change nothing
+			rounds := strings.Count(o.s.Output(), "torch rendezvous round")
+			c.join.Signal(syscall.SIGTERM) // then its pod's sidecar, as Kubernetes stops a native sidecar last
+			require.NoError(t, c.join.Wait(t, 30*time.Second), "the sidecar deregisters and exits:\n%s", c.join.Output())
+			// The serving sidecar hears of the departure (the listeners run right after this line): it must change nothing.
+			testenv.WaitOutput(t, o.s.Proc, `left=`+c.host, 30*time.Second)
+			var v torchview.View
+			require.NoError(t, json.Unmarshal([]byte(httpGet(t, "http://"+o.s.Health+"/rendezvous")), &v))
+			require.True(t, v.Complete, "/rendezvous after the member left: %+v", v)
+			require.Equal(t, 2, v.WorldSize)
+			require.Equal(t, rounds, strings.Count(o.s.Output(), "torch rendezvous round"), "no new round for a member already out")
 			require.NotContains(t, a.agent.Output()+b.agent.Output()+c.agent.Output(), "RendezvousClosedError")
 			require.Equal(t, "2", lastWorld(a.agent.Output()), "the survivors train on at world 2")
 		})
