@@ -58,7 +58,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 			conf["ca_cert"], conf["ssl_cert"], conf["ssl_cert_key"] = tlsCAFile, tlsCertFile, tlsKeyFile
 		}
 	}
-	env := []corev1.EnvVar{
+	return []corev1.EnvVar{
 		{Name: "PET_RDZV_BACKEND", Value: s.backend},
 		{Name: "PET_RDZV_ENDPOINT", Value: endpoint},
 		{Name: "PET_RDZV_ID", Value: s.runID},
@@ -77,11 +77,6 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		// fresh store. Older torch does not read the variable.
 		{Name: constants.EnvDisableSharedStore, Value: "1"},
 	}
-	if s.backend == constants.BackendOwn {
-		// torchrun finds the backend through its entry point, in the dist-info the sidecar installs there.
-		env = append(env, corev1.EnvVar{Name: constants.EnvPythonPath, Value: constants.PythonDir})
-	}
-	return env
 }
 
 // rdzvConf renders torchrun's --rdzv-conf: key=value pairs, sorted so the output is stable.

@@ -151,6 +151,10 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	for _, v := range trainerEnv(s, fqdn, rdzvHost, rdzvURL, namespace, domain) {
 		setEnv(e, path, c, v)
 	}
+	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendOwn {
+		// torchrun finds the own rendezvous through its entry point, in the dist-info the sidecar installs there.
+		prependPath(e, path, c, constants.EnvPythonPath, constants.PythonDir)
+	}
 	if err := setMount(e, path, c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {
 		return err
 	}

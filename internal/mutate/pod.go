@@ -20,13 +20,9 @@ import (
 // setEnv adds v to c unless the user already set that variable: the user's
 // value wins, with a warning when it differs from the computed one.
 func setEnv(e *editor, containerPath string, c *corev1.Container, v corev1.EnvVar) {
-	for i, have := range c.Env {
+	for _, have := range c.Env {
 		if have.Name != v.Name {
 			continue
-		}
-		if v.Name == constants.EnvPythonPath {
-			prependPath(e, containerPath, c, i, v.Value)
-			return
 		}
 		if have.ValueFrom == nil && have.Value != v.Value {
 			e.warn("env %s=%q set in container %q is kept; the webhook computed %q", v.Name, have.Value, c.Name, v.Value)
@@ -36,11 +32,16 @@ func setEnv(e *editor, containerPath string, c *corev1.Container, v corev1.EnvVa
 	appendTo(e, containerPath+"/env", &c.Env, v)
 }
 
-// prependPath puts dir first on the container's env var i, a search path
-// (PYTHONPATH) the container sets itself: the trainer's own entries stay,
-// after ours. A value from a reference cannot be edited: it is kept, with a
-// warning.
-func prependPath(e *editor, containerPath string, c *corev1.Container, i int, dir string) {
+// prependPath puts dir first on the container's search path name
+// (PYTHONPATH): set alone where the container sets none, else before the
+// trainer's own entries. A value from a reference cannot be edited: it is
+// kept, with a warning.
+func prependPath(e *editor, containerPath string, c *corev1.Container, name, dir string) {
+	i := slices.IndexFunc(c.Env, func(v corev1.EnvVar) bool { return v.Name == name })
+	if i < 0 {
+		appendTo(e, containerPath+"/env", &c.Env, corev1.EnvVar{Name: name, Value: dir})
+		return
+	}
 	have := &c.Env[i]
 	switch {
 	case have.ValueFrom != nil:
