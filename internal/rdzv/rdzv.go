@@ -18,7 +18,11 @@
 // job's first round, wait for no one; and the agents of a round
 // restart (num_nodes_waiting > 0) when one of them asks for a new round, when
 // a member asks to join a round that has room, or when a participant's member
-// is gone (its node lost, its pod stopped).
+// is gone (its node lost, its pod stopped) before its agent said it was done.
+// A participant whose agent is done (torch's shutdown after its run ended)
+// leaves the round quietly, as a node that finished does in torch: the others
+// finish their own run (one rank saving a checkpoint while the rest have
+// exited), and the next round, if any, does not wait for it.
 package rdzv
 
 import (
@@ -65,13 +69,15 @@ type Run struct {
 	members  map[string]membership.Member // live, by host
 	ready    map[string]bool              // agents asking for the next round, by host
 	in       map[string]bool              // the current round's participants
+	done     map[string]bool              // participants whose agent ended (Done) while a member
 	// grown is when the ready members last grew: the last call counts from it.
 	grown  time.Time
 	round  Round
 	closed bool
 	// Counts kept as hosts change (count): ready members, of them the
-	// participants, and participants that are no longer members.
-	nReady, nReadyIn, nGone int
+	// participants, participants that are no longer members and were not
+	// done, and done participants.
+	nReady, nReadyIn, nGone, nDone int
 }
 
 // New returns a run that has formed no round.
@@ -79,7 +85,8 @@ func New(s Settings) (*Run, error) {
 	if err := s.Check(); err != nil {
 		return nil, err
 	}
-	return &Run{settings: s, members: map[string]membership.Member{}, ready: map[string]bool{}, in: map[string]bool{}}, nil
+	return &Run{settings: s, members: map[string]membership.Member{}, ready: map[string]bool{}, in: map[string]bool{},
+		done: map[string]bool{}}, nil
 }
 
 // Settings are the run's.
@@ -95,7 +102,10 @@ func (r *Run) count(host string, d int) {
 			r.nReadyIn += d
 		}
 	}
-	if r.in[host] && !member {
+	switch {
+	case r.in[host] && r.done[host]:
+		r.nDone += d
+	case r.in[host] && !member:
 		r.nGone += d
 	}
 }
@@ -135,14 +145,39 @@ func (r *Run) Ready(host string, now time.Time) {
 	if r.ready[host] {
 		return
 	}
-	r.change(host, func() { r.ready[host] = true })
+	r.change(host, func() { r.ready[host] = true; delete(r.done, host) })
 	if r.Member(host) {
 		r.grown = now
 	}
 }
 
-// Close ends the run: no round forms after it (torch's set_closed).
-func (r *Run) Close() { r.closed = true }
+// Done records that host's agent ended (torch's shutdown: its run succeeded,
+// failed, or it was stopped): it asks for no round. A participant that is
+// still a member then leaves the round without making the others re-form,
+// and no next round waits for it; one whose member is gone already stays a
+// loss (a scale-down's preStop removed it: the others must re-form).
+func (r *Run) Done(host string) {
+	_, member := r.members[host]
+	r.change(host, func() {
+		delete(r.ready, host)
+		if r.in[host] && member {
+			r.done[host] = true
+		}
+	})
+}
+
+// Close ends the run: no round forms after it (torch's set_closed). It
+// returns the hosts whose agents were asking for a round, which will get
+// none.
+func (r *Run) Close() []string {
+	r.closed = true
+	hosts := make([]string, 0, len(r.ready))
+	for h := range r.ready {
+		hosts = append(hosts, h)
+	}
+	slices.Sort(hosts)
+	return hosts
+}
 
 // Closed reports whether the run was closed.
 func (r *Run) Closed() bool { return r.closed }
@@ -166,9 +201,10 @@ func (r *Run) Waiting() int {
 	return n
 }
 
-// pending are the participants of the current round that are members and
-// have not asked for the next one: the round stays while there are any.
-func (r *Run) pending() int { return len(r.round.Participants) - r.nGone - r.nReadyIn }
+// pending are the participants of the current round that are members, not
+// done, and have not asked for the next one: the round stays while there are
+// any.
+func (r *Run) pending() int { return len(r.round.Participants) - r.nGone - r.nReadyIn - r.nDone }
 
 // Next forms the next round if it is due at now: once no participant of the
 // current round is pending, Max ready members at once, or at least Min once
@@ -195,7 +231,7 @@ func (r *Run) Next(now time.Time) (round Round, ok bool, again time.Time) {
 	}
 	next := Round{Number: r.round.Number + 1, Participants: make([]string, 0, len(ms))}
 	for _, h := range r.round.Participants {
-		r.change(h, func() { delete(r.in, h) })
+		r.change(h, func() { delete(r.in, h); delete(r.done, h) })
 	}
 	for _, m := range ms {
 		next.Participants = append(next.Participants, m.Host)

@@ -112,6 +112,32 @@ func TestNext(t *testing.T) {
 			{do: func(r *Run) { r.Left(w1.Host) }, wait: 1},
 			{do: readyAt(0, w0.Host), round: []string{w0.Host, w2.Host}},
 		}},
+		"a participant done while a member leaves quietly; the next round does not wait for it": {Settings{Min: 1, Max: 3}, []step{
+			{do: joined(w0, w1, w2)},
+			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
+			// w1 finished (its agent's shutdown), then its pod stopped: w0 and w2 train on.
+			{do: func(r *Run) { r.Done(w1.Host); r.Left(w1.Host) }},
+			// w2's workers fail later: the round re-forms with the two left, and w1 holds nothing up.
+			{at: time.Second, do: readyAt(time.Second, w2.Host), wait: 1},
+			{at: time.Second, do: readyAt(time.Second, w0.Host), round: []string{w0.Host, w2.Host}},
+		}},
+		"done after the member left (a scale-down's preStop): still a loss": {Settings{Min: 1, Max: 2}, []step{
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w0.Host, w1.Host), round: []string{w0.Host, w1.Host}},
+			{do: func(r *Run) { r.Left(w1.Host); r.Done(w1.Host) }, wait: 1},
+		}},
+		"an agent restarted in its pod after done asks again": {Settings{Min: 2, Max: 2}, []step{
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w0.Host, w1.Host), round: []string{w0.Host, w1.Host}},
+			{do: func(r *Run) { r.Done(w1.Host) }},
+			{at: time.Second, do: readyAt(time.Second, w1.Host), wait: 1},
+			{at: time.Second, do: readyAt(time.Second, w0.Host), round: []string{w0.Host, w1.Host}},
+		}},
+		"done before any round, or of a waiting agent: it is no longer ready": {Settings{Min: 2, Max: 2}, []step{
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w0.Host), wait: 1},
+			{do: func(r *Run) { r.Done(w0.Host); r.Ready(w1.Host, t0) }, wait: 1},
+		}},
 		"closed: nothing forms": {Settings{Min: 1, Max: 1}, []step{
 			{do: joined(w0)},
 			{do: func(r *Run) { r.Close(); r.Ready(w0.Host, t0) }, wait: 1},
@@ -163,13 +189,15 @@ func FuzzRun(f *testing.F) {
 		now, last := t0, 0
 		for _, op := range ops {
 			m := member("worker", int(op>>4)%6)
-			switch op % 5 {
+			switch op % 6 {
 			case 0:
 				r.Joined(m)
 			case 1:
 				r.Left(m.Host)
 			case 2:
 				r.Ready(m.Host, now)
+			case 5:
+				r.Done(m.Host)
 			case 3:
 				now = now.Add(time.Duration(op>>2) * 100 * time.Millisecond)
 			case 4:
@@ -199,7 +227,7 @@ func FuzzRun(f *testing.F) {
 // from scratch.
 func requireCounts(t *testing.T, r *Run) {
 	t.Helper()
-	var ready, readyIn, gone int
+	var ready, readyIn, gone, done int
 	for h := range r.ready {
 		if r.Member(h) {
 			ready++
@@ -209,10 +237,17 @@ func requireCounts(t *testing.T, r *Run) {
 		}
 	}
 	for _, h := range r.round.Participants {
-		if !r.Member(h) {
+		switch {
+		case r.done[h]:
+			done++
+		case !r.Member(h):
 			gone++
 		}
 	}
-	require.Equal(t, [3]int{ready, readyIn, gone}, [3]int{r.nReady, r.nReadyIn, r.nGone}, "ready, ready participants, gone participants")
+	require.Equal(t, [4]int{ready, readyIn, gone, done}, [4]int{r.nReady, r.nReadyIn, r.nGone, r.nDone},
+		"ready, ready participants, gone participants, done participants")
+	for h := range r.done {
+		require.True(t, r.in[h], "done %s is not a participant", h)
+	}
 	require.Len(t, r.in, len(r.round.Participants))
 }

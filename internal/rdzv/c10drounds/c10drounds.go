@@ -11,12 +11,14 @@
 //
 //	/et/rdzv/R/ready/<host>      an agent asks for the next round: {"min","max","last_call"}
 //	/et/rdzv/R/rank/<host>       the sidecar: "<round> <rank> <world size>" once a round takes the agent
-//	                             (the agent deletes it before it asks again, then waits for it)
+//	                             (the agent deletes it before it asks again, then waits for it), or
+//	                             "closed" once the run is closed: one wait, woken either way
 //	/et/rdzv/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
 //	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting)
 //	/et/rdzv/R/closed            an agent closed the run (set_closed)
 //	/et/rdzv/R/leave/<host>      the pod's preStop hook: this member leaves now (a scale-down), before its
 //	                             registration ends with the pod
+//	/et/rdzv/R/done/<host>       the agent's shutdown: its run ended; it leaves its round without a re-form
 package c10drounds
 
 import (
@@ -57,6 +59,7 @@ func ReadyKey(run, host string) string { return Prefix + run + "/ready/" + host 
 func RankKey(run, host string) string  { return Prefix + run + "/rank/" + host }
 func StateKey(run string) string       { return Prefix + run + "/state" }
 func ClosedKey(run string) string      { return Prefix + run + "/closed" }
+func DoneKey(run, host string) string  { return Prefix + run + "/done/" + host }
 func RoundPrefix(run string, n int) string {
 	return Prefix + run + "/round/" + strconv.Itoa(n) + "/"
 }
@@ -158,7 +161,8 @@ func New(cfg Config) *Rounds {
 // round's store).
 var errIgnored = errors.New("not a rendezvous request")
 
-// C10dWrite takes an agent's ready and closed writes.
+// C10dWrite takes an agent's ready, done and closed writes, and a preStop
+// hook's leave.
 func (rs *Rounds) C10dWrite(key string, value []byte) {
 	rest, ok := strings.CutPrefix(key, Prefix)
 	if !ok {
@@ -174,7 +178,8 @@ func (rs *Rounds) write(rest string, value []byte) error {
 	if id == "" || len(id) > maxRunID {
 		return fmt.Errorf("run id: want 1 to %d bytes", maxRunID)
 	}
-	if what != "closed" && !strings.HasPrefix(what, "ready/") && !strings.HasPrefix(what, "leave/") {
+	if what != "closed" && !strings.HasPrefix(what, "ready/") && !strings.HasPrefix(what, "leave/") &&
+		!strings.HasPrefix(what, "done/") {
 		return errIgnored // most writes: the rounds' stores, without the lock
 	}
 	rs.mu.Lock()
@@ -182,7 +187,9 @@ func (rs *Rounds) write(rest string, value []byte) error {
 	switch {
 	case what == "closed":
 		if r := rs.runs[id]; r != nil && !r.core.Closed() {
-			r.core.Close()
+			for _, h := range r.core.Close() {
+				rs.tellClosedLocked(r, h)
+			}
 			rs.cfg.Log.Info("own rendezvous: run closed", "run_id", id, "round", r.core.Current().Number)
 			rs.decideLocked(r)
 		}
@@ -193,6 +200,16 @@ func (rs *Rounds) write(rest string, value []byte) error {
 			r.core.Left(host)
 			r.leaving[host] = true
 			rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
+			rs.decideLocked(r)
+		}
+		return nil
+	case strings.HasPrefix(what, "done/"):
+		// Not a loss: the agent finished (or failed for good, or was stopped after its pod's preStop said so). The
+		// others finish their own run; the next round, if any, does not wait for it.
+		host := strings.TrimPrefix(what, "done/")
+		if r := rs.runs[id]; r != nil {
+			r.core.Done(host)
+			rs.cfg.Log.Debug("own rendezvous: an agent is done", "run_id", id, "host", host)
 			rs.decideLocked(r)
 		}
 		return nil
@@ -208,6 +225,10 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		r, err := rs.runLocked(id, s)
 		if err != nil {
 			return err
+		}
+		if r.core.Closed() {
+			rs.tellClosedLocked(r, host) // it asked as the run was being closed
+			return nil
 		}
 		if r.leaving[host] {
 			rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
@@ -324,6 +345,17 @@ func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	// Debug: the view logs each round for every backend (OnState).
 	rs.cfg.Log.Debug(fmt.Sprintf("own rendezvous: round %d of run %s: %d nodes", round.Number, r.id, world),
 		"run_id", r.id, "round", round.Number, "world_size", world, "participants", summary(round.Participants), "keys_dropped", dropped)
+}
+
+// closed is the rank key's value once the run is closed.
+const closed = "closed"
+
+// tellClosedLocked wakes host's agent, which waits for its rank: there will be
+// none.
+func (rs *Rounds) tellClosedLocked(r *run, host string) {
+	if err := rs.cfg.Store.Set(RankKey(r.id, host), []byte(closed)); err != nil {
+		rs.cfg.Log.Error("own rendezvous: cannot tell an agent the run is closed", "run_id", r.id, "host", host, "err", err)
+	}
 }
 
 // Stop ends the last-call timers.

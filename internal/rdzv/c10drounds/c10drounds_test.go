@@ -134,11 +134,36 @@ func TestRounds(t *testing.T) {
 	f.ready("r", elastic, 0, 1)
 	require.Equal(t, "6 2 3", f.get(RankKey("r", host(2))))
 
-	// Closed: nothing forms after it.
+	// Closed: nothing forms after it, and an agent waiting for a round (or asking as it closes) is told so.
+	f.ready("r", elastic, 2)
 	f.C10dWrite(ClosedKey("r"), []byte("1"))
 	require.True(t, f.states[len(f.states)-1].Closed)
+	require.Equal(t, "closed", f.get(RankKey("r", host(2))))
 	f.ready("r", elastic, 0, 1)
 	require.Len(t, f.rounds, 6)
+	require.Equal(t, "closed", f.get(RankKey("r", host(0))))
+}
+
+// TestDone: an agent that finished leaves its round quietly: the others are
+// told no node waits when its pod then goes, and the next round does not
+// wait for it. After a preStop's leave, done changes nothing.
+func TestDone(t *testing.T) {
+	const elastic = `{"min":1,"max":3,"last_call":60}`
+	f := newFixture(t)
+	f.join(0, 1, 2)
+	f.ready("r", elastic, 0, 1, 2)
+	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")))
+	f.C10dWrite(DoneKey("r", host(1)), []byte("1"))
+	f.leave(1)
+	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")), "host 1 finished: rank 0 saving a checkpoint must not restart")
+	f.ready("r", elastic, 2)
+	require.Equal(t, "round=1 waiting=1", f.get(StateKey("r")))
+	f.ready("r", elastic, 0)
+	require.Equal(t, "2 1 2", f.get(RankKey("r", host(2))), "round 2 without the finished one")
+
+	f.C10dWrite(Prefix+"r/leave/"+host(2), []byte("1"))
+	f.C10dWrite(DoneKey("r", host(2)), []byte("1")) // its SIGTERM after the preStop: still a loss
+	require.Equal(t, "round=2 waiting=1", f.get(StateKey("r")))
 }
 
 // TestLastCall: with fewer than max ready, the round forms a last call after
@@ -200,6 +225,8 @@ func TestRefused(t *testing.T) {
 func FuzzWrite(f *testing.F) {
 	f.Add("r/ready/"+host(0), []byte(`{"min":1,"max":2,"last_call":0}`))
 	f.Add("r/closed", []byte("1"))
+	f.Add("r/done/"+host(1), []byte("1"))
+	f.Add("r/leave/"+host(0), []byte("1"))
 	f.Add("r/ready/a", []byte(`{"min":1,"max":1e9}`))
 	f.Fuzz(func(t *testing.T, rest string, value []byte) {
 		fx := newFixture(t)

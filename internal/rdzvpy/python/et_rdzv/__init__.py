@@ -9,25 +9,23 @@ pickle. Standard library and torch only.
 
 The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
     et/rdzv/<run>/ready/<host>     this agent asks for the next round: {"min", "max", "last_call"}
-    et/rdzv/<run>/rank/<host>      the sidecar: "<round> <rank> <world size>" once a round takes this agent; the agent
-                                   deletes it before it asks, so it waits for one key of its own with no round number
+    et/rdzv/<run>/rank/<host>      the sidecar: "<round> <rank> <world size>" once a round takes this agent, or
+                                   "closed"; the agent deletes it before it asks, so it waits for one key of its own
+                                   with no round number
     et/rdzv/<run>/round/<N>/store  round N's store (a PrefixStore)
     et/rdzv/<run>/state            the sidecar: "round=<N> waiting=<K>"
     et/rdzv/<run>/closed           set_closed
+    et/rdzv/<run>/done/<host>      shutdown: this agent's run ended; it leaves its round without making the others
+                                   re-form (the sidecar takes a node that vanishes without it as lost)
 """
 
 import json
 import logging
 import socket
-import time
 from datetime import timedelta
 
 BACKEND = "elastic-training"
 PREFIX = "et/rdzv"
-
-# How long one wait for this agent's rank lasts before the agent looks again whether the run was closed: the join
-# timeout bounds the whole.
-POLL = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +40,9 @@ class Keys:
 
     def ready(self, host):
         return f"{self.base}/ready/{host}"
+
+    def done(self, host):
+        return f"{self.base}/done/{host}"
 
     def rank(self, host):
         return f"{self.base}/rank/{host}"
@@ -93,24 +94,25 @@ class Rendezvous:
         # the sidecar sees the delete before the ready.)
         self.store.delete_key(key)
         self.store.set(self.keys.ready(self.host), json.dumps(self.settings).encode())
-        deadline = time.monotonic() + self.join_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
-            try:
-                self.store.wait([key], timedelta(seconds=min(left, POLL)))
-            except self.wait_error:
-                if self.is_closed():
-                    raise self.closed_error()
-                continue
-            n, rank, world = (int(x) for x in self.store.get(key).decode().split())
-            log.info("elastic-training rendezvous: run %s round %d: rank %d of %d", self.run_id, n, rank, world)
-            return n, rank, world
+        # One wait: the sidecar writes this key when a round takes this agent and when the run is closed. (A wait that
+        # times out makes torch's client log a warning: polling would fill the trainer's log.)
+        try:
+            self.store.wait([key], timedelta(seconds=self.join_timeout))
+        except self.wait_error:
+            raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
+        value = self.store.get(key).decode()
+        if value == "closed":
+            raise self.closed_error()
+        n, rank, world = (int(x) for x in value.split())
+        log.info("elastic-training rendezvous: run %s round %d: rank %d of %d", self.run_id, n, rank, world)
+        return n, rank, world
 
     def shutdown(self):
-        """This agent leaves: it asks for no round. The run stays open for the others (a scale-down)."""
+        """This agent's run ended (torchrun calls it once its workers succeeded or failed for good, or on a signal): it
+        asks for no round, and leaves its round without making the others re-form, as a node that finished does in
+        torch; the run stays open for them. (A scale-down's preStop said "leave" before the signal: that is a loss.)"""
         try:
+            self.store.set(self.keys.done(self.host), b"1")
             self.store.delete_key(self.keys.ready(self.host))
         except Exception:  # the store may be gone with the job
             return False
