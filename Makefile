@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 
-.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss demo cluster-build cluster-up cluster-down cluster-status images
 
 ## all: build (the default target).
 all: build
@@ -58,7 +58,7 @@ helm:
 
 ## integration: the sidecar and the c10d store with the real programs (test/integration/...): torchrun of torch 2.14
 ## and 2.6 chrooted into the trainer root filesystems, etcd 3.4 and etcdctl, Open MPI and MPICH. Root.
-integration: rootfs
+integration: rootfs torch-tests
 	$(GO) test -count=1 -timeout 30m ./test/integration/...
 
 ## e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
@@ -102,6 +102,11 @@ endif
 ## minutes the first time, then cached under $ET_CACHE/rootfs).
 rootfs:
 	hack/rootfs.sh
+
+## torch-tests: torch's own LocalElasticAgent tests, from Debian's source package of each root filesystem's torch
+## (hack/torch-tests.sh; cached under $ET_CACHE/torch-tests), that `make integration` runs against our rendezvous.
+torch-tests: rootfs
+	hack/torch-tests.sh
 
 ## cluster-build: build the local two-node cluster's binaries (test/e2e/cluster, README "Local cluster"; root) from
 ## the pinned versions (minutes the first time, then cached under ET_CACHE, default ~/.cache/elastic-training;
