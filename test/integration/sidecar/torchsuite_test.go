@@ -19,11 +19,13 @@ import (
 // elastic-training backend: every scenario of the file, each agent a node with
 // an address and a joining sidecar of its own (testdata/torch_agent_suite.py
 // says how). torch 2.6 runs its own file; torch 2.14 runs the newest file the
-// mirror has.
+// mirror has. The two run at once: most of their time is waiting (barriers,
+// sleeps, leases), and each has sidecars and addresses of its own.
 func TestTorchAgentTests(t *testing.T) {
 	for _, suite := range []string{testenv.SuiteTrixie, testenv.SuiteForky} {
 		tr := newTrainer(t, suite)
 		t.Run(tr.name(), func(t *testing.T) {
+			t.Parallel()
 			src := testenv.TorchTestFile(t, tr.version, testenv.TorchAgentTest)
 			// The cache is not bound into the root filesystem; the test's temporary directory is.
 			file := filepath.Join(t.TempDir(), filepath.Base(src))
