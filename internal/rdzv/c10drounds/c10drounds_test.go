@@ -142,6 +142,8 @@ func TestRounds(t *testing.T) {
 	f.ready("r", elastic, 0, 1)
 	require.Len(t, f.rounds, 6)
 	require.Equal(t, "closed", f.get(RankKey("r", host(0))))
+	f.ready("r", elastic, 9) // not a member: no key for it
+	require.Equal(t, "<none>", f.get(RankKey("r", host(9))))
 }
 
 // TestDone: an agent that finished leaves its round quietly: the others are
