@@ -13,20 +13,21 @@ FILES=(LICENSE test/distributed/elastic/agent/server/test/local_elastic_agent_te
 mkdir -p "$DEST"
 exec 8>"$DEST/.lock"; flock 8
 got=0
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for suite in $TRAINER_SUITES; do
   # shellcheck disable=SC2016 # dpkg-query's format, not the shell's
   deb=$(chroot "$ROOTFS/$suite" dpkg-query -W -f='${source:Version}' python3-torch)  # 2.6.0+dfsg-7
   version=${deb%%+*}
   if [ -f "$DEST/$version/.done" ]; then echo "torch-tests: $version present"; got=1; continue; fi
   if [ -f "$DEST/.missing-$deb" ]; then echo "torch-tests: $deb: the mirror had no source (remove $DEST/.missing-$deb to retry)"; continue; fi
-  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   curl -fsS "$MIRROR/dists/$suite/main/source/Sources.xz" | xz -d >"$tmp/Sources"
   # The orig tarball's name and sha256 from the stanza of this version.
+  sha='' orig=''
   read -r sha orig < <(awk -v v="$deb" 'BEGIN{RS=""} /(^|\n)Package: pytorch\n/ && index($0, "\nVersion: " v "\n") {
       n = split($0, l, "\n"); s = 0
       for (i = 1; i <= n; i++) { if (l[i] ~ /^Checksums-Sha256:/) s = 1; else if (l[i] !~ /^ /) s = 0
-        else if (s && l[i] ~ /orig\.tar/) { split(l[i], f, " "); print f[1], f[3]; exit } } }' "$tmp/Sources")
-  if [ -z "${orig:-}" ]; then echo "torch-tests: $suite's Sources has no pytorch $deb"; touch "$DEST/.missing-$deb"; continue; fi
+        else if (s && l[i] ~ /orig\.tar/) { split(l[i], f, " "); print f[1], f[3]; exit } } }' "$tmp/Sources") || true
+  if [ -z "$orig" ]; then echo "torch-tests: $suite's Sources has no pytorch $deb"; touch "$DEST/.missing-$deb"; continue; fi
   if ! curl -fsS -o "$tmp/$orig" "$MIRROR/pool/main/p/pytorch/${orig//+/%2B}"; then
     echo "torch-tests: $orig is not on $MIRROR: torch $version's tests run the newest older torch's file"
     touch "$DEST/.missing-$deb"; continue

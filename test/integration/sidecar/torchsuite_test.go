@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,8 +29,10 @@ func TestTorchAgentTests(t *testing.T) {
 			t.Parallel()
 			src := testenv.TorchTestFile(t, tr.version, testenv.TorchAgentTest)
 			// The cache is not bound into the root filesystem; the test's temporary directory is.
+			text, err := os.ReadFile(src)
+			require.NoError(t, err)
 			file := filepath.Join(t.TempDir(), filepath.Base(src))
-			require.NoError(t, os.WriteFile(file, []byte(readFile(src)), 0o644))
+			require.NoError(t, os.WriteFile(file, text, 0o644))
 			files := t.TempDir()
 			require.NoError(t, rdzvpy.Install(files))
 			runner, err := filepath.Abs("testdata/torch_agent_suite.py")
@@ -51,9 +54,5 @@ var unittestLine = regexp.MustCompile(`(?m)^(test_\S+ \(.*\) \.\.\. .*|Ran \d+ t
 
 // summary is unittest's verdict per test and its totals.
 func summary(out string) string {
-	var s string
-	for _, m := range unittestLine.FindAllString(out, -1) {
-		s += m + "\n"
-	}
-	return s
+	return strings.Join(unittestLine.FindAllString(out, -1), "\n")
 }
