@@ -92,7 +92,7 @@ func main() {
 	flag.IntVar(&d.KeepAliveInterval, "default-keep-alive-interval", d.KeepAliveInterval, "seconds between rendezvous heartbeats (torch >= 2.3); a job of more than 32 × this many nodes gets max nodes / 32 (docs/scale.md)")
 	flag.IntVar(&d.KeepAliveMaxAttempts, "default-keep-alive-max-attempts", d.KeepAliveMaxAttempts, "missed heartbeats before a node is dropped (torch >= 2.3)")
 	flag.IntVar(&d.MaxRestarts, "default-max-restarts", d.MaxRestarts, "torchrun --max-restarts")
-	flag.IntVar(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds")
+	flag.Float64Var(&d.MonitorInterval, "default-monitor-interval", d.MonitorInterval, "torchrun --monitor-interval in seconds for a job that sets none; a job of more than 4,096 × this many nodes gets max nodes / 4,096 (docs/scale.md)")
 	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: "+strings.Join(constants.MPIFlavours, ", "))
 	flag.Var(resourcesFlag{&d.SidecarResources.Serve}, "sidecar-serve-resources", `resources of the sidecar that serves the rendezvous, as JSON (e.g. {"requests":{"cpu":"50m","memory":"64Mi"},"limits":{"cpu":"1","memory":"512Mi"}})`)
 	flag.Var(resourcesFlag{&d.SidecarResources.Join}, "sidecar-join-resources", "resources of every other pod's sidecar, as JSON")

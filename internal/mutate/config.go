@@ -42,7 +42,7 @@ type Defaults struct {
 	KeepAliveInterval    int // seconds between rendezvous heartbeats (torch >= 2.3)
 	KeepAliveMaxAttempts int // missed heartbeats before a node is dropped (torch >= 2.3)
 	MaxRestarts          int
-	MonitorInterval      int // seconds
+	MonitorInterval      float64 // seconds between torchrun's checks for waiting nodes, for a small job
 	MPIFlavour           string
 	SidecarResources     SidecarResources
 }
@@ -66,7 +66,7 @@ func DefaultConfig() Config {
 			KeepAliveInterval:    2,
 			KeepAliveMaxAttempts: 3,
 			MaxRestarts:          3,
-			MonitorInterval:      1,
+			MonitorInterval:      0.1, // torch's own default (2.6, 2.14)
 			MPIFlavour:           constants.FlavourOpenMPI,
 			SidecarResources: SidecarResources{
 				Serve: corev1.ResourceRequirements{
@@ -101,9 +101,11 @@ func (c Config) Validate() error {
 	switch {
 	case c.SidecarImage == "":
 		return fmt.Errorf("--sidecar-image is required")
-	case d.JoinTimeout < 1 || d.LastCallTimeout < 1 || d.CloseTimeout < 1 || d.MonitorInterval < 1 ||
+	case d.JoinTimeout < 1 || d.LastCallTimeout < 1 || d.CloseTimeout < 1 ||
 		d.KeepAliveInterval < 1 || d.KeepAliveMaxAttempts < 1 || d.MaxRestarts < 0:
 		return fmt.Errorf("timeouts, intervals and attempts must be >= 1 and --default-max-restarts >= 0")
+	case !(d.MonitorInterval >= MinMonitorInterval && d.MonitorInterval <= MaxMonitorInterval):
+		return fmt.Errorf("--default-monitor-interval=%v: want seconds from %v to %v", d.MonitorInterval, MinMonitorInterval, MaxMonitorInterval)
 	}
 	if err := oneOf("default-rdzv-backend", d.RdzvBackend, constants.Backends); err != nil {
 		return err

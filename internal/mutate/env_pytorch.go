@@ -65,7 +65,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		{Name: "PET_NNODES", Value: strconv.Itoa(s.minNodes) + ":" + strconv.Itoa(s.maxNodes)},
 		{Name: "PET_NPROC_PER_NODE", Value: strconv.Itoa(s.slots)},
 		{Name: "PET_MAX_RESTARTS", Value: strconv.Itoa(s.maxRestarts)},
-		{Name: "PET_MONITOR_INTERVAL", Value: strconv.Itoa(s.monitor)},
+		{Name: "PET_MONITOR_INTERVAL", Value: strconv.FormatFloat(s.monitorInterval(), 'f', -1, 64)},
 		{Name: "PET_RDZV_CONF", Value: rdzvConf(conf)},
 		{Name: "PET_LOCAL_ADDR", Value: fqdn},
 		// torch >= 2.5 shares the rank-0 agent's TCPStore with the workers by
@@ -86,4 +86,12 @@ func rdzvConf(conf map[string]string) string {
 		pairs = append(pairs, k+"="+conf[k])
 	}
 	return strings.Join(pairs, ",")
+}
+
+// monitorInterval is torchrun's --monitor-interval: the job's own, else the webhook's for a job of its size.
+func (s *settings) monitorInterval() float64 {
+	if s.monitorSet {
+		return s.monitor
+	}
+	return MonitorInterval(s.monitor, s.maxNodes)
 }

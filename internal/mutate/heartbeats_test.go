@@ -2,6 +2,7 @@ package mutate
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,5 +23,44 @@ func TestKeepAliveInterval(t *testing.T) {
 			assert.Equal(t, c.want, got)
 			assert.LessOrEqual(t, float64(c.maxNodes)/float64(got), float64(maxHeartbeatsPerSecond), "heartbeats a second")
 		})
+	}
+}
+
+func TestMonitorInterval(t *testing.T) {
+	for _, c := range []struct {
+		configured float64
+		maxNodes   int
+		want       float64
+	}{
+		{0.1, 1, 0.1},
+		{0.1, 409, 0.1},
+		{0.1, 410, 0.11},
+		{0.1, 1024, 0.25},
+		{0.1, 4096, 1},
+		{0.1, 16384, 4},
+		{2, 1024, 2}, // a longer configured interval is kept
+	} {
+		t.Run(fmt.Sprintf("%v/%d", c.configured, c.maxNodes), func(t *testing.T) {
+			got := MonitorInterval(c.configured, c.maxNodes)
+			assert.InDelta(t, c.want, got, 1e-9)
+			assert.LessOrEqual(t, float64(c.maxNodes)/got, float64(maxWaitingChecksPerSecond), "checks a second")
+		})
+	}
+}
+
+func TestDefaultMonitorIntervalValidated(t *testing.T) {
+	for _, c := range []struct {
+		interval float64
+		ok       bool
+	}{{0.1, true}, {1, true}, {3600, true}, {0.05, false}, {0, false}, {math.NaN(), false}, {3601, false}} {
+		cfg := DefaultConfig()
+		cfg.SidecarImage = "rdzv-sidecar:test"
+		cfg.Defaults.MonitorInterval = c.interval
+		err := cfg.Validate()
+		if c.ok {
+			assert.NoError(t, err, "%v", c.interval)
+		} else {
+			assert.ErrorContains(t, err, "--default-monitor-interval", "%v", c.interval)
+		}
 	}
 }

@@ -54,7 +54,9 @@ type settings struct {
 	minNodes, maxNodes          int
 	joinTimeout, lastCall       int
 	closeTimeout                int
-	maxRestarts, monitor        int
+	maxRestarts                 int
+	monitor                     float64 // seconds; the job's own, or the webhook's scaled to maxNodes (monitorInterval)
+	monitorSet                  bool    // the job set monitor (AnnotationMonitorInterval)
 	keepAlive                   int
 	keepAliveAttempts           int
 	flavour                     string
@@ -371,7 +373,7 @@ func (s *settings) parseAgent(ann map[string]string, d Defaults) (errs field.Err
 	s.lastCall = parseInt(&errs, ann, constants.AnnotationRdzvLastCallTimeout, d.LastCallTimeout, 1, 86400, "seconds")
 	s.closeTimeout = parseInt(&errs, ann, constants.AnnotationRdzvCloseTimeout, d.CloseTimeout, 1, 86400, "seconds")
 	s.maxRestarts = parseInt(&errs, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
-	s.monitor = parseInt(&errs, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, 1, 3600, "seconds")
+	s.monitor, s.monitorSet = parseSeconds(&errs, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, MinMonitorInterval, MaxMonitorInterval)
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
 	return errs
 }
@@ -505,6 +507,21 @@ func parseInt(errs *field.ErrorList, ann map[string]string, key string, def, lo,
 		return def
 	}
 	return n
+}
+
+// parseSeconds returns the annotation's decimal seconds and true when it is set and from lo to hi, def and false
+// when it is absent, and records a denial naming the range otherwise.
+func parseSeconds(errs *field.ErrorList, ann map[string]string, key string, def, lo, hi float64) (float64, bool) {
+	v, set := ann[key]
+	if !set {
+		return def, false
+	}
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(x >= lo && x <= hi) { // NaN fails both
+		*errs = append(*errs, field.Invalid(annotationPath(key), v, fmt.Sprintf("seconds from %v to %v, such as 0.5", lo, hi)))
+		return def, false
+	}
+	return x, true
 }
 
 // parseEnum returns the annotation's value when it is one of allowed, def when it is absent, and records a

@@ -49,6 +49,8 @@ func TestRejected(t *testing.T) {
 		{"script file missing", []string{"scriptFiles.model\\.py=x"}, `scriptFiles has no file named "train.py" (scriptName)`},
 		{"bad script file name", []string{"scriptFiles.a/b=x"}, "at '/scriptFiles': additional properties 'a/b' not allowed"},
 		{"timeout not positive", []string{"rendezvous.joinTimeout=0"}, "at '/rendezvous/joinTimeout': minimum: got 0, want 1"},
+		{"monitor interval below torch's", []string{"rendezvous.monitorInterval=0.05"}, "rendezvous.monitorInterval: 0.05 seconds is outside 0.1..3600"},
+		{"monitor interval not seconds", []string{"rendezvous.monitorInterval=1s"}, "at '/rendezvous/monitorInterval': '1s' does not match pattern"},
 		{"unknown placement", []string{"rendezvous.placement=worker"}, "at '/rendezvous/placement': value must be one of 'auto', 'dedicated'"},
 		{"slots zero", []string{"workers.slots=0"}, "at '/workers/slots': minimum: got 0, want 1"},
 		{"MXNet without servers", []string{"framework=mxnet", "mxnet.servers.replicas=0"}, "at '/mxnet/servers/replicas': minimum: got 0, want 1"},

@@ -198,6 +198,7 @@ func TestWebhookChartSchemaRejects(t *testing.T) {
 		"plain http url":         {map[string]any{"webhook": map[string]any{"url": "http://127.0.0.1:9443/x"}}, "url"},
 		"unknown backend":        {map[string]any{"defaults": map[string]any{"rdzvBackend": "zookeeper"}}, "rdzvBackend"},
 		"zero last call timeout": {map[string]any{"defaults": map[string]any{"lastCallTimeout": 0}}, "lastCallTimeout"},
+		"monitor interval zero":  {map[string]any{"defaults": map[string]any{"monitorInterval": 0}}, "monitorInterval"},
 		"unknown flavour":        {map[string]any{"defaults": map[string]any{"mpiFlavour": "open-mpi"}}, "mpiFlavour"},
 		"bad accelerator name":   {map[string]any{"extraAccelerators": []any{"tpu"}}, "extraAccelerators"},
 		"zero replicas":          {map[string]any{"replicaCount": 0}, "replicaCount"},

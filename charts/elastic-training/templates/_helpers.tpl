@@ -190,7 +190,9 @@ elastic-training.io/rdzv-join-timeout: {{ $v.rendezvous.joinTimeout | quote }}
 elastic-training.io/rdzv-last-call-timeout: {{ $v.rendezvous.lastCallTimeout | quote }}
 elastic-training.io/rdzv-close-timeout: {{ $v.rendezvous.closeTimeout | quote }}
 elastic-training.io/max-restarts: {{ $v.rendezvous.maxRestarts | quote }}
-elastic-training.io/monitor-interval: {{ $v.rendezvous.monitorInterval | quote }}
+{{- with $v.rendezvous.monitorInterval }}
+elastic-training.io/monitor-interval: {{ . | quote }}
+{{- end }}
 {{- with $v.rendezvous.tls.secretName }}
 elastic-training.io/rdzv-tls-secret: {{ . | quote }}
 {{- end }}

@@ -16,6 +16,12 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "workerGroups.%s: a group name is at most 20 characters, this one has %d (its Job or StatefulSet and pods are named <job>-%s-<index>, which must stay a DNS label): use a shorter name" $name (len $name) $name) -}}
 {{- end -}}
 {{- end -}}
+{{- /* helm's --set keeps a decimal as a string (the schema checks numbers and the string's form) */ -}}
+{{- with $v.rendezvous.monitorInterval -}}
+{{- if and (kindIs "string" .) (or (lt (float64 .) 0.1) (gt (float64 .) 3600.0)) -}}
+{{- fail (printf "rendezvous.monitorInterval: %s seconds is outside 0.1..3600" .) -}}
+{{- end -}}
+{{- end -}}
 {{- $plan := include "elastic-training.plan" . | fromYaml -}}
 {{- $members := 0 -}}
 {{- range $g := $plan.groups -}}

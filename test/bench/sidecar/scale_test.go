@@ -38,7 +38,8 @@ func settingsFor(name string, n int) (scaleSettings, bool) {
 	const chart = "last_call_timeout=2,keep_alive_max_attempt=3,join_timeout=1800,keep_alive_interval="
 	switch name {
 	case "chart":
-		return scaleSettings{name, chart + strconv.Itoa(mutate.KeepAliveInterval(mutate.DefaultConfig().Defaults.KeepAliveInterval, n+1)), 1, 2 * time.Second}, true
+		d := mutate.DefaultConfig().Defaults
+		return scaleSettings{name, chart + strconv.Itoa(mutate.KeepAliveInterval(d.KeepAliveInterval, n+1)), mutate.MonitorInterval(d.MonitorInterval, n+1), 2 * time.Second}, true
 	case "before":
 		return scaleSettings{name, chart + "2", 1, 2 * time.Second}, true
 	case "torch":
