@@ -37,6 +37,9 @@ func (c ProgressConfig) Judge(v torchview.View) (bool, string) {
 		return false, fmt.Sprintf("%s is forming (%d waiting to join); the last complete round was %d", round, len(v.Waiting), v.LastCompletedRound)
 	case v.WorldSize < c.Nodes:
 		return false, fmt.Sprintf("%s has %d nodes, want at least %d", round, v.WorldSize, c.Nodes)
+	case v.Ended > 0:
+		return false, fmt.Sprintf("%s: %d of its %d agents ended their run (torchrun exited: its workers failed past --max-restarts, or it was stopped)",
+			round, v.Ended, v.WorldSize)
 	}
 	for _, p := range v.Participants {
 		if p.LastHeartbeat == nil {

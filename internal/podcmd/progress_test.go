@@ -35,6 +35,7 @@ func TestProgressJudge(t *testing.T) {
 		"restarted workers": {func(v *torchview.View) { v.LastCompletedAt = now.Add(-5 * time.Second) }, false, "formed 5s ago with 2 nodes; waiting until it has held for 30s"},
 		"agent gone":        {func(v *torchview.View) { v.Participants[1].LastHeartbeat = ago(2 * time.Minute) }, false, "the agent on w-1 (rank 1) has not kept alive for 2m0s"},
 		"closed":            {func(v *torchview.View) { v.Closed = true }, false, "the rendezvous is closed"},
+		"own, agents ended": {func(v *torchview.View) { v.Backend, v.Ended = "elastic-training", 2 }, false, "round 4 of run job (elastic-training): 2 of its 2 agents ended their run"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v := healthy()

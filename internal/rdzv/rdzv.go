@@ -166,6 +166,11 @@ func (r *Run) Done(host string) {
 	})
 }
 
+// Ended is how many participants of the current round are done (Done) while
+// still members: their agents' runs ended, so the round, though it stays, no
+// longer trains with them.
+func (r *Run) Ended() int { return r.nDone }
+
 // Close ends the run: no round forms after it (torch's set_closed). It
 // returns the hosts whose agents were asking for a round, which will get
 // none.

@@ -23,6 +23,7 @@ type step struct {
 	round []string // the round Next forms then (nil: none)
 	again time.Duration
 	wait  int // Waiting after it
+	ended int // Ended after it
 }
 
 func joined(ms ...membership.Member) func(*Run) {
@@ -116,9 +117,9 @@ func TestNext(t *testing.T) {
 			{do: joined(w0, w1, w2)},
 			{do: readyAt(0, w0.Host, w1.Host, w2.Host), round: []string{w0.Host, w1.Host, w2.Host}},
 			// w1 finished (its agent's shutdown), then its pod stopped: w0 and w2 train on.
-			{do: func(r *Run) { r.Done(w1.Host); r.Left(w1.Host) }},
+			{do: func(r *Run) { r.Done(w1.Host); r.Left(w1.Host) }, ended: 1},
 			// w2's workers fail later: the round re-forms with the two left, and w1 holds nothing up.
-			{at: time.Second, do: readyAt(time.Second, w2.Host), wait: 1},
+			{at: time.Second, do: readyAt(time.Second, w2.Host), wait: 1, ended: 1},
 			{at: time.Second, do: readyAt(time.Second, w0.Host), round: []string{w0.Host, w2.Host}},
 		}},
 		"done after the member left (a scale-down's preStop): still a loss": {Settings{Min: 1, Max: 2}, []step{
@@ -129,7 +130,7 @@ func TestNext(t *testing.T) {
 		"an agent restarted in its pod after done asks again": {Settings{Min: 2, Max: 2}, []step{
 			{do: joined(w0, w1)},
 			{do: readyAt(0, w0.Host, w1.Host), round: []string{w0.Host, w1.Host}},
-			{do: func(r *Run) { r.Done(w1.Host) }},
+			{do: func(r *Run) { r.Done(w1.Host) }, ended: 1},
 			{at: time.Second, do: readyAt(time.Second, w1.Host), wait: 1},
 			{at: time.Second, do: readyAt(time.Second, w0.Host), round: []string{w0.Host, w1.Host}},
 		}},
@@ -164,6 +165,7 @@ func TestNext(t *testing.T) {
 					require.True(t, again.IsZero(), "step %d: asked again at %s", i, again)
 				}
 				require.Equal(t, st.wait, r.Waiting(), "step %d: waiting", i)
+				require.Equal(t, st.ended, r.Ended(), "step %d: ended", i)
 				requireCounts(t, r)
 			}
 		})

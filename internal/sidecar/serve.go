@@ -244,7 +244,7 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 	}
 	rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 		OnState: func(run string, s c10drounds.State) {
-			view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Closed)
+			view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
 		}})
 	wg.Go(func() { <-ctx.Done(); rounds.Stop() })
 	*writes = append(*writes, rounds)

@@ -97,6 +97,7 @@ type ownState struct {
 	round   int
 	hosts   []string // by rank; the core's, never changed once made
 	waiting int
+	ended   int
 	closed  bool
 }
 
@@ -216,12 +217,13 @@ func (t *Tracker) stateLocked(k runKey) (st torchstate.State, ok bool, err error
 }
 
 // OwnState is a change of the own rendezvous' run (c10drounds.Config.OnState):
-// its round by rank (hosts), the nodes waiting, closed. The view shows it as
-// it is; a new round is logged and recorded as torch's are.
-func (t *Tracker) OwnState(run string, round int, hosts []string, waiting int, closed bool) {
+// its round by rank (hosts), the nodes waiting, the participants whose agents
+// ended, closed. The view shows it as it is; a new round is logged and
+// recorded as torch's are.
+func (t *Tracker) OwnState(run string, round int, hosts []string, waiting, ended int, closed bool) {
 	k := runKey{constants.BackendOwn, run}
 	t.mu.Lock()
-	t.runLocked(k).own = &ownState{round: round, hosts: hosts, waiting: waiting, closed: closed}
+	t.runLocked(k).own = &ownState{round: round, hosts: hosts, waiting: waiting, ended: ended, closed: closed}
 	t.mu.Unlock()
 	if round > 0 {
 		t.record(Round{Backend: constants.BackendOwn, RunID: run, Round: strconv.Itoa(round), Participants: len(hosts)}, hosts)
@@ -352,6 +354,11 @@ type View struct {
 	// WaitingNodes is the own rendezvous' count of them (num_nodes_waiting),
 	// which it keeps without naming them.
 	WaitingNodes int `json:"waitingNodes,omitempty"`
+	// Ended is, on the own rendezvous, how many agents of Round have ended
+	// their run (torchrun exited: its workers failed past --max-restarts, or
+	// it was stopped) while their pods stay members: the round stays, but
+	// does not train with them.
+	Ended int `json:"ended,omitempty"`
 	// LastCompletedRound is the last round this sidecar saw complete, and when.
 	LastCompletedRound int       `json:"lastCompletedRound"`
 	LastCompletedAt    time.Time `json:"lastCompletedAt"`
@@ -380,7 +387,7 @@ func (t *Tracker) view() (View, bool, error) {
 	if r := t.runs[runKey{last.Backend, last.RunID}]; r != nil && r.own != nil {
 		// Complete while no node waits: a waiting node makes every agent of the round restart into the next.
 		o := r.own
-		v.Round, v.Complete, v.Closed, v.WorldSize, v.WaitingNodes = o.round, o.waiting == 0 && !o.closed, o.closed, len(o.hosts), o.waiting
+		v.Round, v.Complete, v.Closed, v.WorldSize, v.WaitingNodes, v.Ended = o.round, o.waiting == 0 && !o.closed, o.closed, len(o.hosts), o.waiting, o.ended
 		for rank, h := range o.hosts {
 			v.Participants = append(v.Participants, ViewNode{Node: h, Addr: h, Rank: rank})
 		}

@@ -279,10 +279,10 @@ func TestOwnStateView(t *testing.T) {
 		return v
 	}
 	hosts := []string{"job-worker-0.job.ns.svc", "job-worker-1.job.ns.svc"}
-	l.OwnState("r", 0, nil, 1, false) // agents ready, no round yet: nothing to report
+	l.OwnState("r", 0, nil, 1, 0, false) // agents ready, no round yet: nothing to report
 	require.Empty(t, events)
-	l.OwnState("r", 1, hosts, 0, false)
-	l.OwnState("r", 1, hosts, 0, false) // the same round again: reported once
+	l.OwnState("r", 1, hosts, 0, 0, false)
+	l.OwnState("r", 1, hosts, 0, 0, false) // the same round again: reported once
 	require.Equal(t, []string{"Round 1 of run r: 2 nodes, 4 processes (job-worker-0, job-worker-1)"}, events)
 	require.Contains(t, logs.String(), `msg="torch rendezvous round 1 of run r complete: 2 nodes" backend=elastic-training`)
 	v := view()
@@ -290,11 +290,15 @@ func TestOwnStateView(t *testing.T) {
 		Participants:       []ViewNode{{Node: hosts[0], Addr: hosts[0], Rank: 0}, {Node: hosts[1], Addr: hosts[1], Rank: 1}},
 		LastCompletedRound: 1, LastCompletedAt: now, Now: now}, v)
 
-	l.OwnState("r", 1, hosts, 1, false) // a node waits: the round's agents restart
+	l.OwnState("r", 1, hosts, 1, 0, false) // a node waits: the round's agents restart
 	v = view()
 	require.False(t, v.Complete)
 	require.Equal(t, 1, v.WaitingNodes)
-	l.OwnState("r", 1, hosts, 0, true)
+	l.OwnState("r", 1, hosts, 0, 2, false) // both agents ended their run: the round stays, nobody trains in it
+	v = view()
+	require.True(t, v.Complete)
+	require.Equal(t, 2, v.Ended)
+	l.OwnState("r", 1, hosts, 0, 0, true)
 	require.True(t, view().Closed)
 }
 

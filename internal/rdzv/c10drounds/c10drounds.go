@@ -140,7 +140,9 @@ type run struct {
 type State struct {
 	Round   rdzv.Round
 	Waiting int
-	Closed  bool
+	// Ended are the participants of Round whose agents' runs ended (rdzv.Run.Ended): only the view reads it.
+	Ended  int
+	Closed bool
 }
 
 // value is the state key's value.
@@ -316,11 +318,12 @@ func (rs *Rounds) decideLocked(r *run) {
 			}
 		})
 	}
-	st := State{Round: r.core.Current(), Waiting: r.core.Waiting(), Closed: r.core.Closed()}
-	if st.Round.Number == r.reported.Round.Number && st.Waiting == r.reported.Waiting && st.Closed == r.reported.Closed {
+	st := State{Round: r.core.Current(), Waiting: r.core.Waiting(), Ended: r.core.Ended(), Closed: r.core.Closed()}
+	if st.Round.Number == r.reported.Round.Number && st.Waiting == r.reported.Waiting && st.Ended == r.reported.Ended &&
+		st.Closed == r.reported.Closed {
 		return
 	}
-	if st.value() != r.reported.value() { // not when only Closed changed: the agents read the closed key
+	if st.value() != r.reported.value() { // not when only Closed or Ended changed: the agents read the closed key
 		if err := rs.cfg.Store.Set(StateKey(r.id), []byte(st.value())); err != nil {
 			rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", st.value(), "err", err)
 			return

@@ -156,6 +156,7 @@ func TestDone(t *testing.T) {
 	f.ready("r", elastic, 0, 1, 2)
 	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")))
 	f.C10dWrite(DoneKey("r", host(1)), []byte("1"))
+	require.Equal(t, 1, f.states[len(f.states)-1].Ended, "the view is told one agent of round 1 ended its run")
 	f.leave(1)
 	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")), "host 1 finished: rank 0 saving a checkpoint must not restart")
 	f.ready("r", elastic, 2)
