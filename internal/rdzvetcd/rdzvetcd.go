@@ -73,6 +73,12 @@ func (s *Server) embedConfig(handlers map[string]http.Handler) (*embed.Config, e
 	ec.ListenPeerUrls = cfg.ListenPeerURLs
 	ec.AdvertisePeerUrls = cfg.ListenPeerURLs
 	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
+	// One member and no peers: no election to lose to a slow network, so the first one need not wait. etcd
+	// fast-forwards a lone member's election ticks, but its randomised timeout still leaves 1 to 10 ticks of
+	// 100 ms before the store serves (0.8 s measured in a pod), and every pod of the job waits for it at install
+	// and at a standby's takeover. 20 ms ticks and the shortest election timeout etcd accepts (5 ticks) leave 20
+	// to 100 ms; leases keep their TTL (etcd's least is 1 s with these, ours 2 s or more).
+	ec.TickMs, ec.ElectionMs = tickMs, 5*tickMs
 	// etcd serves expvar (the command line, memory stats) on the client port,
 	// which every pod of the job reaches: not there. A user handler on the
 	// same path takes precedence over etcd's own.
@@ -114,7 +120,7 @@ func (s *Server) Start(ctx context.Context, handlers map[string]http.Handler) er
 	s.close = sync.OnceFunc(func() { // embed's Close is not idempotent
 		// The server first, at once: it answers no keep-alive after this, so every other pod's registration ends
 		// within its TTL (its c10d proxy lets go). Then embed's Close, which stops the gRPC servers gracefully and
-		// so waits up to the request timeout (7 s) for every other pod's watch stream: nothing is left to save by
+		// so waits up to the request timeout (5 s and two election timeouts) for every other pod's watch stream: nothing is left to save by
 		// then (the server has closed its data), and a pod deleted with a short grace period would be killed
 		// waiting, so it is given a second.
 		e.Server.HardStop()
@@ -186,6 +192,9 @@ func (s *Server) Err() <-chan error { return s.etcd.Load().Err() }
 
 // Client is an in-process v3 client.
 func (s *Server) Client() *clientv3.Client { return v3client.New(s.etcd.Load().Server) }
+
+// tickMs is raft's heartbeat tick (embedConfig).
+const tickMs = 20
 
 // closeWait bounds Close's wait for etcd's gRPC servers (see Start).
 const closeWait = time.Second
