@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // The denial keeps the webhook's wording whatever field.Error's own would be.
@@ -41,5 +43,25 @@ func TestDenialWording(t *testing.T) {
 			}
 			assert.EqualError(t, err, tc.want)
 		})
+	}
+}
+
+// The trainer starts with its sidecar only where its agent waits for the store and for its pod's registration
+// itself: the own rendezvous' backend. torch's c10d and etcd backends give up on a store that does not answer
+// within their timeout, and the other frameworks read the job's files as they start.
+func TestStartPath(t *testing.T) {
+	for _, c := range []struct {
+		framework, backend, want string
+	}{
+		{constants.FrameworkPyTorch, constants.BackendOwn, "/startz"},
+		{constants.FrameworkPyTorch, constants.BackendC10d, "/readyz"},
+		{constants.FrameworkPyTorch, constants.BackendEtcdV2, "/readyz"},
+		{constants.FrameworkPyTorch, constants.BackendEtcd, "/readyz"},
+		{constants.FrameworkMPI, "", "/readyz"},
+		{constants.FrameworkMXNet, "", "/readyz"},
+		{constants.FrameworkCustom, "", "/readyz"},
+	} {
+		s := &settings{framework: c.framework, backend: c.backend}
+		assert.Equal(t, c.want, s.startPath(), "%s on %q", c.framework, c.backend)
 	}
 }

@@ -49,9 +49,9 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		Env:             sidecarEnv(mode),
 		Ports:           sidecarPorts(s, mode),
 		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
-		// The trainer starts only once the sidecar answers /readyz (up to 10 minutes).
-		StartupProbe:             healthProbe(s, 1, 600),
-		ReadinessProbe:           healthProbe(s, 5, 3),
+		// The trainer starts only once the sidecar answers its startup probe (up to 10 minutes).
+		StartupProbe:             healthProbe(s, s.startPath(), 1, 600),
+		ReadinessProbe:           healthProbe(s, "/readyz", 5, 3),
 		VolumeMounts:             sidecarMounts(s, mode),
 		SecurityContext:          sidecarSecurityContext(),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -168,10 +168,23 @@ func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
 	return append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: s.ports.Health, Protocol: corev1.ProtocolTCP})
 }
 
-func healthProbe(s *settings, period, failures int32) *corev1.Probe {
+// startPath is where the sidecar's startup probe, which the trainer waits for, asks. /startz (the sidecar's files
+// installed, its store or its proxy listening) for a pod of a PyTorch job on the own rendezvous, whose agent waits
+// for the store and for this pod's registration itself (docs/contract.md): torch's import then overlaps the store's
+// start and the registration (the dedicated rendezvous pod's template says the same, with no trainer to start). /readyz (this pod registered, its files current) for every other trainer: torch's
+// c10d and etcd backends, which give up on a store that does not answer within their timeout, and MPI's and
+// MXNet's programs, which read the job's files as they start.
+func (s *settings) startPath() string {
+	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendOwn {
+		return "/startz"
+	}
+	return "/readyz"
+}
+
+func healthProbe(s *settings, path string, period, failures int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-			Path: "/readyz", Port: intstr.FromInt32(s.ports.Health)}},
+			Path: path, Port: intstr.FromInt32(s.ports.Health)}},
 		PeriodSeconds: period, FailureThreshold: failures,
 	}
 }

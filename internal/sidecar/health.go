@@ -12,16 +12,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// healthMux serves /healthz (the process runs), /readyz (ready() says
-// whether this sidecar does its job yet), Prometheus /metrics (ours from reg
-// and etcd's, which etcd's packages register in prometheus' default
-// registry) and the extra routes.
+// healthMux serves /healthz (the process runs), /startz (the trainer may
+// start), /readyz (ready() says whether this sidecar does its job yet),
+// Prometheus /metrics (ours from reg and etcd's, which etcd's packages
+// register in prometheus' default registry) and the extra routes.
+//
+// /startz answers as soon as the server does: startHealth comes only after
+// the sidecar installed its files and listens where the trainer's agent
+// connects (serve: its store; join: the proxy that holds the trainer's store
+// connections until this pod is registered). A trainer whose agent waits for
+// the store itself (the own rendezvous' backend) starts on it, and so imports
+// torch while the store starts and this pod registers (docs/contract.md).
 func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
 	for path, h := range extra {
 		mux.Handle(path, h)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/startz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, why := ready()
 		if !ok {

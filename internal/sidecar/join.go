@@ -87,6 +87,7 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		}()
 	}
 	st := &memberState{}
+	// Only now that the files are installed and the proxy listens: /startz starts the trainer (health.go).
 	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) { return st.ready(cfg.Member.Register) }, cfg.Metrics, nil, cfg.Log)
 	if err != nil {
 		return err

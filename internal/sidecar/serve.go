@@ -193,6 +193,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 		}
 		return true, "ok"
 	}
+	// Only now that the store listens: /startz starts the trainer (health.go).
 	stopHealth, err := startHealth(cfg.HealthAddr, ready, cfg.Metrics, map[string]http.Handler{"/rendezvous": view}, log)
 	if err != nil {
 		return err

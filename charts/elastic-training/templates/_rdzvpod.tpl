@@ -128,7 +128,8 @@ spec:
           protocol: TCP
       startupProbe:
         httpGet:
-          path: /readyz
+          {{- /* As the webhook's serving sidecars (internal/mutate startPath): /startz where the agents wait for the store themselves. */}}
+          path: {{ ternary "/startz" "/readyz" (and (eq .Values.framework "pytorch") (eq (include "elastic-training.backend" .) "elastic-training")) }}
           port: 2381
         periodSeconds: 1
         failureThreshold: 600

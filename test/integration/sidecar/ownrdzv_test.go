@@ -3,6 +3,8 @@ package sidecar_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -168,4 +170,39 @@ func waitWorldAfter(t *testing.T, p interface{ Output() string }, phase, want st
 		return nil
 	})
 	return at
+}
+
+// At a job's install the trainers start with their pods' sidecars (the startup probe's /startz), before the store
+// serves and before their pods are members: each agent's store connection waits in its own sidecar's proxy (up to
+// --c10d-wait), torch's store client connects again until read_timeout, the backend starts over until the join
+// timeout (3 s each here, a minute each in a pod), and the first round takes both agents once the store serves and
+// both pods registered. On torch 2.14 and 2.6.
+func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			s := newServe(t, "--register=false", "--files-dir="+t.TempDir()) // not started yet
+			var agents []*testenv.Proc
+			for i := range 2 {
+				host, files := fmt.Sprintf("127.0.0.%d", i+1), t.TempDir()
+				proxy := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+				health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+				join := testenv.Start(t, "join "+host, exec.Command(sidecarBin, "join", "--endpoints="+s.URL, "--health-addr="+health,
+					"--member-host="+host, fmt.Sprintf("--member-index=%d", i), "--lease-ttl=2s", "--files-dir="+files,
+					"--c10d-addr="+proxy, "--c10d-upstream="+s.C10d, "--c10d-wait=3s"))
+				// What the kubelet asks before it starts the trainer; /readyz says no until the pod is a member.
+				testenv.WaitHTTP(t, join, "http://"+health+"/startz", http.StatusOK, 30*time.Second)
+				require.NoError(t, testenv.CheckHTTP(t.Context(), "http://"+health+"/readyz", http.StatusServiceUnavailable))
+				args := append(testenv.TorchrunArgs(rdzvpy.Backend, proxy, "own-early", "2", "--rdzv_conf=last_call_timeout=1,read_timeout=3",
+					"--local_addr="+host), trainScript(t))
+				agents = append(agents, tr.startAgent(t, fmt.Sprintf("agent-%d", i), torchrunEnv("PYTHONPATH="+filepath.Join(files, rdzvpy.Dir)), args...))
+			}
+			for _, a := range agents {
+				testenv.WaitOutput(t, a, "did not answer (", 90*time.Second)
+			}
+			s.start(t)
+			requireTwoWorkerResults(t, agents...)
+			require.Regexp(t, `torch rendezvous round 1 of run own-early complete: 2 nodes" .*backend=elastic-training`, s.Output())
+		})
+	}
 }

@@ -22,6 +22,7 @@ The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
 import json
 import logging
 import socket
+import time
 from datetime import timedelta
 
 BACKEND = "elastic-training"
@@ -124,6 +125,23 @@ def handler():
     return create
 
 
+def connect(dist, host, port, read_timeout, join_timeout):
+    """The sidecar's store, waited for up to the join timeout. The trainer starts with its pod's sidecar, before the
+    pod is a member of the job (docs/contract.md): the sidecar's proxy holds this connection until then (a minute at
+    most: then it closes it), and at a job's install the store itself may still be starting. read_timeout is torch's
+    c10d backend's setting of the same name: the store client's timeout for connecting and for every request."""
+    deadline = time.monotonic() + join_timeout
+    while True:
+        try:
+            return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=read_timeout), use_libuv=False)
+        except RuntimeError as e:  # torch's DistStoreError and DistNetworkError are RuntimeErrors
+            if time.monotonic() + read_timeout > deadline:
+                raise
+            log.warning("elastic-training rendezvous: the store at %s:%d did not answer (%s); trying again",
+                        host, port, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            time.sleep(1)  # an error that comes at once (none should: torch's client retries until its timeout)
+
+
 def create(params):
     """torch's creator: RendezvousParameters in, a RendezvousHandler out."""
     import torch.distributed as dist
@@ -132,7 +150,8 @@ def create(params):
     host, _, port = params.endpoint.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"--rdzv-endpoint {params.endpoint!r}: want host:port of the rendezvous sidecar's c10d store")
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60), use_libuv=False)
+    join_timeout = float(params.get("join_timeout", 600))
+    store = connect(dist, host, int(port), float(params.get("read_timeout", 60)), join_timeout)
     local_addr = params.local_addr or socket.getfqdn()
     settings = {
         "min": params.min_nodes,
@@ -144,7 +163,7 @@ def create(params):
         params.run_id,
         local_addr,
         settings,
-        float(params.get("join_timeout", 600)),
+        join_timeout,
         api.RendezvousClosedError,
         api.RendezvousTimeoutError,
         dist.DistStoreError,
