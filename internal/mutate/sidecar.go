@@ -171,9 +171,10 @@ func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
 // startPath is where the sidecar's startup probe, which the trainer waits for, asks. /startz (the sidecar's files
 // installed, its store or its proxy listening) for a pod of a PyTorch job on the own rendezvous, whose agent waits
 // for the store and for this pod's registration itself (docs/contract.md): torch's import then overlaps the store's
-// start and the registration (the dedicated rendezvous pod's template says the same, with no trainer to start). /readyz (this pod registered, its files current) for every other trainer: torch's
-// c10d and etcd backends, which give up on a store that does not answer within their timeout, and MPI's and
-// MXNet's programs, which read the job's files as they start.
+// start and the registration (the dedicated rendezvous pod's template says the same, with no trainer to start).
+// /readyz (this pod registered, its files current) for every other trainer: torch's c10d and etcd backends, which
+// give up on a store that does not answer within their timeout, and MPI's and MXNet's programs, which read the
+// job's files as they start.
 func (s *settings) startPath() string {
 	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendOwn {
 		return "/startz"

@@ -120,9 +120,9 @@ func (s *Server) Start(ctx context.Context, handlers map[string]http.Handler) er
 	s.close = sync.OnceFunc(func() { // embed's Close is not idempotent
 		// The server first, at once: it answers no keep-alive after this, so every other pod's registration ends
 		// within its TTL (its c10d proxy lets go). Then embed's Close, which stops the gRPC servers gracefully and
-		// so waits up to the request timeout (5 s and two election timeouts) for every other pod's watch stream: nothing is left to save by
-		// then (the server has closed its data), and a pod deleted with a short grace period would be killed
-		// waiting, so it is given a second.
+		// so waits up to the request timeout (5 s and two election timeouts) for every other pod's watch stream:
+		// nothing is left to save by then (the server has closed its data), and a pod deleted with a short grace
+		// period would be killed waiting, so it is given a second.
 		e.Server.HardStop()
 		done := make(chan struct{})
 		go func() { defer close(done); e.Close() }()
