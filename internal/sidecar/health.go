@@ -28,8 +28,9 @@ func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[s
 	for path, h := range extra {
 		mux.Handle(path, h)
 	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/startz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	answerOK := func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) }
+	mux.HandleFunc("/healthz", answerOK)
+	mux.HandleFunc("/startz", answerOK)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, why := ready()
 		if !ok {
