@@ -321,6 +321,10 @@ const (
 	PythonDirName   = "python"
 	EnvRdzvEndpoint = "ET_RDZV_ENDPOINT"
 	EnvMemberHost   = "ET_MEMBER_HOST" // this pod's stable FQDN
+	// EnvMemberIP is this pod's IP (the downward API's status.podIP), in a trainer of the own rendezvous: the
+	// address its round's rank 0 gives the workers as MASTER_ADDR. Not the FQDN: while a lost pod's replacement
+	// starts beside the old one, still Terminating on a node cut off, the headless Service's name resolves to both.
+	EnvMemberIP = "ET_POD_IP"
 )
 
 // Env vars the webhook sets in a candidate's sidecar (AnnotationRdzvStandbys), from the downward API: the Lease's

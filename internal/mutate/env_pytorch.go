@@ -58,7 +58,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 			conf["ca_cert"], conf["ssl_cert"], conf["ssl_cert_key"] = tlsCAFile, tlsCertFile, tlsKeyFile
 		}
 	}
-	return []corev1.EnvVar{
+	env := []corev1.EnvVar{
 		{Name: "PET_RDZV_BACKEND", Value: s.backend},
 		{Name: "PET_RDZV_ENDPOINT", Value: endpoint},
 		{Name: "PET_RDZV_ID", Value: s.runID},
@@ -77,6 +77,13 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		// fresh store. Older torch does not read the variable.
 		{Name: constants.EnvDisableSharedStore, Value: "1"},
 	}
+	if s.backend == constants.BackendOwn {
+		// The own backend's rank 0 names its workers' store by this pod's IP (torch's handlers by
+		// PET_LOCAL_ADDR, the FQDN, which internal/survivors and the view read as the pod's name).
+		env = append(env, corev1.EnvVar{Name: constants.EnvMemberIP, ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
+	}
+	return env
 }
 
 // rdzvConf renders torchrun's --rdzv-conf: key=value pairs, sorted so the output is stable.

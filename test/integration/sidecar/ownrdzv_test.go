@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/rdzvpy"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/torchview"
@@ -49,10 +51,16 @@ type node struct {
 
 func (o *ownRdzv) start(t *testing.T, i int) node {
 	t.Helper()
-	host := fmt.Sprintf("127.0.0.%d", i+1)
+	return o.startAs(t, i, fmt.Sprintf("127.0.0.%d", i+1))
+}
+
+// startAs is start with member host host and env added to the agent's.
+func (o *ownRdzv) startAs(t *testing.T, i int, host string, env ...string) node {
+	t.Helper()
 	join := startJoin(t, o.s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i))
 	args := append(append([]string{"--local_addr=" + host}, o.args...), trainScript(t))
-	return node{agent: o.tr.startAgent(t, fmt.Sprintf("agent-%d", i), o.env, args...), join: join, host: host}
+	agent := o.tr.startAgent(t, fmt.Sprintf("agent-%d", i), append(slices.Clip(o.env), env...), args...)
+	return node{agent: agent, join: join, host: host}
 }
 
 // Two agents of torch 2.14 and 2.6 form a round through the sidecar's own
@@ -68,6 +76,31 @@ func TestOwnRendezvousTwoAgents(t *testing.T) {
 			require.Contains(t, a.agent.Output(), "RESULT rank=0 ", "ranks follow the member index")
 			require.Contains(t, b.agent.Output(), "RESULT rank=1 ")
 			require.NotContains(t, o.s.Output(), "/torch.rendezvous.", "torch's own rendezvous played no part")
+		})
+	}
+}
+
+// The workers reach their rank 0 by the pod's IP (ET_POD_IP, which the
+// webhook gives the trainer from the downward API), not by its member host:
+// in a pod the host is its DNS name, which resolves to two addresses while a
+// lost pod's replacement starts beside the old one still Terminating on a
+// node cut off, and a worker that picks the old one waits minutes for TCP.
+// Here the hosts resolve to nothing at all (.invalid), so a MASTER_ADDR
+// taken from them fails the workers at once.
+func TestOwnRendezvousMasterAddrIsThePodIP(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			o := newOwnRdzv(t, tr, "own-ip", "2")
+			var n [2]node
+			for i := range n {
+				n[i] = o.startAs(t, i, fmt.Sprintf("own-%d.elastic-training.invalid", i), fmt.Sprintf("%s=127.0.0.%d", constants.EnvMemberIP, i+1))
+			}
+			requireTwoWorkerResults(t, n[0].agent, n[1].agent)
+			require.Contains(t, n[0].agent.Output(), "RESULT rank=0 ")
+			for _, a := range n {
+				require.Regexp(t, `master_addr=127\.0\.0\.1\s`, a.agent.Output(), "the workers were told rank 0's IP")
+			}
 		})
 	}
 }

@@ -21,6 +21,7 @@ The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
 
 import json
 import logging
+import os
 import socket
 import time
 from datetime import timedelta
@@ -153,6 +154,10 @@ def create(params):
     join_timeout = float(params.get("join_timeout", 600))
     store = connect(dist, host, int(port), float(params.get("read_timeout", 60)), join_timeout)
     local_addr = params.local_addr or socket.getfqdn()
+    # The workers reach their rank 0's store at MASTER_ADDR: the pod's IP where the webhook gives it (ET_POD_IP), not
+    # its DNS name, which for a while resolves to two pods when a lost pod's replacement starts beside the old one
+    # still Terminating on a node cut off (a worker that picks the old address waits minutes for TCP to give up).
+    master_addr = os.environ.get("ET_POD_IP") or local_addr
     settings = {
         "min": params.min_nodes,
         "max": params.max_nodes,
@@ -185,7 +190,7 @@ def create(params):
             n, rank, world = rdzv.next()
             self.round = n
             round_store = dist.PrefixStore(rdzv.keys.store(n), store)
-            info = api.RendezvousStoreInfo.build(rank, round_store, local_addr=local_addr)
+            info = api.RendezvousStoreInfo.build(rank, round_store, local_addr=master_addr)
             return api.RendezvousInfo(round_store, rank, world, info)
 
         def is_closed(self):

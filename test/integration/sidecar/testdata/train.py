@@ -3,7 +3,7 @@ import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
-print(f"RESULT rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}", flush=True)
+print(f"RESULT rank={dist.get_rank()} world={dist.get_world_size()} sum={int(t.item())} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')} master_addr={os.environ.get('MASTER_ADDR')}", flush=True)
 steps = int(os.environ.get("TRAIN_STEPS", "0"))
 for i in range(steps):
     t = torch.ones(1); dist.all_reduce(t)
