@@ -30,8 +30,8 @@ const (
 // TestElasticPyTorch is the TorchElastic ElasticJob case: 2 workers (min 1, max 4) train, `helm upgrade` takes
 // them to 3, then 4, then back to 2, every live worker trains at each new world size, the Job ends Complete,
 // and `helm uninstall` leaves nothing behind. Every torch of the trainer images (2.14 and 2.6), every rendezvous
-// backend the chart offers (etcd-v2 on the default torch only); and the chart's default backend (the own rendezvous) in an image without python-etcd,
-// as stock torch images are, which is torch 2.14's own-rendezvous case.
+// backend the chart offers (etcd-v2 on the default torch only); and the chart's default backend (the own
+// rendezvous) in an image without python-etcd, as stock torch images are, which is torch 2.14's own-rendezvous case.
 func TestElasticPyTorch(t *testing.T) {
 	for i, img := range framework.TrainerImages {
 		for _, backend := range []string{"etcd-v2", "etcd", "c10d", constants.BackendOwn} {

@@ -85,8 +85,9 @@ func TestOwnRendezvousTwoAgents(t *testing.T) {
 // in a pod the host is its DNS name, which resolves to two addresses while a
 // lost pod's replacement starts beside the old one still Terminating on a
 // node cut off, and a worker that picks the old one waits minutes for TCP.
-// Here the hosts resolve to nothing at all (.invalid), so a MASTER_ADDR
-// taken from them fails the workers at once.
+// Here the hosts resolve to nothing at all (.invalid): workers told one as
+// MASTER_ADDR never reach their store (they retry the name until the test
+// gives up).
 func TestOwnRendezvousMasterAddrIsThePodIP(t *testing.T) {
 	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
 		tr := newTrainer(t, suite)
