@@ -186,8 +186,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		full := len(conns) >= s.quotas.Connections
 		mu.Unlock()
 		if full {
-			nc.Close()
+			// Counted before the close, so that a client that sees the close
+			// also sees the count (the quota test reads it right after).
 			s.m.refused.WithLabelValues(refusedConnLimit).Inc()
+			nc.Close()
 			if s.logRefusals.Allow() {
 				s.log.Warn("tcpstore: refusing client: too many connections", "remote", nc.RemoteAddr().String(),
 					"reason", refusedConnLimit, "max_connections", s.quotas.Connections)
