@@ -111,6 +111,25 @@ func TestRolesAndPriorities(t *testing.T) {
 	d = c.WaitWorld(t, ns, workersSelector(job), trainer, 4, 1, 3*time.Minute)
 	t.Logf("burst workers back, world 4 again %.1fs after the GPUs were freed", d.Seconds())
 
+	// The dedicated pod is replaced (its node drained, a rollout), and the next one serves an empty store. The
+	// agents stay up and re-form there: no pod fails and no trainer restarts. Agents that exited failed the burst
+	// pods (restartPolicy Never), which their Job replaced only after its back-off, 10 s doubling with each failed
+	// pod of the Job (torch's c10d backend still exits: TestC10dOutlivesWorkerZero).
+	rdzvPod := c.WaitPodsReady(t, ns, groupSelector(job, constants.GroupRdzv), 1, time.Minute)[0].Name
+	before := snapshot(t, c, ns, workersSelector(job))
+	start = time.Now()
+	if err := c.Client.CoreV1().Pods(ns).Delete(t.Context(), rdzvPod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("world 4 again %.1fs after the rendezvous pod %s was deleted", waitRecovered(t, c, ns, workersSelector(job), 4, before, start).Seconds(), rdzvPod)
+	after := snapshot(t, c, ns, workersSelector(job))
+	for name, p := range before {
+		if a, ok := after[name]; !ok || a.restarts != p.restarts {
+			t.Errorf("worker %s failed or restarted after the rendezvous pod's deletion (live %v, restarts %d -> %d): want the agents to re-form in place",
+				name, ok, p.restarts, a.restarts)
+		}
+	}
+
 	uninstallJob(t, c, ns, job)
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -237,6 +238,58 @@ func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
 			s.start(t)
 			requireTwoWorkerResults(t, agents...)
 			require.Regexp(t, `torch rendezvous round 1 of run own-early complete: 2 nodes" .*backend=elastic-training`, s.Output())
+		})
+	}
+}
+
+// The store goes away under a running job and a fresh one takes its place, as when the pod that serves it is lost
+// and a standby or the rendezvous Deployment's next pod serves (the agents' connections go through their pods'
+// sidecars, which close them once their registrations end): the agents stay up, stop their workers, wait for the
+// next store and train on in its first round. An agent that exited there failed its pod (restartPolicy Never, a
+// preemptible group), which the Job replaced only after its back-off. On torch 2.14 and 2.6.
+func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			files := t.TempDir()
+			s := startServe(t, "--register=false", "--files-dir="+files)
+			var agents []*testenv.Proc
+			for i := range 2 {
+				host := fmt.Sprintf("127.0.0.%d", i+1)
+				proxy := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+				startJoin(t, s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i), "--c10d-addr="+proxy, "--c10d-upstream="+s.C10d)
+				args := append(testenv.TorchrunArgs(rdzvpy.Backend, proxy, "own-outlives", "2", "--max_restarts=0",
+					"--rdzv_conf=last_call_timeout=1", "--local_addr="+host), trainScript(t))
+				agents = append(agents, tr.startAgent(t, fmt.Sprintf("agent-%d", i), torchrunEnv("PYTHONPATH="+filepath.Join(files, rdzvpy.Dir),
+					"TRAIN_STEPS=100000", "STEP_SLEEP=0.3"), args...))
+			}
+			for _, a := range agents {
+				waitWorldAfter(t, a, "world 2 on "+a.Name, "2", 0)
+			}
+
+			// The store's node vanishes (no goodbye, its etcd's data with it); the next store serves at the same address.
+			start, offsets := time.Now(), []int{len(agents[0].Output()), len(agents[1].Output())}
+			s.Kill()
+			require.NoError(t, os.RemoveAll(s.DataDir))
+			s.start(t)
+			for i, a := range agents {
+				deadline := time.Now().Add(150 * time.Second)
+				for !resultRe.MatchString(a.Output()[offsets[i]:]) {
+					select {
+					case <-a.Done():
+						t.Fatalf("%s exited after the store's loss (%v):\n%s", a.Name, a.Err(), a.Output())
+					case <-time.After(200 * time.Millisecond):
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: no RESULT line of a new round 150 s after the store's loss:\n%s", a.Name, a.Output())
+					}
+				}
+				require.Contains(t, a.Output()[offsets[i]:], "lost the store")
+			}
+			t.Logf("torch %s own rendezvous: the store replaced -> both agents' workers train again in %s", tr.version, time.Since(start).Round(100*time.Millisecond))
+			require.Regexp(t, `torch rendezvous round 1 of run own-outlives complete: 2 nodes" .*backend=elastic-training`, s.Output())
+			// max_restarts=0: the round after the store's loss cost no restart (a membership change, not a failure).
+			waitWorldAfter(t, agents[0], "world 2 steps in the new round", "2", offsets[0])
 		})
 	}
 }

@@ -66,29 +66,67 @@ def parse_state(raw):
 class Rendezvous:
     """The protocol against a c10d store client of the sidecar; torch's classes are the caller's (create)."""
 
-    def __init__(self, store, run_id, host, settings, join_timeout, closed_error, timeout_error, wait_error):
-        self.store, self.run_id, self.host = store, run_id, host
+    def __init__(self, connect, run_id, host, settings, join_timeout, errors):
+        self.connect = connect  # deadline (time.monotonic()) -> a store client, or raises once it has passed
+        self.store = None  # connected by next(); None again once the connection to the store broke
+        self.run_id, self.host = run_id, host
         self.settings = settings  # {"min", "max", "last_call"}: the run takes the first agent's
         self.join_timeout = join_timeout
         self.keys = Keys(run_id)
-        self.closed_error, self.timeout_error, self.wait_error = closed_error, timeout_error, wait_error
+        # torch's: the run is closed, no round in time, a wait that timed out, the connection to the store broke.
+        self.closed_error, self.timeout_error, self.wait_error, self.lost_error = errors
 
     def state(self):
         if not self.store.check([self.keys.state]):
             return {"round": 0, "waiting": 0}
         return parse_state(self.store.get(self.keys.state))
 
+    def connected(self):
+        if self.store is None:
+            self.store = self.connect(time.monotonic() + self.join_timeout)
+        return self.store
+
     def is_closed(self):
-        return self.store.check([self.keys.closed])
+        return self.connected().check([self.keys.closed])
 
     def set_closed(self):
-        self.store.set(self.keys.closed, b"1")
+        self.connected().set(self.keys.closed, b"1")
 
     def num_nodes_waiting(self):
-        return self.state()["waiting"]
+        """The agent asks it every monitor interval while its workers run. When the store is gone (the pod that served
+        it was lost or replaced: this pod's sidecar closes the connection once its registration ends) it says a node
+        waits, so that the agent stops its workers and asks next() for a round, which waits for the next store. An
+        agent that exited instead would fail a pod of restartPolicy Never, which its Job replaces only after a back-off
+        that doubles with every failed pod of the Job (10 s, then 20, 40, 80: a job of 3 waited 80 s), and restart one
+        of OnFailure, which imports torch again."""
+        if self.store is None:
+            return 1
+        try:
+            return self.state()["waiting"]
+        except self.lost_error as e:
+            log.warning("elastic-training rendezvous: lost the store (%s); stopping the workers for the next round",
+                        first_line(e))
+            self.store = None
+            return 1
 
     def next(self):
-        """Ask for the next round and wait for this agent's rank in it: (round, rank, world size)."""
+        """Ask for the next round and wait for this agent's rank in it: (round, rank, world size). A store that goes
+        away meanwhile is waited for again, within the join timeout."""
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            if self.store is None:
+                self.store = self.connect(deadline)
+            try:
+                return self.ask(deadline)
+            except self.lost_error as e:
+                self.store = None
+                if time.monotonic() + 1 >= deadline:
+                    raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in "
+                                             f"{self.join_timeout:.0f} s; the store went away ({first_line(e)})")
+                log.warning("elastic-training rendezvous: lost the store (%s); asking the next one", first_line(e))
+                time.sleep(1)  # a store that closes each connection at once is not asked in a busy loop
+
+    def ask(self, deadline):
         if self.is_closed():
             raise self.closed_error()
         key = self.keys.rank(self.host)
@@ -99,7 +137,7 @@ class Rendezvous:
         # One wait: the sidecar writes this key when a round takes this agent and when the run is closed. (A wait that
         # times out makes torch's client log a warning: polling would fill the trainer's log.)
         try:
-            self.store.wait([key], timedelta(seconds=self.join_timeout))
+            self.store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 1)))
         except self.wait_error:
             raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
         value = self.store.get(key).decode()
@@ -113,6 +151,8 @@ class Rendezvous:
         """This agent's run ended (torchrun calls it once its workers succeeded or failed for good, or on a signal): it
         asks for no round, and leaves its round without making the others re-form, as a node that finished does in
         torch; the run stays open for them. (A scale-down's preStop said "leave" before the signal: that is a loss.)"""
+        if self.store is None:  # a store that went away holds nothing of this agent
+            return False
         try:
             self.store.set(self.keys.done(self.host), b"1")
             self.store.delete_key(self.keys.ready(self.host))
@@ -126,12 +166,16 @@ def handler():
     return create
 
 
-def connect(dist, host, port, read_timeout, join_timeout):
-    """The sidecar's store, waited for up to the join timeout. The trainer starts with its pod's sidecar, before the
-    pod is a member of the job (docs/contract.md): the sidecar's proxy holds this connection until then (a minute at
-    most: then it closes it), and at a job's install the store itself may still be starting. read_timeout is torch's
-    c10d backend's setting of the same name: the store client's timeout for connecting and for every request."""
-    deadline = time.monotonic() + join_timeout
+def first_line(e):
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def connect(dist, host, port, read_timeout, deadline):
+    """The sidecar's store, waited for until deadline (the join timeout's end). The trainer starts with its pod's
+    sidecar, before the pod is a member of the job (docs/contract.md): the sidecar's proxy holds this connection until
+    then (a minute at most: then it closes it), and at a job's install, or after the serving pod was lost, the store
+    itself may still be starting. read_timeout is torch's c10d backend's setting of the same name: the store client's
+    timeout for connecting and for every request."""
     while True:
         try:
             return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=read_timeout), use_libuv=False)
@@ -139,7 +183,7 @@ def connect(dist, host, port, read_timeout, join_timeout):
             if time.monotonic() + read_timeout > deadline:
                 raise
             log.warning("elastic-training rendezvous: the store at %s:%d did not answer (%s); trying again",
-                        host, port, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                        host, port, first_line(e))
             time.sleep(1)  # an error that comes at once (none should: torch's client retries until its timeout)
 
 
@@ -152,7 +196,7 @@ def create(params):
     if not host or not port.isdigit():
         raise ValueError(f"--rdzv-endpoint {params.endpoint!r}: want host:port of the rendezvous sidecar's c10d store")
     join_timeout = float(params.get("join_timeout", 600))
-    store = connect(dist, host, int(port), float(params.get("read_timeout", 60)), join_timeout)
+    read_timeout = float(params.get("read_timeout", 60))
     local_addr = params.local_addr or socket.getfqdn()
     # The workers reach their rank 0's store at MASTER_ADDR: the pod's IP where the webhook gives it (ET_POD_IP), not
     # its DNS name, which for a while resolves to two pods when a lost pod's replacement starts beside the old one
@@ -164,14 +208,12 @@ def create(params):
         "last_call": float(params.get("last_call_timeout", 30)),
     }
     rdzv = Rendezvous(
-        store,
+        lambda deadline: connect(dist, host, int(port), read_timeout, deadline),
         params.run_id,
         local_addr,
         settings,
         join_timeout,
-        api.RendezvousClosedError,
-        api.RendezvousTimeoutError,
-        dist.DistStoreError,
+        (api.RendezvousClosedError, api.RendezvousTimeoutError, dist.DistStoreError, dist.DistNetworkError),
     )
 
     class Handler(api.RendezvousHandler):
@@ -189,7 +231,7 @@ def create(params):
         def next_rendezvous(self):
             n, rank, world = rdzv.next()
             self.round = n
-            round_store = dist.PrefixStore(rdzv.keys.store(n), store)
+            round_store = dist.PrefixStore(rdzv.keys.store(n), rdzv.store)
             info = api.RendezvousStoreInfo.build(rank, round_store, local_addr=master_addr)
             return api.RendezvousInfo(round_store, rank, world, info)
 
