@@ -58,21 +58,39 @@ import torch.distributed.elastic.rendezvous.registry as registry  # noqa: E402
 _children = []
 
 
+_given = set()  # the ports this process handed out: the kernel may offer one it just freed again
+
+
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
+    raise RuntimeError("every port the kernel offered in 100 tries was handed out before")
 
 
 def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _wait_ready(proc, health, log, what):
+class _Exited(RuntimeError):
+    """A sidecar that exited before it was ready; output is what it printed (the test's directory goes with it)."""
+
+    def __init__(self, message, output):
+        super().__init__(f"{message}:\n{output}")
+        self.output = output
+
+
+def _wait_ready(proc, health, log, what, offset):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}: see {log}")
+            with open(log, "rb") as f:
+                f.seek(offset)
+                raise _Exited(f"{what} exited with {proc.returncode}", f.read()[-4000:].decode(errors="replace"))
         try:
             with urllib.request.urlopen(f"http://{health}/readyz", timeout=2) as r:
                 if r.status == 200:
@@ -83,14 +101,24 @@ def _wait_ready(proc, health, log, what):
     raise RuntimeError(f"{what} not ready in 60 s: see {log}")
 
 
-def _start(args, log, what, **kw):
-    health = f"127.0.0.1:{_free_port()}"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([SIDECAR, *args, f"--health-addr={health}"], stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent, **kw)
-    _children.append(proc)
-    _wait_ready(proc, health, log, what)
-    return proc
+def _start(make_args, log, what, **kw):
+    """A sidecar with the arguments make_args() returns, ready. A free port is free only until someone binds it: another
+    process (the other torch's suite runs beside this one), or this one, whose next pick the kernel may hand out again.
+    A sidecar that finds its port taken is started again with fresh ones (serve failed so in CI)."""
+    for attempt in range(5):
+        health = f"127.0.0.1:{_free_port()}"
+        offset = os.path.getsize(log) if os.path.exists(log) else 0
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([SIDECAR, *make_args(), f"--health-addr={health}"], stdout=out,
+                                    stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, **kw)
+        _children.append(proc)
+        try:
+            _wait_ready(proc, health, log, what, offset)
+            return proc
+        except _Exited as e:
+            if "address already in use" not in e.output or attempt == 4:
+                raise
+            print(f"{what}: a port was taken ({attempt + 1}); starting it again with others", file=sys.stderr, flush=True)
 
 
 def _take_node():
@@ -114,8 +142,8 @@ def get_rendezvous_handler(params):
     if params.backend == BACKEND and not params.local_addr:
         i, fd = _take_node()
         host = f"127.0.0.{i + 1}"
-        _start(["join", f"--endpoints={os.environ['ET_SERVE_URL']}", f"--member-host={host}", "--member-slots=1",
-                f"--member-index={i}", "--lease-ttl=2s"],
+        _start(lambda: ["join", f"--endpoints={os.environ['ET_SERVE_URL']}", f"--member-host={host}", "--member-slots=1",
+                        f"--member-index={i}", "--lease-ttl=2s"],
                os.path.join(os.environ["ET_NODES_DIR"], f"join-{i}.log"), f"join {host}", pass_fds=(fd,))
         params.local_addr = host
     return _upstream_handler(params)
@@ -174,11 +202,17 @@ class OwnRendezvousAgentTest(upstream.LocalElasticAgentTest):
         work = tempfile.mkdtemp(prefix=self._testMethodName + "-", dir=os.environ["ET_WORK"])
         nodes = os.path.join(work, "nodes")
         os.mkdir(nodes)
-        client, c10d = _free_port(), _free_port()
-        url = f"http://127.0.0.1:{client}"
-        _start(["serve", f"--data-dir={work}/data", f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
-                f"--listen-peer-urls=http://127.0.0.1:{_free_port()}", f"--c10d-addr=127.0.0.1:{c10d}",
-                f"--files-dir={work}/files", "--unsafe-no-fsync", "--register=false"], os.path.join(work, "serve.log"), "serve")
+        ports = {}
+
+        def serve_args():
+            ports.update(client=_free_port(), c10d=_free_port(), peer=_free_port())
+            url = f"http://127.0.0.1:{ports['client']}"
+            return ["serve", f"--data-dir={work}/data", f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+                    f"--listen-peer-urls=http://127.0.0.1:{ports['peer']}", f"--c10d-addr=127.0.0.1:{ports['c10d']}",
+                    f"--files-dir={work}/files", "--unsafe-no-fsync", "--register=false"]
+
+        _start(serve_args, os.path.join(work, "serve.log"), "serve")
+        url, c10d = f"http://127.0.0.1:{ports['client']}", ports["c10d"]
         # The agents this test spawns take their nodes and the serving sidecar from the environment.
         os.environ.update(ET_SERVE_URL=url, ET_NODES_DIR=nodes)
         self._backend, self._endpoint = BACKEND, f"127.0.0.1:{c10d}"
