@@ -204,10 +204,10 @@ class OwnRendezvousAgentTest(upstream.LocalElasticAgentTest):
         os.mkdir(nodes)
         ports = {}
 
-        def serve_args():
-            ports.update(client=_free_port(), c10d=_free_port(), peer=_free_port())
+        def serve_args():  # each try on an empty data dir: one that failed may have begun its own
+            ports.update(client=_free_port(), c10d=_free_port(), peer=_free_port(), tries=ports.get("tries", 0) + 1)
             url = f"http://127.0.0.1:{ports['client']}"
-            return ["serve", f"--data-dir={work}/data", f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+            return ["serve", f"--data-dir={work}/data-{ports['tries']}", f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
                     f"--listen-peer-urls=http://127.0.0.1:{ports['peer']}", f"--c10d-addr=127.0.0.1:{ports['c10d']}",
                     f"--files-dir={work}/files", "--unsafe-no-fsync", "--register=false"]
 
