@@ -165,14 +165,29 @@ func (c *Cluster) DumpNamespace(ctx context.Context, ns string) string {
 		for _, ct := range p.Spec.Containers {
 			containers = append(containers, ct.Name)
 		}
+		restarted := map[string]bool{}
+		for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+			restarted[cs.Name] = cs.RestartCount > 0
+		}
 		tail := int64(50)
 		for _, ct := range containers {
-			raw, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct, TailLines: &tail}).DoRaw(ctx)
-			if err != nil {
-				fmt.Fprintf(&b, "  logs %s: %v\n", ct, err)
-				continue
+			// A restarted container's last run is usually what failed.
+			for _, previous := range []bool{true, false} {
+				if previous && !restarted[ct] {
+					continue
+				}
+				opts := &corev1.PodLogOptions{Container: ct, TailLines: &tail, Previous: previous}
+				name := ct
+				if previous {
+					name += " (previous run)"
+				}
+				raw, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, opts).DoRaw(ctx)
+				if err != nil {
+					fmt.Fprintf(&b, "  logs %s: %v\n", name, err)
+					continue
+				}
+				fmt.Fprintf(&b, "  logs %s:\n%s\n", name, indent(string(raw), "    "))
 			}
-			fmt.Fprintf(&b, "  logs %s:\n%s\n", ct, indent(string(raw), "    "))
 		}
 	}
 	return b.String()
