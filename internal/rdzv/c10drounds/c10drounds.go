@@ -9,9 +9,9 @@
 // The keys, as stored (torch's client puts the "/" in front of what the
 // handler names), with R the run id and N a round:
 //
-//	/et/rdzv/R/ready/<host>      an agent asks for the next round: {"min","max","last_call"}
-//	/et/rdzv/R/rank/<host>       the sidecar: "<round> <rank> <world size>" once a round takes the agent
-//	                             (the agent deletes it before it asks again, then waits for it), or
+//	/et/rdzv/R/ready/<host>      an agent asks for the next round: {"min","max","last_call","ask"}
+//	/et/rdzv/R/rank/<host>       the sidecar: "<round> <rank> <world size> <ask>" once a round takes the
+//	                             agent (the agent deletes it before it asks again, then waits for it), or
 //	                             "closed" once the run is closed: one wait, woken either way
 //	/et/rdzv/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
 //	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting)
@@ -52,6 +52,7 @@ const (
 	// maxUnregistered bounds the agents heard from hosts that are not members:
 	// a registration is on its way for a moment, a forged host forever.
 	maxUnregistered = 1024
+	maxAsk          = 64
 )
 
 // The keys of run.
@@ -65,32 +66,49 @@ func RoundPrefix(run string, n int) string {
 }
 
 // Ready is what an agent writes under its ready key: the settings of its
-// --nnodes and --rdzv-conf. The run takes the first agent's.
+// --nnodes and --rdzv-conf (the run takes the first agent's), and the id of
+// its request.
 type Ready struct {
 	Min      int     `json:"min"`
 	Max      int     `json:"max"`
 	LastCall float64 `json:"last_call"` // seconds
+	// Ask names one request for a round: the agent writes the same id each
+	// time it asks again for it, over a new connection after it lost the one
+	// it asked on. A round that took it for that request is answered again
+	// (its rank written anew): the agent may have deleted the rank before it
+	// asked again, and the round's other agents wait for it in their
+	// rendezvous, where they do not hear num_nodes_waiting (torch's
+	// _assign_worker_ranks until the store's timeout). Empty: an agent of
+	// before this field, whose every ask is a new request.
+	Ask string `json:"ask,omitempty"`
 }
 
-// settings checks r and gives the core's settings.
-func (r Ready) settings() (rdzv.Settings, error) {
+// check checks r and gives the core's settings.
+func (r Ready) check() (rdzv.Settings, error) {
 	s := rdzv.Settings{Min: r.Min, Max: r.Max, LastCall: time.Duration(r.LastCall * float64(time.Second))}
 	if r.Max > maxNodes || r.LastCall < 0 || r.LastCall > maxLastCall.Seconds() {
 		return s, fmt.Errorf("ready value: want max <= %d and 0 <= last_call <= %s", maxNodes, maxLastCall)
 	}
+	if len(r.Ask) > maxAsk || strings.ContainsFunc(r.Ask, func(c rune) bool {
+		return !('0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '-' || c == '_')
+	}) {
+		return s, fmt.Errorf("ready value: ask: want at most %d letters, digits, '-' or '_'", maxAsk)
+	}
 	return s, s.Check()
 }
 
-// ParseReady reads an agent's ready value.
-func ParseReady(value []byte) (rdzv.Settings, error) {
+// ParseReady reads an agent's ready value: the run's settings it asks with,
+// and the id of its request.
+func ParseReady(value []byte) (s rdzv.Settings, ask string, err error) {
 	if len(value) > maxReadyValue {
-		return rdzv.Settings{}, fmt.Errorf("ready value: %d bytes, at most %d", len(value), maxReadyValue)
+		return rdzv.Settings{}, "", fmt.Errorf("ready value: %d bytes, at most %d", len(value), maxReadyValue)
 	}
 	var r Ready
 	if err := json.Unmarshal(value, &r); err != nil {
-		return rdzv.Settings{}, fmt.Errorf("ready value: %w", err)
+		return rdzv.Settings{}, "", fmt.Errorf("ready value: %w", err)
 	}
-	return r.settings()
+	s, err = r.check()
+	return s, r.Ask, err
 }
 
 // Store is the serving sidecar's c10d store (tcpstore.Server).
@@ -134,6 +152,10 @@ type run struct {
 	// not heard until the member's registration ends (a replacement pod of the
 	// same name registers anew after that).
 	leaving map[string]bool
+	// asks are the request ids (Ready.Ask) of the agents asking for the next
+	// round, by host; answered those the current round took its
+	// participants for.
+	asks, answered map[string]string
 }
 
 // State is a run's as the sidecar shows it.
@@ -200,6 +222,7 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		host := strings.TrimPrefix(what, "leave/")
 		if r := rs.runs[id]; r != nil && r.core.Member(host) {
 			r.core.Left(host)
+			delete(r.asks, host)
 			r.leaving[host] = true
 			rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
 			rs.decideLocked(r)
@@ -211,6 +234,7 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		host := strings.TrimPrefix(what, "done/")
 		if r := rs.runs[id]; r != nil {
 			r.core.Done(host)
+			delete(r.asks, host)
 			rs.cfg.Log.Debug("own rendezvous: an agent is done", "run_id", id, "host", host)
 			rs.decideLocked(r)
 		}
@@ -220,7 +244,7 @@ func (rs *Rounds) write(rest string, value []byte) error {
 		if err := membership.ValidateHost(host); err != nil {
 			return err
 		}
-		s, err := ParseReady(value)
+		s, ask, err := ParseReady(value)
 		if err != nil {
 			return err
 		}
@@ -240,6 +264,14 @@ func (rs *Rounds) write(rest string, value []byte) error {
 			rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
 			return nil
 		}
+		if round := r.core.Current(); ask != "" && r.answered[host] == ask {
+			// It asks again for a round it has: it lost the connection it asked on, and may have deleted its rank.
+			if rank := round.Rank(host); rank >= 0 {
+				rs.cfg.Log.Debug("own rendezvous: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
+				rs.writeRankLocked(r, round, rank, ask)
+				return nil
+			}
+		}
 		if !r.core.Member(host) {
 			if m, ok := rs.cfg.Member(host); ok {
 				r.core.Joined(m)
@@ -248,6 +280,7 @@ func (rs *Rounds) write(rest string, value []byte) error {
 			}
 		}
 		r.core.Ready(host, rs.cfg.Now())
+		r.asks[host] = ask
 		rs.decideLocked(r)
 		return nil
 	}
@@ -269,7 +302,7 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 	for _, m := range rs.cfg.Members() {
 		core.Joined(m)
 	}
-	r := &run{id: id, core: core, leaving: map[string]bool{}}
+	r := &run{id: id, core: core, leaving: map[string]bool{}, asks: map[string]string{}, answered: map[string]string{}}
 	rs.runs[id] = r
 	rs.cfg.Log.Info("own rendezvous: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
 	return r, nil
@@ -289,6 +322,7 @@ func (rs *Rounds) MembersChanged(joined, left []string) {
 		for _, h := range left {
 			r.core.Left(h)
 			delete(r.leaving, h)
+			delete(r.asks, h)
 		}
 		for _, m := range ms {
 			r.core.Joined(m)
@@ -340,10 +374,12 @@ func (rs *Rounds) decideLocked(r *run) {
 // this one.
 func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	world := len(round.Participants)
+	clear(r.answered)
 	for rank, h := range round.Participants {
-		if err := rs.cfg.Store.Set(RankKey(r.id, h), []byte(fmt.Sprintf("%d %d %d", round.Number, rank, world))); err != nil {
-			rs.cfg.Log.Error("own rendezvous: cannot write a rank", "run_id", r.id, "round", round.Number, "host", h, "err", err)
-		}
+		ask := r.asks[h]
+		delete(r.asks, h)
+		r.answered[h] = ask
+		rs.writeRankLocked(r, round, rank, ask)
 	}
 	dropped := 0
 	if round.Number > 1 {
@@ -352,6 +388,19 @@ func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	// Debug: the view logs each round for every backend (OnState).
 	rs.cfg.Log.Debug(fmt.Sprintf("own rendezvous: round %d of run %s: %d nodes", round.Number, r.id, world),
 		"run_id", r.id, "round", round.Number, "world_size", world, "participants", summary(round.Participants), "keys_dropped", dropped)
+}
+
+// writeRankLocked tells the agent of round's participant rank, which asked
+// with ask, its rank. (An agent of before Ready.Ask reads three fields.)
+func (rs *Rounds) writeRankLocked(r *run, round rdzv.Round, rank int, ask string) {
+	h := round.Participants[rank]
+	v := fmt.Sprintf("%d %d %d", round.Number, rank, len(round.Participants))
+	if ask != "" {
+		v += " " + ask
+	}
+	if err := rs.cfg.Store.Set(RankKey(r.id, h), []byte(v)); err != nil {
+		rs.cfg.Log.Error("own rendezvous: cannot write a rank", "run_id", r.id, "round", round.Number, "host", h, "err", err)
+	}
 }
 
 // closed is the rank key's value once the run is closed.

@@ -146,6 +146,45 @@ func TestRounds(t *testing.T) {
 	require.Equal(t, "<none>", f.get(RankKey("r", host(9))))
 }
 
+// TestAskedAgain: an agent that lost the connection it asked on asks again
+// with the same request id over a new one, and deletes its rank first. A
+// round that took it for that request is answered again, not taken for a
+// request of the next one: the round's other agents wait for it in their
+// rendezvous (seen on the cluster when the rendezvous pod was replaced: an
+// agent's first ask reached the new store before its pod registered there,
+// the round formed with it, and its second ask deleted the rank; the other
+// agent of the round waited 60 s in torch's _assign_worker_ranks and exited).
+func TestAskedAgain(t *testing.T) {
+	ready := func(ask string) []byte { return fmt.Appendf(nil, `{"min":2,"max":2,"last_call":0,"ask":%q}`, ask) }
+	f := newFixture(t)
+	f.join(0)
+	f.C10dWrite(ReadyKey("r", host(1)), ready("a1")) // before its pod is a member; then its connection breaks
+	f.C10dWrite(ReadyKey("r", host(0)), ready("a0"))
+	require.Equal(t, "<none>", f.get(RankKey("r", host(0))))
+	f.join(1)
+	require.Equal(t, "1 0 2 a0", f.get(RankKey("r", host(0))), "the rank names the request it answers")
+	require.Equal(t, "1 1 2 a1", f.get(RankKey("r", host(1))))
+
+	f.store.DeletePrefix(RankKey("r", host(1)))
+	f.C10dWrite(ReadyKey("r", host(1)), ready("a1"))
+	require.Equal(t, "1 1 2 a1", f.get(RankKey("r", host(1))), "answered again")
+	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")), "not a request for round 2")
+
+	f.C10dWrite(ReadyKey("r", host(1)), ready("b1")) // a new request: its workers failed, say
+	require.Equal(t, "round=1 waiting=1", f.get(StateKey("r")))
+	f.C10dWrite(ReadyKey("r", host(0)), ready("b0"))
+	require.Equal(t, "2 1 2 b1", f.get(RankKey("r", host(1))))
+	f.C10dWrite(ReadyKey("r", host(0)), ready("a0")) // an older request of round 1's is a new one
+	require.Equal(t, "round=2 waiting=1", f.get(StateKey("r")))
+
+	// An agent of before the request id reads three fields, and each of its asks is a new request.
+	f.ready("r", `{"min":2,"max":2,"last_call":0}`, 1)
+	require.Equal(t, "3 0 2 a0", f.get(RankKey("r", host(0))))
+	require.Equal(t, "3 1 2", f.get(RankKey("r", host(1))))
+	f.ready("r", `{"min":2,"max":2,"last_call":0}`, 1)
+	require.Equal(t, "round=3 waiting=1", f.get(StateKey("r")))
+}
+
 // TestDone: an agent that finished leaves its round quietly: the others are
 // told no node waits when its pod then goes, and the next round does not
 // wait for it. After a preStop's leave, done changes nothing.
@@ -198,6 +237,8 @@ func TestRefused(t *testing.T) {
 		{ReadyKey("r", host(0)), `{"min":1,"max":1,"last_call":-1}`, "last_call"},
 		{ReadyKey("r", host(0)), `not json`, "ready value"},
 		{ReadyKey("r", host(0)), strings.Repeat(" ", 2000), "at most 1024"},
+		{ReadyKey("r", host(0)), `{"min":1,"max":1,"ask":"a b"}`, "ask: want at most 64 letters"},
+		{ReadyKey("r", host(0)), `{"min":1,"max":1,"ask":"` + strings.Repeat("a", 65) + `"}`, "ask: want at most 64 letters"},
 		{ReadyKey("r", "bad_host"), `{"min":1,"max":1}`, "not allowed"},
 		{Prefix + "/ready/" + host(0), `{"min":1,"max":1}`, "run id"},
 		{Prefix + strings.Repeat("r", 200) + "/ready/" + host(0), `{"min":1,"max":1}`, "run id"},
@@ -231,6 +272,7 @@ func FuzzWrite(f *testing.F) {
 	f.Add("r/done/"+host(1), []byte("1"))
 	f.Add("r/leave/"+host(0), []byte("1"))
 	f.Add("r/ready/a", []byte(`{"min":1,"max":1e9}`))
+	f.Add("r/ready/"+host(1), []byte(`{"min":1,"max":2,"last_call":0,"ask":"x"}`))
 	f.Fuzz(func(t *testing.T, rest string, value []byte) {
 		fx := newFixture(t)
 		fx.join(0, 1)

@@ -293,3 +293,34 @@ func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
 		})
 	}
 }
+
+// An agent that lost the connection it asked on after a round took it asks again over a new one, for the same
+// request, deleting its rank first: the sidecar answers it with that round, where the round's other agent waits for it
+// (testdata/ask_again.py drives the backend as torchrun does, with real torch store clients). Before the request id,
+// the second ask was a request for round 2, and the agents of round 1 waited for each other until the store's timeout
+// (seen on the cluster when the rendezvous pod was replaced: TestRolesAndPriorities, about one run in four). On
+// torch 2.14 and 2.6.
+func TestOwnRendezvousAskAgain(t *testing.T) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) {
+			files := t.TempDir()
+			s := startServe(t, "--register=false", "--files-dir="+files)
+			const a, b = "127.0.0.1", "127.0.0.2"
+			startJoin(t, s.URL, a, 1, "", "--member-index=0")
+			script, err := filepath.Abs("testdata/ask_again.py")
+			require.NoError(t, err)
+			cmd := tr.python(script, s.C10d, "own-ask-again", a, b)
+			cmd.Env = torchrunEnv("PYTHONPATH=" + filepath.Join(files, rdzvpy.Dir))
+			p := testenv.Start(t, "ask_again", cmd)
+			testenv.WaitOutput(t, p, "asked", 60*time.Second)
+			startJoin(t, s.URL, b, 1, "", "--member-index=1") // B's pod registers: round 1 forms with it
+			if err := p.Wait(t, 90*time.Second); err != nil {
+				t.Fatalf("ask_again.py: %v\n%s\nsidecar:\n%s", err, p.Output(), s.Output())
+			}
+			require.Contains(t, p.Output(), "A round=1 rank=0 world=2")
+			require.Contains(t, p.Output(), "B round=1 rank=1 world=2", "B gets the round that took it, not a later one")
+			require.Contains(t, p.Output(), "lost the store", "B's first connection ended after the round took it")
+		})
+	}
+}

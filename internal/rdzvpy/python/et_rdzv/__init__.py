@@ -8,10 +8,12 @@ agent wrote, so a round of N agents costs O(N) store operations, not torch's O(N
 pickle. Standard library and torch only.
 
 The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
-    et/rdzv/<run>/ready/<host>     this agent asks for the next round: {"min", "max", "last_call"}
-    et/rdzv/<run>/rank/<host>      the sidecar: "<round> <rank> <world size>" once a round takes this agent, or
-                                   "closed"; the agent deletes it before it asks, so it waits for one key of its own
-                                   with no round number
+    et/rdzv/<run>/ready/<host>     this agent asks for the next round: {"min", "max", "last_call", "ask"}, ask the
+                                   id of this request, the same each time the agent asks again for it after it lost the
+                                   store's connection
+    et/rdzv/<run>/rank/<host>      the sidecar: "<round> <rank> <world size> <ask>" once a round takes this agent for
+                                   request ask, or "closed"; the agent deletes it before it asks, so it waits for one key
+                                   of its own with no round number
     et/rdzv/<run>/round/<N>/store  round N's store (a PrefixStore)
     et/rdzv/<run>/state            the sidecar: "round=<N> waiting=<K>"
     et/rdzv/<run>/closed           set_closed
@@ -111,13 +113,18 @@ class Rendezvous:
 
     def next(self):
         """Ask for the next round and wait for this agent's rank in it: (round, rank, world size). A store that goes
-        away meanwhile is waited for again, within the join timeout."""
+        away meanwhile is waited for again, within the join timeout, and asked again for the same request: the ask
+        made on the lost connection may have reached the next store (its pod's sidecar connects it there before its
+        registration ends) and a round there may have taken this agent for it, whose other agents then wait for this
+        one in their rendezvous (torch's _assign_worker_ranks, until the store's timeout). The sidecar answers the same
+        request with the same round."""
         deadline = time.monotonic() + self.join_timeout
+        request = os.urandom(8).hex()
         while True:
             if self.store is None:
                 self.store = self.connect(deadline)
             try:
-                return self.ask(deadline)
+                return self.ask(deadline, request)
             except self.lost_error as e:
                 self.store = None
                 if time.monotonic() + 1 >= deadline:
@@ -126,26 +133,35 @@ class Rendezvous:
                 log.warning("elastic-training rendezvous: lost the store (%s); asking the next one", first_line(e))
                 time.sleep(1)  # a store that closes each connection at once is not asked in a busy loop
 
-    def ask(self, deadline):
+    def ask(self, deadline, request):
         if self.is_closed():
             raise self.closed_error()
         key = self.keys.rank(self.host)
-        # The last round's rank goes first: the one this agent then waits for is the next round's. (One connection:
-        # the sidecar sees the delete before the ready.)
-        self.store.delete_key(key)
-        self.store.set(self.keys.ready(self.host), json.dumps(self.settings).encode())
-        # One wait: the sidecar writes this key when a round takes this agent and when the run is closed. (A wait that
-        # times out makes torch's client log a warning: polling would fill the trainer's log.)
-        try:
-            self.store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 1)))
-        except self.wait_error:
-            raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
-        value = self.store.get(key).decode()
-        if value == "closed":
-            raise self.closed_error()
-        n, rank, world = (int(x) for x in value.split())
-        log.info("elastic-training rendezvous: run %s round %d: rank %d of %d", self.run_id, n, rank, world)
-        return n, rank, world
+        while True:
+            # The last round's rank goes first: the one this agent then waits for is the next round's. (One
+            # connection: the sidecar sees the delete before the ready.)
+            self.store.delete_key(key)
+            self.store.set(self.keys.ready(self.host), json.dumps({**self.settings, "ask": request}).encode())
+            # One wait: the sidecar writes this key when a round takes this agent and when the run is closed. (A wait
+            # that times out makes torch's client log a warning: polling would fill the trainer's log.)
+            try:
+                self.store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 1)))
+            except self.wait_error:
+                raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
+            value = self.store.get(key).decode()
+            if value == "closed":
+                raise self.closed_error()
+            fields = value.split()
+            # A sidecar of before the request id writes three fields.
+            if len(fields) == 4 and fields[3] != request:
+                log.warning("elastic-training rendezvous: a rank for another request of this agent (%s); asking again",
+                            value)
+                if time.monotonic() >= deadline:
+                    raise self.timeout_error(f"no round of run {self.run_id} took {self.host} in {self.join_timeout:.0f} s")
+                continue
+            n, rank, world = (int(x) for x in fields[:3])
+            log.info("elastic-training rendezvous: run %s round %d: rank %d of %d", self.run_id, n, rank, world)
+            return n, rank, world
 
     def shutdown(self):
         """This agent's run ended (torchrun calls it once its workers succeeded or failed for good, or on a signal): it
