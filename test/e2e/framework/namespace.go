@@ -155,8 +155,10 @@ func (c *Cluster) DumpNamespace(ctx context.Context, ns string) string {
 	}
 	for _, p := range pods.Items {
 		fmt.Fprintf(&b, "--- pod %s phase=%s node=%s ip=%s\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Status.PodIP)
+		restarted := map[string]bool{}
 		for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
 			fmt.Fprintf(&b, "  container %s ready=%v restarts=%d state=%s\n", cs.Name, cs.Ready, cs.RestartCount, stateString(cs.State))
+			restarted[cs.Name] = cs.RestartCount > 0
 		}
 		var containers []string
 		for _, ct := range p.Spec.InitContainers {
@@ -164,10 +166,6 @@ func (c *Cluster) DumpNamespace(ctx context.Context, ns string) string {
 		}
 		for _, ct := range p.Spec.Containers {
 			containers = append(containers, ct.Name)
-		}
-		restarted := map[string]bool{}
-		for _, cs := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-			restarted[cs.Name] = cs.RestartCount > 0
 		}
 		tail := int64(50)
 		for _, ct := range containers {

@@ -237,6 +237,14 @@ func httpGet(t *testing.T, url string) string {
 	return string(b)
 }
 
+// forEachTorch runs f as a subtest on torch 2.14 (forky) and torch 2.6 (trixie).
+func forEachTorch(t *testing.T, f func(t *testing.T, tr trainer)) {
+	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
+		tr := newTrainer(t, suite)
+		t.Run(tr.name(), func(t *testing.T) { f(t, tr) })
+	}
+}
+
 // forTorchVersions runs f on torch 2.14 (forky) with every backend and on torch 2.6 (trixie) with etcd-v2: the
 // versions differ in what SIGTERM does to the rendezvous.
 func forTorchVersions(t *testing.T, f func(t *testing.T, tr trainer, backend string)) {

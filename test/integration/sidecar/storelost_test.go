@@ -21,10 +21,7 @@ import (
 // what is sent, nothing answers, nothing closes (test/e2e's TestNodeLoss
 // crashes a real node).
 func TestStoreLostFailsAgentsFast(t *testing.T) {
-	for _, suite := range []string{testenv.SuiteForky, testenv.SuiteTrixie} {
-		tr := newTrainer(t, suite)
-		t.Run(tr.name(), func(t *testing.T) { testStoreLost(t, tr) })
-	}
+	forEachTorch(t, testStoreLost)
 }
 
 func testStoreLost(t *testing.T, tr trainer) {
