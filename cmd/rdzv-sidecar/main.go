@@ -45,6 +45,7 @@ Usage:
   rdzv-sidecar supervise [flags] -- mpirun ...
                                run an MPI launcher; stop it (exit status 75) when a member it started with leaves
   rdzv-sidecar progress [flags] wait until a torch round of --nodes=N holds (helm test of a PyTorch job)
+  rdzv-sidecar started [flags] wait until this sidecar's /startz answers (its postStart hook)
 Run "rdzv-sidecar <command> --help" for a command's flags.
 `
 
@@ -62,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
 		"serve": serveCmd, "join": joinCmd, "wait": waitCmd, "hosts": hostsCmd, "progress": progressCmd,
-		"supervise": superviseCmd, "launch": launchCmd,
+		"supervise": superviseCmd, "launch": launchCmd, "started": startedCmd,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
@@ -385,6 +386,23 @@ func progressCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signalContext()
 	defer stop()
 	return podcmd.Progress(ctx, cfg, stdout)
+}
+
+func startedCmd(args []string, _, stderr io.Writer) error {
+	fs := newFlagSet("started", "Wait until --url answers 200 (exit status 1 after --timeout). The webhook makes it the sidecar's postStart hook: the kubelet starts the trainer in its next sync of the pod, where a startup probe waits for the probe's next tick.", stderr)
+	var cfg podcmd.StartedConfig
+	fs.StringVar(&cfg.URL, "url", "", "the sidecar's http://127.0.0.1:<health port>/startz")
+	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up after this long (exit status 1: the kubelet restarts the sidecar)")
+	fs.DurationVar(&cfg.Interval, "interval", 20*time.Millisecond, "time between tries")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if cfg.URL == "" {
+		return errors.New("--url is required")
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return podcmd.Started(ctx, cfg)
 }
 
 func hostsCmd(args []string, stdout, stderr io.Writer) error {

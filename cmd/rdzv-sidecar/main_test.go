@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 func TestCommandLine(t *testing.T) {
@@ -27,6 +30,9 @@ func TestCommandLine(t *testing.T) {
 		"progress --help":        {[]string{"progress", "--help"}, 0, "-stable"},
 		"progress without url":   {[]string{"progress"}, 1, "--url is required"},
 		"bad duration":           {[]string{"progress", "--url=http://x", "--stable=soon"}, 2, "invalid value"},
+		"started --help":         {[]string{"started", "--help"}, 0, "-timeout"},
+		"started without url":    {[]string{"started"}, 1, "--url is required"},
+		"started, never":         {[]string{"started", "--url=http://127.0.0.1:1/startz", "--timeout=30ms"}, 1, "the sidecar did not start within 30ms"},
 		"zero slots":             {[]string{"join", "--endpoints=x:1", "--member-host=a", "--member-slots=0"}, 1, "slots must be ≥ 1"},
 		"underscore host":        {[]string{"join", "--endpoints=x:1", "--member-host=a_b"}, 1, "not allowed"},
 		"join without host":      {[]string{"join", "--endpoints=x:1"}, 1, "--member-host"},
@@ -45,4 +51,18 @@ func TestCommandLine(t *testing.T) {
 			require.Contains(t, out.String()+errb.String(), tt.wantOut)
 		})
 	}
+}
+
+// The webhook runs the sidecar's postStart hook as constants.SidecarImageBinary: both images put the binary there
+// (the release's Dockerfile, and hack/images.sh for the local cluster, which packs /usr/local/bin/<command>).
+func TestImagesKeepTheBinaryWhereTheHookRunsIt(t *testing.T) {
+	for file, want := range map[string]string{
+		"../../build/rdzv-sidecar.Dockerfile": `ENTRYPOINT ["` + constants.SidecarImageBinary + `"]`,
+		"../../hack/images.sh":                `"/usr/local/bin/$cmd"`,
+	} {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		require.Contains(t, string(b), want, file)
+	}
+	require.Equal(t, "/usr/local/bin/"+constants.SidecarBinaryName, constants.SidecarImageBinary, "hack/images.sh packs /usr/local/bin/<command>")
 }
