@@ -270,6 +270,9 @@ const (
 	// SidecarBinaryName: the sidecar copies itself into FilesDir so launchers can run
 	// `/etc/elastic-training/rdzv-sidecar wait --members=N` in any image.
 	SidecarBinaryName = "rdzv-sidecar"
+	// SidecarImageBinary is the sidecar's binary in its image (build/rdzv-sidecar.Dockerfile, hack/images.sh): the
+	// sidecar's postStart hook runs it.
+	SidecarImageBinary = "/usr/local/bin/rdzv-sidecar"
 	// LeaveScriptName: installed next to it; the webhook makes it a PyTorch trainer's
 	// preStop hook, so a pod removed by a scale-down leaves the etcd-v2 rendezvous at once.
 	LeaveScriptName = "leave-rendezvous.py"

@@ -126,13 +126,25 @@ spec:
         - name: rdzv-health
           containerPort: 2381
           protocol: TCP
+      {{- /* As the webhook's serving sidecars (internal/mutate startHook, startProbe): a postStart hook on /startz where
+      the agents wait for the store themselves, a startup probe on /readyz elsewhere. */}}
+      {{- if and (eq .Values.framework "pytorch") (eq (include "elastic-training.backend" .) "elastic-training") }}
+      lifecycle:
+        postStart:
+          exec:
+            command:
+              - /usr/local/bin/rdzv-sidecar
+              - started
+              - --url=http://127.0.0.1:2381/startz
+              - --timeout=1m0s
+      {{- else }}
       startupProbe:
         httpGet:
-          {{- /* As the webhook's serving sidecars (internal/mutate startPath): /startz where the agents wait for the store themselves. */}}
-          path: {{ ternary "/startz" "/readyz" (and (eq .Values.framework "pytorch") (eq (include "elastic-training.backend" .) "elastic-training")) }}
+          path: /readyz
           port: 2381
         periodSeconds: 1
         failureThreshold: 600
+      {{- end }}
       readinessProbe:
         httpGet:
           path: /readyz
