@@ -78,9 +78,10 @@ demo:
 bench: bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss
 
 ## bench-e2e: elastic PyTorch on the local cluster (root): helm install -> first step, scale up/down -> every
-## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run.
+## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run; and how long
+## the kubelet holds a pod's next container after its native sidecar starts, startup probe vs postStart hook.
 bench-e2e:
-	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkScaling -benchtime 1x ./test/e2e/workloads
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench 'BenchmarkScaling|BenchmarkSidecarStartGate' -benchtime 1x ./test/e2e/workloads
 
 ## bench-node-loss: a worker node of an elastic PyTorch job crashes on the two-node local cluster (root): seconds
 ## until the survivors train at the smaller size and until the lost pods are replaced, the chart's defaults against
