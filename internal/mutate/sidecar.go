@@ -50,8 +50,8 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		Env:             sidecarEnv(mode),
 		Ports:           sidecarPorts(s, mode),
 		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
-		// The trainer starts only once the sidecar has started: its postStart hook returned, or it answered its
-		// startup probe (up to 10 minutes).
+		// The trainer starts only once the sidecar has started: its postStart hook returned (within a minute), or it
+		// answered its startup probe (within 10 minutes).
 		Lifecycle:                startHook(s),
 		StartupProbe:             startProbe(s),
 		ReadinessProbe:           healthProbe(s, "/readyz", 5, 3),
@@ -171,8 +171,9 @@ func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
 	return append(ports, corev1.ContainerPort{Name: "rdzv-health", ContainerPort: s.ports.Health, Protocol: corev1.ProtocolTCP})
 }
 
-// startPath is where the sidecar's startup probe, which the trainer waits for, asks. /startz (the sidecar's files
-// installed, its store or its proxy listening) for a pod of a PyTorch job on the own rendezvous, whose agent waits
+// startPath is where the sidecar's start gate (startHook, startProbe), which the trainer waits for, asks. /startz
+// (the sidecar's files installed, its store or its proxy listening) for a pod of a PyTorch job on the own
+// rendezvous, whose agent waits
 // for the store and for this pod's registration itself (docs/contract.md): torch's import then overlaps the store's
 // start and the registration (the dedicated rendezvous pod's template says the same, with no trainer to start).
 // /readyz (this pod registered, its files current) for every other trainer: torch's c10d and etcd backends, which
