@@ -234,7 +234,7 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 	useTrainer(v, framework.TrainerImages[0])
 	set(v, "rendezvous.backend", constants.BackendC10d)
 	sharedDir(t, v, ns)
-	set(v, "args", []any{"--steps=240", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
+	set(v, "args", []any{"--steps=120", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4, "preemptible": true})
 	sel := installTraining(t, c, ns, job, v, 3)
 

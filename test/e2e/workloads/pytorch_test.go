@@ -62,7 +62,9 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	if backend != "" { // "": the chart's default
 		set(v, "rendezvous.backend", backend)
 	}
-	set(v, "args", []any{"--steps=120", "--step-seconds=0.5"})
+	// Enough steps to outlast the scaling below, whose last scale-down came at steps 39 to 47 in CI (stop 47).
+	const steps = 100
+	set(v, "args", []any{fmt.Sprintf("--steps=%d", steps), "--step-seconds=0.5"})
 	set(v, "tests.stableFor", "10s") // the default 30s, ×7 jobs, adds minutes and proves nothing more
 	set(v, "tests.minMembers", 2)
 
@@ -114,7 +116,7 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 			continue
 		}
 		logs := c.PodLogs(t, ns, p.Name, trainer)
-		if strings.Contains(logs, "done steps=120 world_size=2") {
+		if strings.Contains(logs, fmt.Sprintf("done steps=%d world_size=2", steps)) {
 			done++
 		}
 	}
