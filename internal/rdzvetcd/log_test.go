@@ -61,3 +61,31 @@ func TestEtcdLogsThroughSlog(t *testing.T) {
 	lg.Error("failed to close listener")
 	require.Empty(t, buf.String())
 }
+
+// What every healthy start logs is demoted below etcd's default level; the same messages with another cause, and
+// other warnings, keep theirs.
+func TestDemotedEntries(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		err  error
+		want bool // logged at the default level (warn)
+	}{
+		{"failed to update storage version", errors.New("cannot detect storage schema version: missing term information"), false},
+		{"Failed to detect schema version", errors.New("missing term information"), false},
+		{"failed to update storage version", errors.New("cannot create migration plan: version \"3.5.0\" is not supported"), true},
+		{"Running http and grpc server on single port. This is not recommended for production.", nil, false},
+		{"simple token is not cryptographically signed", nil, false},
+		{"apply request took too long", nil, true},
+	} {
+		var buf bytes.Buffer
+		var closing atomic.Bool
+		lg, err := etcdLogger("warn", slog.NewTextHandler(&buf, nil), &closing)
+		require.NoError(t, err)
+		if tc.err != nil {
+			lg.Error(tc.msg, zap.Error(tc.err))
+		} else {
+			lg.Warn(tc.msg)
+		}
+		require.Equal(t, tc.want, buf.Len() > 0, "%s (%v): %q", tc.msg, tc.err, buf.String())
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,7 +23,8 @@ import (
 
 // Config configures the member.
 type Config struct {
-	Name                string
+	Name string
+	// DataDir holds etcd's data in its subdirectory etcd.
 	DataDir             string
 	ListenClientURLs    []url.URL
 	AdvertiseClientURLs []url.URL
@@ -62,7 +64,9 @@ func (s *Server) embedConfig(handlers map[string]http.Handler) (*embed.Config, e
 	cfg := s.cfg
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
-	ec.Dir = cfg.DataDir
+	// A directory of its own, which etcd makes 0700: the data dir is the pod's emptyDir, whose mount point the
+	// sidecar's user cannot chmod, and etcd warns at every start about a data dir that others may read.
+	ec.Dir = filepath.Join(cfg.DataDir, "etcd")
 	ec.ListenClientUrls = slices.Clone(cfg.ListenClientURLs)
 	if cfg.CertFile != "" {
 		for i := range ec.ListenClientUrls {
