@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -259,6 +260,13 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Etcd.LogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
+	fs.Func("backend", "the job's torchrun rendezvous backend ("+strings.Join(constants.Backends, ", ")+"): only its handlers see the stores' writes (the own rendezvous' rounds; torch's c10d state for the view and the survivors' restarter; torch's etcd state for the view); empty: every backend's", func(v string) error {
+		if v != "" && !slices.Contains(constants.Backends, v) {
+			return fmt.Errorf("%q is not one of %s", v, strings.Join(constants.Backends, ", "))
+		}
+		cfg.Backend = v
+		return nil
+	})
 	fs.BoolVar(&cfg.RestartSurvivors, "restart-survivors", true, "when a participant's pod leaves the membership (its lease ended: its node is lost), drop it from torch's c10d round and put a placeholder on the wait list, so that the survivors restart at once (torch itself leaves them in the collective until its timeout)")
 	fs.Func("force-delete-lost-pods-of", "comma-separated StatefulSets of the job's members: when such a member leaves the membership and Kubernetes then evicts its pod from a lost node, force-delete the pod so that the StatefulSet replaces it (needs the pod's token in "+constants.TokenDir+" and RBAC: get and delete those pods)", func(v string) error {
 		names, err := naming.StatefulSets(v)

@@ -102,8 +102,13 @@ func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
 	if s.verifiesStore() {
 		args = append(args, "--c10d-verify")
 	}
-	if s.keepSurvivors {
-		args = append(args, "--restart-survivors=false")
+	if s.framework == constants.FrameworkPyTorch {
+		// Only the job's backend's handlers see the stores' writes (torch's own backends' code stays off the own
+		// rendezvous' path).
+		args = append(args, "--backend="+s.backend)
+		if s.keepSurvivors {
+			args = append(args, "--restart-survivors=false")
+		}
 	}
 	return args
 }

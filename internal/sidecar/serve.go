@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/incluster"
 	"github.com/elastic-training/elastic-training/internal/lostpods"
 	"github.com/elastic-training/elastic-training/internal/rdzv/c10drounds"
@@ -54,7 +55,10 @@ type ServeConfig struct {
 	C10dAddr string
 	// C10dQuotas bound the c10d store (zero fields: tcpstore's defaults).
 	C10dQuotas tcpstore.Quotas
-	// RestartSurvivors: the c10d store's writes go to a survivors.Restarter.
+	// Backend is the job's torchrun rendezvous backend (constants.Backend*): only its handlers see the stores'
+	// writes. "" wires every backend's, for a pod whose command line does not say (before the webhook passed it).
+	Backend string
+	// RestartSurvivors: with torch's c10d backend, the c10d store's writes go to a survivors.Restarter.
 	RestartSurvivors bool
 	// EventsJob names the Job on which each torch rendezvous round is recorded
 	// as an Event ("" = none), with the in-cluster token in constants.TokenDir.
@@ -86,6 +90,14 @@ type LeaseConfig struct {
 	// VerifyStore: while another pod serves, carry the trainer's connections
 	// only to a store that names itself a pod of this job (C10dProxyConfig.Verify).
 	VerifyStore bool
+}
+
+// uses says whether the job may use backend, and so whether that backend's handlers are wired.
+func (c ServeConfig) uses(backend string) bool { return c.Backend == "" || c.Backend == backend }
+
+// legacyV2 says whether torch's etcd backends may write the v2 keys: only their writes are torch's pickled state.
+func (c ServeConfig) legacyV2() bool {
+	return c.uses(constants.BackendEtcdV2) || c.uses(constants.BackendEtcd)
 }
 
 func (c ServeConfig) checkTLS() error {
@@ -144,8 +156,12 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events, Slots: st.slots})
 	cfg.Etcd.Log = log
 	etcd := rdzvetcd.New(cfg.Etcd)
+	var onV2Write func(key, value string)
+	if cfg.legacyV2() {
+		onV2Write = view.V2Write
+	}
 	v2 := v2api.New(v2api.Config{ClusterID: etcd.ClusterID, ClientURLs: etcd.ClientURLs, Raft: etcd.Raft,
-		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: view.V2Write, Logger: log, Limits: cfg.V2Limits})
+		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: onV2Write, Logger: log, Limits: cfg.V2Limits})
 	if err := restoreV2(v2, cfg.Etcd.DataDir, log); err != nil {
 		return err
 	}
@@ -228,32 +244,39 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 }
 
 // startC10d serves torch's c10d store at cfg.C10dAddr, after etcd is ready so
-// that a c10d client never meets a sidecar that answers but is not ready. The
-// view, the own rendezvous' rounds and, with RestartSurvivors, the survivors'
-// restarter see every write; the last two write to the store, so they join
-// the fan-out once the store exists (before it serves: no write comes
-// earlier), and they are returned to hear of the membership's changes while
+// that a c10d client never meets a sidecar that answers but is not ready.
+// Every write goes to the job's backend's handlers: the own rendezvous'
+// rounds, or for torch's c10d backend the view of its pickled state and,
+// with RestartSurvivors, the survivors' restarter. Those that write to the
+// store join the fan-out once the store exists (before it serves: no write
+// comes earlier), and are returned to hear of the membership's changes while
 // this pod serves.
 func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *rdzvlease.Candidate, etcd *rdzvetcd.Server, st *memberState) ([]MembershipListener, error) {
 	log := cfg.Log
-	writes := &storeWriteFanOut{view}
+	var writes storeWriteFanOut
+	if cfg.uses(constants.BackendC10d) {
+		writes = append(writes, view)
+	}
 	c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
 		OnSet: writes.C10dWrite, OnCompareSet: writes.C10dWrite}
 	srv, err := tcpstore.New(c10d)
 	if err != nil {
 		return nil, err
 	}
-	rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
-		OnState: func(run string, s c10drounds.State) {
-			view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
-		}})
-	wg.Go(func() { <-ctx.Done(); rounds.Stop() })
-	*writes = append(*writes, rounds)
-	listeners := []MembershipListener{whileServing{cand: cand, next: rounds}}
-	if cfg.RestartSurvivors {
+	var listeners []MembershipListener
+	if cfg.uses(constants.BackendOwn) {
+		rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
+			OnState: func(run string, s c10drounds.State) {
+				view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
+			}})
+		wg.Go(func() { <-ctx.Done(); rounds.Stop() })
+		writes = append(writes, rounds)
+		listeners = append(listeners, whileServing{cand: cand, next: rounds})
+	}
+	if cfg.RestartSurvivors && cfg.uses(constants.BackendC10d) {
 		host, _ := os.Hostname() // the pod's name: what the wait list shows of the placeholder
 		r := survivors.New(survivors.Config{Store: srv, Name: host, Log: log.With("component", "survivors"), Metrics: cfg.Metrics})
-		*writes = append(*writes, r)
+		writes = append(writes, r)
 		listeners = append(listeners, whileServing{cand: cand, next: r})
 	}
 	if err := serveC10d(ctx, wg, cfg.C10dAddr, srv, c10d); err != nil {

@@ -85,8 +85,11 @@ spec:
         - --member-host={{ $job }}-rdzv-0.{{ $job }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
         - --member-group=rdzv
         - --member-index=0
-        {{- if and (eq .Values.framework "pytorch") (eq $r.restartSurvivors false) }}
+        {{- if eq .Values.framework "pytorch" }}
+        - --backend={{ include "elastic-training.backend" . }}
+        {{- if eq $r.restartSurvivors false }}
         - --restart-survivors=false
+        {{- end }}
         {{- end }}
         {{- with $events }}
         - --events-job={{ . }}

@@ -38,11 +38,15 @@ func newOwnRdzv(t *testing.T, tr trainer, runID, nnodes string, env ...string) *
 	t.Helper()
 	files := t.TempDir()
 	o := &ownRdzv{tr: tr, files: files}
-	o.s = startServe(t, "--register=false", "--files-dir="+files)
+	o.s = startServe(t, "--register=false", ownBackend, "--files-dir="+files)
 	o.args = testenv.TorchrunArgs(rdzvpy.Backend, o.s.C10d, runID, nnodes, "--max_restarts=5", "--rdzv_conf=last_call_timeout=1")
 	o.env = torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, rdzvpy.Dir)}, env...)...)
 	return o
 }
+
+// ownBackend is what the webhook tells a serving sidecar of a job on the own rendezvous: torch's own backends'
+// handlers (the view of their pickled state, the survivors' restarter) stay off.
+var ownBackend = "--backend=" + constants.BackendOwn
 
 // node is agent i with its joining sidecar.
 type node struct {
@@ -75,6 +79,9 @@ func TestOwnRendezvousTwoAgents(t *testing.T) {
 		require.Contains(t, a.agent.Output(), "RESULT rank=0 ", "ranks follow the member index")
 		require.Contains(t, b.agent.Output(), "RESULT rank=1 ")
 		require.NotContains(t, o.s.Output(), "/torch.rendezvous.", "torch's own rendezvous played no part")
+		metrics := httpGet(t, "http://"+o.s.Health+"/metrics")
+		require.NotContains(t, metrics, "rdzv_sidecar_survivor_restarts_total", "the survivors' restarter of torch's c10d backend is wired")
+		require.Contains(t, metrics, "rdzv_sidecar_rendezvous_rounds_total", "the view of the rounds is not wired")
 	})
 }
 
@@ -202,7 +209,7 @@ func waitWorldAfter(t *testing.T, p interface{ Output() string }, phase, want st
 // both pods registered. On torch 2.14 and 2.6.
 func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
-		s := newServe(t, "--register=false", "--files-dir="+t.TempDir()) // not started yet
+		s := newServe(t, "--register=false", ownBackend, "--files-dir="+t.TempDir()) // not started yet
 		var agents []*testenv.Proc
 		for i := range 2 {
 			host, files := fmt.Sprintf("127.0.0.%d", i+1), t.TempDir()
@@ -235,7 +242,7 @@ func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
 func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		files := t.TempDir()
-		s := startServe(t, "--register=false", "--files-dir="+files)
+		s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
 		var agents []*testenv.Proc
 		for i := range 2 {
 			host := fmt.Sprintf("127.0.0.%d", i+1)
@@ -285,7 +292,7 @@ func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
 func TestOwnRendezvousAskAgain(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		files := t.TempDir()
-		s := startServe(t, "--register=false", "--files-dir="+files)
+		s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
 		const a, b = "127.0.0.1", "127.0.0.2"
 		startJoin(t, s.URL, a, 1, "", "--member-index=0")
 		script, err := filepath.Abs("testdata/ask_again.py")
