@@ -35,20 +35,35 @@ import (
 	"github.com/elastic-training/elastic-training/internal/v2api"
 )
 
-const usage = `rdzv-sidecar: the rendezvous sidecar of an elastic-training job.
+// commands are rdzv-sidecar's commands, in the order the usage text lists them (README.md's list is checked
+// against it).
+var commands = []command{
+	{"serve", "[flags]", "the job's rendezvous: embedded etcd (v3 API + v2 keys API: torch's etcd/etcd-v2 backends), " +
+		"torch's c10d TCPStore, the job's own rendezvous (--backend), the rounds' view on /rendezvous", serveCmd},
+	{"join", "[flags]", "register this pod with a lease, keep hostfile and discover_hosts.sh current", joinCmd},
+	{"started", "[flags]", "wait until this sidecar's /startz answers (its postStart hook)", startedCmd},
+	{"wait", "[flags]", "wait until --members=N members are registered", waitCmd},
+	{"hosts", "[flags]", "print the registered hosts as a hostfile", hostsCmd},
+	{"supervise", "[flags] -- mpirun ...", "run an MPI launcher; stop it (exit status 75) when a member it started with leaves", superviseCmd},
+	{"launch", "[flags] -- mpirun ...", "the MPI launcher's default: wait for the workers, run mpirun, run it again when one is lost (with --rerun-on-join, also when one joins)", launchCmd},
+	{"progress", "[flags]", "wait until a torch round of --nodes=N holds (helm test of a PyTorch job)", progressCmd},
+}
 
-Usage:
-  rdzv-sidecar serve [flags]   the job's rendezvous: embedded etcd (v3 API + v2 keys API: torch's etcd/etcd-v2
-                               backends), torch's c10d TCPStore, the rounds' view on /rendezvous
-  rdzv-sidecar join  [flags]   register this pod with a lease, keep hostfile and discover_hosts.sh current
-  rdzv-sidecar wait  [flags]   wait until --members=N members are registered
-  rdzv-sidecar hosts [flags]   print the registered hosts as a hostfile
-  rdzv-sidecar supervise [flags] -- mpirun ...
-                               run an MPI launcher; stop it (exit status 75) when a member it started with leaves
-  rdzv-sidecar progress [flags] wait until a torch round of --nodes=N holds (helm test of a PyTorch job)
-  rdzv-sidecar started [flags] wait until this sidecar's /startz answers (its postStart hook)
-Run "rdzv-sidecar <command> --help" for a command's flags.
-`
+type command struct {
+	name, args, what string
+	run              func(args []string, stdout, stderr io.Writer) error
+}
+
+// usage is the text of `rdzv-sidecar --help`, from commands.
+var usage = func() string {
+	var b strings.Builder
+	b.WriteString("rdzv-sidecar: the rendezvous sidecar of an elastic-training job.\n\nUsage:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  rdzv-sidecar %s %s\n      %s\n", c.name, c.args, c.what)
+	}
+	b.WriteString(`Run "rdzv-sidecar <command> --help" for a command's flags.` + "\n")
+	return b.String()
+}()
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -62,16 +77,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	cmds := map[string]func([]string, io.Writer, io.Writer) error{
-		"serve": serveCmd, "join": joinCmd, "wait": waitCmd, "hosts": hostsCmd, "progress": progressCmd,
-		"supervise": superviseCmd, "launch": launchCmd, "started": startedCmd,
-	}
-	cmd, ok := cmds[args[0]]
-	if !ok {
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == args[0] })
+	if i < 0 {
 		fmt.Fprintf(stderr, "rdzv-sidecar: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
-	if err := cmd(args[1:], stdout, stderr); err != nil {
+	if err := commands[i].run(args[1:], stdout, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,6 +43,8 @@ func TestCommandLine(t *testing.T) {
 		"cert without key":       {[]string{"serve", "--cert-file=a"}, 1, "go together"},
 		"unexpected args":        {[]string{"serve", "extra"}, 1, "unexpected arguments"},
 		"bad log format":         {[]string{"serve", "--log-format=xml"}, 1, "--log-format"},
+		"bad backend":            {[]string{"serve", "--backend=zookeeper"}, 2, `"zookeeper" is not one of etcd-v2, etcd, c10d, elastic-training`},
+		"launch --help":          {[]string{"launch", "--help"}, 0, "Usage: rdzv-sidecar launch"},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -65,4 +68,24 @@ func TestImagesKeepTheBinaryWhereTheHookRunsIt(t *testing.T) {
 		require.Contains(t, string(b), want, file)
 	}
 	require.Equal(t, "/usr/local/bin/"+constants.SidecarBinaryName, constants.SidecarImageBinary, "hack/images.sh packs /usr/local/bin/<command>")
+}
+
+// README.md's paragraph on the sidecar names as many commands as there are, and each of them; the usage text lists
+// every command (it is made from the same table).
+func TestReadmeListsTheCommands(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, para, ok := strings.Cut(string(readme), "One static binary, ")
+	require.True(t, ok, `README.md has no paragraph "One static binary, N commands"`)
+	para, _, _ = strings.Cut(para, "\n\n")
+	words := []string{"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"}
+	require.Less(t, len(commands), len(words))
+	require.True(t, strings.HasPrefix(para, words[len(commands)]+" commands"),
+		"README.md says %q, rdzv-sidecar has %d commands", strings.SplitN(para, " (", 2)[0], len(commands))
+	var out bytes.Buffer
+	require.Equal(t, 0, run([]string{"--help"}, &out, &out))
+	for _, c := range commands {
+		require.Contains(t, para, "`"+c.name+"`", "README.md's list of the sidecar's commands")
+		require.Contains(t, out.String(), "rdzv-sidecar "+c.name+" ", "the usage text")
+	}
 }

@@ -1,11 +1,11 @@
-// Package sidecar is the rendezvous sidecar's modes: serve (the job's
-// rendezvous: embedded etcd with the v3 API and the v2 keys API on one client
-// port, torch's c10d TCPStore on another, the view of torch's rounds on the
-// health port), join (register this pod, keep the files current), their
-// health endpoints, and the commands a pod runs from the installed binary:
-// wait and hosts (launcher scripts), supervise and launch (an MPI launcher's
-// mpirun, stopped and run again as members leave and join), and progress
-// (the job chart's helm test).
+// Package sidecar is the rendezvous sidecar's two modes and their wiring:
+// serve (the job's rendezvous: embedded etcd with the v3 API and the v2 keys
+// API on one client port, torch's c10d TCPStore on another, the handlers of
+// the job's backend on their writes, the view of the rounds on the health
+// port, the Lease) and join (register this pod, keep the files current,
+// carry the trainer's store connections), with their health endpoints and
+// metrics. The commands a pod runs from the installed binary are
+// internal/podcmd's.
 package sidecar
 
 import (

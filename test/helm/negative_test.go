@@ -1,6 +1,9 @@
 package helm_test
 
 import (
+	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -123,6 +126,14 @@ func TestRejected(t *testing.T) {
 	}
 	if len(cases) < 20 {
 		t.Fatalf("want at least 20 negative cases, have %d", len(cases))
+	}
+	// README.md counts them.
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%d rejected-values cases", len(cases)); !strings.Contains(string(readme), want) {
+		t.Errorf("README.md does not say %q (%s)", want, regexp.MustCompile(`\d+ rejected-values cases`).Find(readme))
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
