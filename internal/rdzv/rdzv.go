@@ -63,10 +63,18 @@ type Round struct {
 // Rank is host's rank in r, or -1.
 func (r Round) Rank(host string) int { return slices.Index(r.Participants, host) }
 
+// MaxUnregistered bounds the agents that wait for their hosts to become members (Ask): a registration is on its
+// way for a moment, a forged host's for ever.
+const MaxUnregistered = 1024
+
 // Run is one rendezvous run as the serving sidecar follows it.
 type Run struct {
 	settings Settings
-	members  map[string]membership.Member // live, by host
+	// settled: the settings are a member's (Ask); until then they are the first asker's, who may be no member.
+	settled bool
+	// unregistered are the asks of hosts that are not members (yet): the settings they asked with, and when.
+	unregistered map[string]unregisteredAsk
+	members      map[string]membership.Member // live, by host
 	ready    map[string]bool              // agents asking for the next round, by host
 	in       map[string]bool              // the current round's participants
 	done     map[string]bool              // participants whose agent ended (Done) while a member
@@ -80,13 +88,19 @@ type Run struct {
 	nReady, nReadyIn, nGone, nDone int
 }
 
-// New returns a run that has formed no round.
+type unregisteredAsk struct {
+	settings Settings
+	at       time.Time
+}
+
+// New returns a run that has formed no round, with the settings of its first ask (Ask replaces them with the first
+// member's).
 func New(s Settings) (*Run, error) {
 	if err := s.Check(); err != nil {
 		return nil, err
 	}
 	return &Run{settings: s, members: map[string]membership.Member{}, ready: map[string]bool{}, in: map[string]bool{},
-		done: map[string]bool{}}, nil
+		done: map[string]bool{}, unregistered: map[string]unregisteredAsk{}}, nil
 }
 
 // Settings are the run's.
@@ -118,8 +132,22 @@ func (r *Run) change(host string, f func()) {
 }
 
 // Joined records a member that registered (again, with new details: the
-// last one counts).
-func (r *Run) Joined(m membership.Member) { r.change(m.Host, func() { r.members[m.Host] = m }) }
+// last one counts). An agent of its host that asked before is a member's
+// now, and so are the settings it asked with if no member's came first.
+func (r *Run) Joined(m membership.Member) {
+	if a, ok := r.unregistered[m.Host]; ok {
+		delete(r.unregistered, m.Host)
+		r.settle(a.settings)
+	}
+	r.change(m.Host, func() { r.members[m.Host] = m })
+}
+
+// settle makes s the run's settings if they are the first member's.
+func (r *Run) settle(s Settings) {
+	if !r.settled {
+		r.settings, r.settled = s, true
+	}
+}
 
 // Left records a member whose registration ended (its pod stopped, or its
 // lease ran out with its node): it is no longer ready, and if it takes part
@@ -129,19 +157,77 @@ func (r *Run) Left(host string) {
 		delete(r.members, host)
 		delete(r.ready, host)
 	})
+	delete(r.unregistered, host)
 }
 
 // Unregistered is how many agents asked for a round from hosts that are not
 // members (yet): their pods' registrations may still be on their way.
-func (r *Run) Unregistered() int { return len(r.ready) - r.nReady }
+func (r *Run) Unregistered() int { return len(r.unregistered) }
 
 // Member says whether host is a member.
 func (r *Run) Member(host string) bool { _, ok := r.members[host]; return ok }
 
+// Ask records that host's agent asks for the next round at now with settings
+// s (Ready): the run takes the settings of the first member that asks, or
+// of the first agent that asked before its host became a member (Joined),
+// never a non-member's. At most MaxUnregistered agents of hosts that are not
+// members wait for their registration: past that the one that asked first
+// is forgotten (its host returned), so that a flood of forged hosts never
+// keeps out a real agent that asks before its pod registered.
+func (r *Run) Ask(host string, s Settings, now time.Time) (forgotten string) {
+	if r.Member(host) {
+		r.settle(s)
+	} else if !r.ready[host] {
+		if len(r.unregistered) >= MaxUnregistered {
+			forgotten = r.oldestUnregistered()
+			r.forget(forgotten)
+		}
+		r.unregistered[host] = unregisteredAsk{settings: s, at: now}
+	}
+	r.ready1(host, now)
+	return forgotten
+}
+
+// Expire forgets the asks of agents whose hosts are still no members since before (their registration never
+// came: a join timeout); it returns how many.
+func (r *Run) Expire(before time.Time) int {
+	n := 0
+	for h, a := range r.unregistered {
+		if a.at.Before(before) {
+			r.forget(h)
+			n++
+		}
+	}
+	return n
+}
+
+func (r *Run) oldestUnregistered() string {
+	var oldest string
+	var at time.Time
+	for h, a := range r.unregistered {
+		if oldest == "" || a.at.Before(at) || a.at.Equal(at) && h < oldest {
+			oldest, at = h, a.at
+		}
+	}
+	return oldest
+}
+
+// forget drops the ask of host, which is no member.
+func (r *Run) forget(host string) {
+	delete(r.unregistered, host)
+	r.change(host, func() { delete(r.ready, host) })
+}
+
+// Live says whether a member takes part in the run: one asks for a round, or the current round has one that is not
+// done.
+func (r *Run) Live() bool { return r.nReady > 0 || len(r.round.Participants)-r.nGone-r.nDone > 0 }
+
 // Ready records that host's agent asks for the next round (torch's
-// next_rendezvous) at now. An agent that is not a member yet waits until it
-// is one.
-func (r *Run) Ready(host string, now time.Time) {
+// next_rendezvous) at now, with the run's settings (Ask). An agent that is
+// not a member yet waits until it is one.
+func (r *Run) Ready(host string, now time.Time) { r.Ask(host, r.settings, now) }
+
+func (r *Run) ready1(host string, now time.Time) {
 	if r.ready[host] {
 		return
 	}
@@ -164,6 +250,7 @@ func (r *Run) Done(host string) {
 			r.done[host] = true
 		}
 	})
+	delete(r.unregistered, host)
 }
 
 // Ended is how many participants of the current round are done (Done) while

@@ -184,6 +184,7 @@ func TestSettingsCheck(t *testing.T) {
 // round numbers only rise.
 func FuzzRun(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7}, uint8(1), uint8(3))
+	f.Add([]byte{0x16, 0x26, 0x10, 0x20, 0x03, 0x04, 0x17, 0x36, 0x04}, uint8(0), uint8(2))
 	f.Fuzz(func(t *testing.T, ops []byte, lo, hi uint8) {
 		s := Settings{Min: int(lo%4) + 1, Max: int(lo%4) + 1 + int(hi%4), LastCall: time.Second}
 		r, err := New(s)
@@ -191,7 +192,11 @@ func FuzzRun(f *testing.F) {
 		now, last := t0, 0
 		for _, op := range ops {
 			m := member("worker", int(op>>4)%6)
-			switch op % 6 {
+			switch op % 8 {
+			case 6: // an agent asks with settings of its own, perhaps before its host is a member
+				r.Ask(m.Host, Settings{Min: int(op>>5)%3 + 1, Max: int(op>>5)%3 + 2, LastCall: time.Second}, now)
+			case 7:
+				r.Expire(now.Add(-time.Second))
 			case 0:
 				r.Joined(m)
 			case 1:
@@ -209,8 +214,8 @@ func FuzzRun(f *testing.F) {
 				}
 				require.Greater(t, round.Number, last)
 				last = round.Number
-				require.GreaterOrEqual(t, len(round.Participants), s.Min)
-				require.LessOrEqual(t, len(round.Participants), s.Max)
+				require.GreaterOrEqual(t, len(round.Participants), r.Settings().Min)
+				require.LessOrEqual(t, len(round.Participants), r.Settings().Max)
 				seen := map[string]bool{}
 				for _, h := range round.Participants {
 					require.False(t, seen[h], "%s twice in %v", h, round.Participants)
@@ -252,4 +257,62 @@ func requireCounts(t *testing.T, r *Run) {
 		require.True(t, r.in[h], "done %s is not a participant", h)
 	}
 	require.Len(t, r.in, len(r.round.Participants))
+	require.Equal(t, len(r.ready)-r.nReady, len(r.unregistered), "the asks of non-members")
+	for h := range r.unregistered {
+		require.True(t, r.ready[h] && !r.Member(h), "%s: an unregistered ask of a member, or not ready", h)
+	}
+}
+
+// TestAskSettings: a run's settings are the first member's that asked, or those of an agent that asked before its
+// host became a member once it is one; never those of a host that never registers.
+func TestAskSettings(t *testing.T) {
+	w0, w1 := member("worker", 0), member("worker", 1)
+	forged := Settings{Min: 1, Max: 1}
+	want := Settings{Min: 2, Max: 2, LastCall: time.Second}
+	r, err := New(forged) // the first writer, no member
+	require.NoError(t, err)
+	r.Ask("stranger", forged, t0)
+	r.Joined(w0)
+	r.Joined(w1)
+	r.Ask(w0.Host, want, t0)
+	require.Equal(t, want, r.Settings())
+	r.Ask(w1.Host, Settings{Min: 1, Max: 4}, t0) // a later member's do not change them
+	require.Equal(t, want, r.Settings())
+	round, ok, _ := r.Next(t0)
+	require.True(t, ok)
+	require.Equal(t, []string{w0.Host, w1.Host}, round.Participants, "not a round of 1 as the stranger asked")
+
+	// Asked before its registration: the settings come with it.
+	r, err = New(forged)
+	require.NoError(t, err)
+	r.Ask("stranger", forged, t0)
+	r.Ask(w0.Host, want, t0)
+	require.Equal(t, forged, r.Settings(), "no member yet")
+	r.Joined(w0)
+	require.Equal(t, want, r.Settings())
+}
+
+// TestUnregisteredAsks: the agents of hosts that are not members are bounded, the oldest forgotten first, and expire.
+func TestUnregisteredAsks(t *testing.T) {
+	s := Settings{Min: 1, Max: 2}
+	r, err := New(s)
+	require.NoError(t, err)
+	for i := range MaxUnregistered {
+		require.Empty(t, r.Ask(fmt.Sprintf("forged-%d", i), s, t0.Add(time.Duration(i)*time.Millisecond)))
+	}
+	w0 := member("worker", 0)
+	// A real agent asks before its pod registered: the oldest forged ask makes room for it.
+	require.Equal(t, "forged-0", r.Ask(w0.Host, s, t0.Add(time.Hour)))
+	require.Equal(t, MaxUnregistered, r.Unregistered())
+	r.Joined(w0)
+	require.Equal(t, MaxUnregistered-1, r.Unregistered())
+	round, ok, _ := r.Next(t0.Add(time.Hour))
+	require.True(t, ok)
+	require.Equal(t, []string{w0.Host}, round.Participants)
+	require.Equal(t, MaxUnregistered-1, r.Expire(t0.Add(time.Minute)))
+	require.Zero(t, r.Unregistered())
+	requireCounts(t, r)
+	require.True(t, r.Live())
+	r.Left(w0.Host)
+	require.False(t, r.Live(), "no member takes part")
 }

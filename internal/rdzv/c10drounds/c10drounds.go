@@ -49,10 +49,14 @@ const (
 	maxReadyValue = 1 << 10
 	maxNodes      = 1 << 20
 	maxLastCall   = time.Hour
-	// maxUnregistered bounds the agents heard from hosts that are not members:
-	// a registration is on its way for a moment, a forged host forever.
-	maxUnregistered = 1024
-	maxAsk          = 64
+	maxAsk        = 64
+	// unregisteredTTL: an agent whose host is not a member this long after it asked is forgotten (torch's join
+	// timeout); expireEvery: how often a run looks for such asks.
+	unregisteredTTL = 10 * time.Minute
+	expireEvery     = 10 * time.Second
+	// idleRun: a run in which no member has taken part for this long is forgotten, with its keys, when a new
+	// run needs its place (MaxRuns).
+	idleRun = time.Minute
 )
 
 // The keys of run.
@@ -156,6 +160,9 @@ type run struct {
 	// round, by host; answered those the current round took its
 	// participants for.
 	asks, answered map[string]string
+	// idleSince: since when no member takes part (zero: one does); expired: when the asks of non-members were
+	// last expired.
+	idleSince, expired time.Time
 }
 
 // State is a run's as the sidecar shows it.
@@ -202,13 +209,20 @@ func (rs *Rounds) write(rest string, value []byte) error {
 	if id == "" || len(id) > maxRunID {
 		return fmt.Errorf("run id: want 1 to %d bytes", maxRunID)
 	}
-	if what != "closed" && !strings.HasPrefix(what, "ready/") && !strings.HasPrefix(what, "leave/") &&
+	if what != "closed" && what != "state" && !strings.HasPrefix(what, "ready/") && !strings.HasPrefix(what, "leave/") &&
 		!strings.HasPrefix(what, "done/") {
 		return errIgnored // most writes: the rounds' stores, without the lock
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	switch {
+	case what == "state":
+		// The sidecar's own writes are not handed here: someone else wrote num_nodes_waiting's key. The agents
+		// must read what the sidecar decided.
+		if r := rs.runs[id]; r != nil && rs.writeStateLocked(r, r.reported) && rs.refused.Allow() {
+			rs.cfg.Log.Warn("own rendezvous: a client wrote the state key, which is the sidecar's: written back", "run_id", id, "state", r.reported.value())
+		}
+		return nil
 	case what == "closed":
 		if r := rs.runs[id]; r != nil && !r.core.Closed() {
 			for _, h := range r.core.Close() {
@@ -272,16 +286,25 @@ func (rs *Rounds) write(rest string, value []byte) error {
 				return nil
 			}
 		}
+		now := rs.cfg.Now()
+		var forgotten string
 		if !r.core.Member(host) {
 			if m, ok := rs.cfg.Member(host); ok {
 				r.core.Joined(m)
-			} else if r.core.Unregistered() >= maxUnregistered {
-				return fmt.Errorf("host %s is not a member, and %d agents of hosts that are not wait already", host, maxUnregistered)
+			} else if now.Sub(r.expired) >= expireEvery {
+				r.expired = now
+				r.core.Expire(now.Add(-unregisteredTTL))
 			}
 		}
-		r.core.Ready(host, rs.cfg.Now())
+		if forgotten = r.core.Ask(host, s, now); forgotten != "" {
+			delete(r.asks, forgotten)
+		}
 		r.asks[host] = ask
 		rs.decideLocked(r)
+		if forgotten != "" && rs.refused.Allow() {
+			rs.cfg.Log.Warn(fmt.Sprintf("own rendezvous: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
+				rdzv.MaxUnregistered, truncate(forgotten)), "run_id", id)
+		}
 		return nil
 	}
 	return errIgnored
@@ -293,7 +316,10 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 		return r, nil
 	}
 	if len(rs.runs) >= MaxRuns {
-		return nil, fmt.Errorf("run %q: the store follows at most %d runs", id, MaxRuns)
+		rs.forgetIdleLocked()
+	}
+	if len(rs.runs) >= MaxRuns {
+		return nil, fmt.Errorf("run %q: the store follows at most %d runs, in each of which a member took part within %s", id, MaxRuns, idleRun)
 	}
 	core, err := rdzv.New(s)
 	if err != nil {
@@ -302,10 +328,28 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 	for _, m := range rs.cfg.Members() {
 		core.Joined(m)
 	}
-	r := &run{id: id, core: core, leaving: map[string]bool{}, asks: map[string]string{}, answered: map[string]string{}}
+	r := &run{id: id, core: core, leaving: map[string]bool{}, asks: map[string]string{}, answered: map[string]string{},
+		idleSince: rs.cfg.Now()}
 	rs.runs[id] = r
 	rs.cfg.Log.Info("own rendezvous: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
 	return r, nil
+}
+
+// forgetIdleLocked forgets the runs in which no member has taken part for idleRun (a job's earlier runs, or runs
+// only hosts that are not members asked for), with their keys.
+func (rs *Rounds) forgetIdleLocked() {
+	now := rs.cfg.Now()
+	for id, r := range rs.runs {
+		if r.idleSince.IsZero() || now.Sub(r.idleSince) < idleRun {
+			continue
+		}
+		if r.timer != nil {
+			r.timer.Stop()
+		}
+		delete(rs.runs, id)
+		n := rs.cfg.Store.DeletePrefix(Prefix + id + "/")
+		rs.cfg.Log.Info("own rendezvous: forgot a run no member took part in", "run_id", id, "idle", now.Sub(r.idleSince).Round(time.Second).String(), "keys_dropped", n)
+	}
 }
 
 // MembersChanged tells every run of the members that joined and left.
@@ -352,14 +396,19 @@ func (rs *Rounds) decideLocked(r *run) {
 			}
 		})
 	}
+	switch live := r.core.Live(); {
+	case live:
+		r.idleSince = time.Time{}
+	case r.idleSince.IsZero():
+		r.idleSince = now
+	}
 	st := State{Round: r.core.Current(), Waiting: r.core.Waiting(), Ended: r.core.Ended(), Closed: r.core.Closed()}
 	if st.Round.Number == r.reported.Round.Number && st.Waiting == r.reported.Waiting && st.Ended == r.reported.Ended &&
 		st.Closed == r.reported.Closed {
 		return
 	}
 	if st.value() != r.reported.value() { // not when only Closed or Ended changed: the agents read the closed key
-		if err := rs.cfg.Store.Set(StateKey(r.id), []byte(st.value())); err != nil {
-			rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", st.value(), "err", err)
+		if !rs.writeStateLocked(r, st) {
 			return
 		}
 	}
@@ -367,6 +416,15 @@ func (rs *Rounds) decideLocked(r *run) {
 	if rs.cfg.OnState != nil {
 		rs.cfg.OnState(r.id, st)
 	}
+}
+
+// writeStateLocked writes r's state key (num_nodes_waiting); false: it could not.
+func (rs *Rounds) writeStateLocked(r *run, st State) bool {
+	if err := rs.cfg.Store.Set(StateKey(r.id), []byte(st.value())); err != nil {
+		rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", st.value(), "err", err)
+		return false
+	}
+	return true
 }
 
 // writeRoundLocked gives each participant of round its rank, then drops the

@@ -256,12 +256,58 @@ func TestRefused(t *testing.T) {
 	require.Len(t, f.runs, MaxRuns)
 	require.Contains(t, f.log.String(), "at most 4 runs")
 
-	// Agents of hosts that are not members wait for their registration, a bounded number of them.
-	for i := range maxUnregistered + 10 {
+	// Agents of hosts that are not members wait for their registration, a bounded number of them: past it the
+	// oldest is forgotten, so a real agent that asks before its pod registered is still heard.
+	for i := range rdzv.MaxUnregistered + 10 {
 		f.C10dWrite(ReadyKey("run-0", fmt.Sprintf("stranger-%d", i)), []byte(`{"min":2,"max":2}`))
 	}
-	require.Equal(t, maxUnregistered, f.runs["run-0"].core.Unregistered())
-	require.Contains(t, f.log.String(), "agents of hosts that are not wait already")
+	require.Equal(t, rdzv.MaxUnregistered, f.runs["run-0"].core.Unregistered())
+	require.Contains(t, f.log.String(), "forgot the one of stranger-0, which asked first")
+	f.C10dWrite(ReadyKey("run-0", host(1)), []byte(`{"min":2,"max":2}`))
+	f.join(1)
+	require.Equal(t, "1 1 2", f.get(RankKey("run-0", host(1))), "the agent that asked before its registration is in the round")
+}
+
+// TestStickyBounds: what a client that is not the sidecar, or not a member, writes does not stay: a run takes a
+// member's settings, a run no member takes part in makes room for a new one, an unregistered ask expires, and the
+// state key is the sidecar's.
+func TestStickyBounds(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	f := newFixture(t)
+	f.cfg.Now = func() time.Time { return now }
+	f.join(0, 1)
+
+	// A host that is no member begins the run with settings of its own; the members' settings are the run's.
+	f.C10dWrite(ReadyKey("r", "stranger"), []byte(`{"min":1,"max":1,"last_call":0}`))
+	f.ready("r", `{"min":2,"max":2,"last_call":0}`, 0)
+	require.Equal(t, "<none>", f.get(RankKey("r", host(0))), "no round of 1")
+	f.ready("r", `{"min":2,"max":2,"last_call":0}`, 1)
+	require.Equal(t, "1 0 2", f.get(RankKey("r", host(0))))
+
+	// A forged state key is written back.
+	require.NoError(t, f.store.Set(StateKey("r"), []byte("round=1 waiting=7")))
+	f.C10dWrite(StateKey("r"), []byte("round=1 waiting=7"))
+	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")))
+
+	// The stranger's ask expires.
+	now = now.Add(unregisteredTTL + expireEvery)
+	f.C10dWrite(ReadyKey("r", "stranger-2"), []byte(`{"min":1,"max":1,"last_call":0}`))
+	require.Equal(t, 1, f.runs["r"].core.Unregistered(), "only the new stranger waits")
+
+	// Runs no member takes part in (strangers' runs) make room for a new one once idle.
+	for i := range MaxRuns - 1 {
+		f.C10dWrite(ReadyKey(fmt.Sprint("forged-", i), "stranger"), []byte(`{"min":1,"max":1,"last_call":0}`))
+	}
+	require.Len(t, f.runs, MaxRuns)
+	f.ready("next", `{"min":2,"max":2,"last_call":0}`, 0)
+	require.NotContains(t, f.runs, "next", "the strangers' runs are not idle for long enough yet")
+	now = now.Add(idleRun)
+	require.NoError(t, f.store.Set(RoundPrefix("forged-0", 1)+"store/x", []byte("1")))
+	f.ready("next", `{"min":2,"max":2,"last_call":0}`, 0)
+	require.Contains(t, f.runs, "next")
+	require.Contains(t, f.runs, "r", "a run members take part in stays")
+	require.Equal(t, "<none>", f.get(RoundPrefix("forged-0", 1)+"store/x"), "a forgotten run's keys are dropped")
+	require.Contains(t, f.log.String(), "forgot a run no member took part in")
 }
 
 // FuzzWrite: no write makes Rounds panic or follow more runs than MaxRuns,
