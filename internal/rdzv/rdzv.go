@@ -75,9 +75,9 @@ type Run struct {
 	// unregistered are the asks of hosts that are not members (yet): the settings they asked with, and when.
 	unregistered map[string]unregisteredAsk
 	members      map[string]membership.Member // live, by host
-	ready    map[string]bool              // agents asking for the next round, by host
-	in       map[string]bool              // the current round's participants
-	done     map[string]bool              // participants whose agent ended (Done) while a member
+	ready        map[string]bool              // agents asking for the next round, by host
+	in           map[string]bool              // the current round's participants
+	done         map[string]bool              // participants whose agent ended (Done) while a member
 	// grown is when the ready members last grew: the last call counts from it.
 	grown  time.Time
 	round  Round
