@@ -15,6 +15,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/torchview"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -29,34 +30,78 @@ const (
 	partition nodeFault = "partition"
 )
 
-// TestNodeLossPyTorch: an elastic PyTorch job with the chart's defaults (the own rendezvous, served by worker 0's
-// sidecar) loses
-// the node of other workers. The survivors train again at the smaller world size, Kubernetes replaces the lost pods
-// on the node that is left and the job grows back to its replicas by itself, and the lost node's old pods never take
-// part in a round again once it is back. Crash on every torch of the trainer images, partition on the default one.
+// TestNodeLossPyTorch: elastic PyTorch jobs with the chart's defaults (the own rendezvous, served by worker 0's
+// sidecar) lose the node of some of their pods. The survivors train again at the smaller world size, Kubernetes
+// replaces the lost pods on the node that is left and the job grows back to its replicas by itself, and the lost
+// node's old pods never take part in a round again once it is back. Each fault strikes several jobs at once, each
+// in a namespace of its own, so that the minutes Kubernetes takes to replace the lost pods are waited out once per
+// fault, not once per job: a job that loses other workers (worker loss), one that loses the pod that serves its
+// rendezvous (store loss: worker 0 with a standby, or the dedicated rendezvous pod), and one on torch's c10d
+// rendezvous, where the survivors' restarter rewrites torch's state (internal/survivors). Crashes on every torch of
+// the trainer images, a partition on the default one. The figures they log are taken beside the fault's other jobs
+// on the same 2 cores; `make bench-node-loss` measures one job at a time.
 func TestNodeLossPyTorch(t *testing.T) {
-	for _, img := range framework.TrainerImages {
-		t.Run(string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testWorkerNodeLoss(t, img, crash) })
+	imgs := framework.TrainerImages
+	def, other := imgs[0], imgs[len(imgs)-1]
+	c10d := lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}}
+	faults := []struct {
+		name  string
+		fault nodeFault
+		jobs  []lossCase // in the order they are placed: store loss last (it keeps the victim cordoned)
+	}{
+		{"crash-1", crash, []lossCase{workerLossCase(def, lossRun{}), workerLossCase(def, c10d), storeLossCase(other, "auto")}},
+		{"crash-2", crash, []lossCase{workerLossCase(other, lossRun{}), storeLossCase(def, "dedicated"), storeLossCase(def, "auto")}},
+		{"partition", partition, []lossCase{workerLossCase(def, lossRun{}), storeLossCase(def, "auto")}},
 	}
-	t.Run(string(partition)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
-		testWorkerNodeLoss(t, framework.TrainerImages[0], partition)
-	})
-	for _, img := range framework.TrainerImages {
-		t.Run("store/"+string(crash)+"/torch-"+img.Torch, func(t *testing.T) { testStoreNodeLoss(t, img, "auto", crash) })
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) { sharedNodeLoss(t, f.fault, f.jobs) })
 	}
-	t.Run("store/"+string(partition)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
-		testStoreNodeLoss(t, framework.TrainerImages[0], "auto", partition)
+}
+
+// lossCase is one job of a shared node loss. place installs it in ns and sets its pods where the case wants
+// them, with the cluster to itself (cordons); the returned afterFault checks its recovery from the fault at `at`,
+// beside the other jobs of the fault, and returns what to check once the node is back.
+type lossCase struct {
+	name  func(nodeFault) string
+	place func(t testing.TB, c *framework.Cluster, ns string) afterFault
+}
+
+type (
+	afterFault func(t testing.TB, fault nodeFault, at time.Time) afterBack
+	afterBack  func(t testing.TB)
+)
+
+// sharedNodeLoss places jobs, brings fault on the victim once, checks each job's recovery in parallel, brings the
+// victim back, and checks each job after it.
+func sharedNodeLoss(t *testing.T, fault nodeFault, jobs []lossCase) {
+	c := framework.Get(t)
+	installWebhook(t, c)
+	victim := framework.ExtraNodes[0]
+	recovers := make([]afterFault, len(jobs))
+	for i, j := range jobs {
+		recovers[i] = j.place(t, c, c.Namespace(t))
+	}
+	at := loseNode(t, c, fault, victim)
+	backs := make([]afterBack, len(jobs))
+	t.Run("after", func(t *testing.T) {
+		for i, j := range jobs {
+			t.Run(j.name(fault), func(t *testing.T) {
+				t.Parallel()
+				backs[i] = recovers[i](t, fault, at)
+			})
+		}
 	})
-	t.Run("store/dedicated/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
-		testStoreNodeLoss(t, framework.TrainerImages[0], "dedicated", crash)
-	})
-	// torch's c10d rendezvous, where the survivors' restarter rewrites torch's state (internal/survivors).
-	t.Run("c10d/"+string(crash)+"/torch-"+framework.TrainerImages[0].Torch, func(t *testing.T) {
-		c, ns := startTest(t)
-		m := workerNodeLoss(t, c, ns, framework.TrainerImages[0], crash, lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}})
-		t.Logf("c10d: node loss (crash, torch %s): %d survivors train at world %d %.1fs after the loss; all 3 workers "+
-			"train again %.1fs after it", framework.TrainerImages[0].Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
-	})
+	switch fault {
+	case crash:
+		c.RestartNode(t, victim)
+	case partition:
+		c.HealNode(t, victim)
+	}
+	for i, j := range jobs {
+		if backs[i] != nil { // nil: its recovery failed, and its namespace is kept for the dump
+			t.Run("back/"+j.name(fault), func(t *testing.T) { backs[i](t) })
+		}
+	}
 }
 
 // nodeLoss is what one worker-node loss measured.
@@ -74,19 +119,58 @@ type lossRun struct {
 	smallerLimit time.Duration
 }
 
-func testWorkerNodeLoss(t *testing.T, img framework.Trainer, fault nodeFault) {
-	c, ns := startTest(t)
-	m := workerNodeLoss(t, c, ns, img, fault, lossRun{})
-	t.Logf("node loss (%s, torch %s): %d survivors train at world %d %.1fs after the loss (goal 8 s); all 3 workers "+
-		"train again %.1fs after it (goal 90 s)", fault, img.Torch, m.survivors, m.survivors, m.trainAgain.Seconds(), m.replaced.Seconds())
+// workerLossCase: worker 0 (which serves the rendezvous) stays, other workers are lost.
+func workerLossCase(img framework.Trainer, run lossRun) lossCase {
+	backend, _ := run.rdzv["backend"].(string)
+	return lossCase{
+		name: func(fault nodeFault) string {
+			if backend != "" {
+				return fmt.Sprintf("%s/%s/torch-%s", backend, fault, img.Torch)
+			}
+			return fmt.Sprintf("%s/torch-%s", fault, img.Torch)
+		},
+		place: func(t testing.TB, c *framework.Cluster, ns string) afterFault {
+			w := placeWorkerLoss(t, c, ns, img, run)
+			return func(t testing.TB, fault nodeFault, at time.Time) afterBack {
+				m := w.recover(t, fault, at)
+				t.Logf("node loss (%s, torch %s, backend %q): %d survivors train at world %d %.1fs after the loss (goal 8 s); "+
+					"all 3 workers train again %.1fs after it (goal 90 s)", fault, img.Torch, backend, m.survivors, m.survivors,
+					m.trainAgain.Seconds(), m.replaced.Seconds())
+				return w.away(t).back
+			}
+		},
+	}
 }
 
-// workerNodeLoss runs 3 workers over two nodes, worker 0 (which serves the rendezvous) on NodeName and at least
-// one on the victim, breaks the victim with fault, and measures the recovery. Every wait is generous for a busy
-// machine: the figures are logged, the goals are the bench's.
+// workerLoss is a job of 3 workers over two nodes, worker 0 (which serves the rendezvous) on NodeName and at least
+// one on the victim.
+type workerLoss struct {
+	c               *framework.Cluster
+	ns, sel, victim string
+	run             lossRun
+	lost, survivors []string
+}
+
+const workerLossJob = "nodeloss"
+
+// workerNodeLoss runs a worker loss alone: the job placed, the victim broken with fault, the recovery measured, the
+// victim back. Every wait is generous for a busy machine: the figures are logged, the goals are the bench's.
 func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework.Trainer, fault nodeFault, run lossRun) nodeLoss {
-	const job = "nodeloss"
-	victim := framework.ExtraNodes[0]
+	w := placeWorkerLoss(t, c, ns, img, run)
+	m := w.recover(t, fault, loseNode(t, c, fault, w.victim))
+	a := w.away(t)
+	switch fault {
+	case crash:
+		c.RestartNode(t, w.victim)
+	case partition:
+		c.HealNode(t, w.victim)
+	}
+	a.back(t)
+	return m
+}
+
+func placeWorkerLoss(t testing.TB, c *framework.Cluster, ns string, img framework.Trainer, run lossRun) *workerLoss {
+	w := &workerLoss{c: c, ns: ns, victim: framework.ExtraNodes[0], run: run}
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
 	for k, x := range run.rdzv {
@@ -101,73 +185,98 @@ func workerNodeLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	sharedDir(t, v, ns)
 
 	// Worker 0 first, on NodeName (the victim cordoned), then two more.
-	uncordon := c.Cordon(t, victim)
-	sel := installTraining(t, c, ns, job, v, 1)
+	uncordon := c.Cordon(t, w.victim)
+	w.sel = installTraining(t, c, ns, workerLossJob, v, 1)
 	uncordon()
-	scaleWorkers(t, c, ns, job, 3)
-	c.WaitWorld(t, ns, sel, trainer, 3, 1, 3*time.Minute)
-	pods, err := c.LivePods(t.Context(), ns, sel)
+	scaleWorkers(t, c, ns, workerLossJob, 3)
+	c.WaitWorld(t, ns, w.sel, trainer, 3, 1, 3*time.Minute)
+	pods, err := c.LivePods(t.Context(), ns, w.sel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lost, survivors []string
 	for _, p := range pods {
-		if framework.PodIndex(p) == 0 && p.Spec.NodeName == victim {
-			t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon", victim)
+		if framework.PodIndex(p) == 0 && p.Spec.NodeName == w.victim {
+			t.Fatalf("worker 0 (the rendezvous) runs on %s despite the cordon", w.victim)
 		}
-		if p.Spec.NodeName == victim {
-			lost = append(lost, p.Name)
+		if p.Spec.NodeName == w.victim {
+			w.lost = append(w.lost, p.Name)
 		} else {
-			survivors = append(survivors, p.Name)
+			w.survivors = append(w.survivors, p.Name)
 		}
 	}
-	if len(lost) == 0 {
-		t.Fatalf("no worker on %s: the spread constraint did not spread (%v)", victim, podNodes(pods))
+	if len(w.lost) == 0 {
+		t.Fatalf("no worker on %s: the spread constraint did not spread (%v)", w.victim, podNodes(pods))
 	}
-	t.Logf("workers: %v; %s's loss takes %v", podNodes(pods), victim, lost)
+	t.Logf("workers: %v; %s's loss takes %v", podNodes(pods), w.victim, w.lost)
+	return w
+}
 
-	at := loseNode(t, c, fault, victim)
-	m := nodeLoss{survivors: len(survivors)}
+// recover measures the survivors at the smaller size and the job grown back after the fault at `at`.
+func (w *workerLoss) recover(t testing.TB, fault nodeFault, at time.Time) nodeLoss {
+	c, ns := w.c, w.ns
+	m := nodeLoss{survivors: len(w.survivors)}
 	limit := 4 * time.Minute
-	if run.smallerLimit > 0 {
-		limit = run.smallerLimit
+	if w.run.smallerLimit > 0 {
+		limit = w.run.smallerLimit
 	}
-	d, err := waitTrainingAgain(t.Context(), c, ns, survivors, len(survivors), at, limit)
+	d, err := waitTrainingAgain(t.Context(), c, ns, w.survivors, len(w.survivors), at, limit)
 	switch {
 	case err == nil:
 		m.trainAgain = d
-		t.Logf("%d survivors train at world %d %.1fs after the %s", len(survivors), len(survivors), d.Seconds(), fault)
-	case run.smallerLimit > 0:
-		t.Logf("the %d survivors did not train at world %d within %v of the %s: %v", len(survivors), len(survivors), limit, fault, err)
+		t.Logf("%d survivors train at world %d %.1fs after the %s", len(w.survivors), len(w.survivors), d.Seconds(), fault)
+	case w.run.smallerLimit > 0:
+		t.Logf("the %d survivors did not train at world %d within %v of the %s: %v", len(w.survivors), len(w.survivors), limit, fault, err)
 	default:
-		t.Fatalf("waiting for the survivors at world %d: %v", len(survivors), err)
+		t.Fatalf("waiting for the survivors at world %d: %v", len(w.survivors), err)
 	}
 
 	// Kubernetes catches up: the lost pods are evicted (the node's grace period, then nodeLossTolerationSeconds),
 	// replaced on the node left, and the job grows back to 3 by itself.
-	pods, m.replaced = grownBack(t, c, ns, sel, victim, at)
+	pods, replaced := grownBack(t, c, ns, w.sel, w.victim, at)
+	m.replaced = replaced
 	t.Logf("the lost pods replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
-		framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, m.replaced.Seconds(), podNodes(pods))
-
-	comeBack(t, c, ns, job, sel, victim, fault, lost)
-	c.WaitWorld(t, ns, sel, trainer, 3, 1, time.Minute)
-	uninstallJob(t, c, ns, job)
+		framework.NodeName, replacedAfter(pods, slices.Concat(w.lost, w.survivors), at).Seconds(), fault, m.replaced.Seconds(), podNodes(pods))
 	return m
 }
 
-// testStoreNodeLoss: the node that serves the rendezvous is lost. Placement auto (the chart's default): worker 0
+// away is what the job looks like while the victim is away, for back.
+func (w *workerLoss) away(t testing.TB) awayState {
+	a := takeAway(t, w.c, w.ns, workerLossJob, w.sel, w.lost)
+	a.then = func(t testing.TB) {
+		w.c.WaitWorld(t, w.ns, w.sel, trainer, 3, 1, time.Minute)
+		uninstallJob(t, w.c, w.ns, workerLossJob)
+	}
+	return a
+}
+
+// storeLossCase: the node that serves the rendezvous is lost. Placement auto (the chart's default): worker 0
 // serves it, alone on the victim, and workers 1 and 2 survive on the other node; worker 1 is the standby
 // (rendezvous.standbys, default 1). The survivors' agents reach the store through their own pods' sidecars, which
-// close those connections when their leases end with the store (internal/storeproxy): the agents fail and the kubelet
-// restarts them. Worker 1 takes the Lease once worker 0 has not renewed it for its duration, serves a fresh store and
-// points Service <job>-rdzv at itself, and the survivors train again at world 2 without waiting for Kubernetes;
-// worker 0's replacement joins later and the job grows back to 3. A crash, on every torch; a partition on the
-// default one, where the cut-off worker 0 serves on until a member leaves and must then step down: when its node
-// comes back, its old pod never serves or joins again. Placement dedicated: the one rendezvous pod, whose loss costs
-// Kubernetes' replacement of it (a Deployment's pod) and every worker on the other node survives.
-func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fault nodeFault) {
-	c, ns := startTest(t)
-	const job = "storeloss"
+// close those connections when their leases end with the store (internal/storeproxy). Worker 1 takes the Lease once
+// worker 0 has not renewed it for its duration, serves a fresh store and points Service <job>-rdzv at itself, and
+// the survivors train again at world 2 without waiting for Kubernetes and without their agents restarting; worker
+// 0's replacement joins later and the job grows back to 3. In a partition the cut-off worker 0 serves on until a
+// member leaves and must then step down: when its node comes back, its old pod never serves or joins again.
+// Placement dedicated: the one rendezvous pod, whose loss costs Kubernetes' replacement of it (a Deployment's pod)
+// and every worker on the other node survives. Placed last of a fault's jobs: it keeps the victim cordoned.
+func storeLossCase(img framework.Trainer, placement string) lossCase {
+	return lossCase{
+		name: func(fault nodeFault) string {
+			if placement == "dedicated" {
+				return fmt.Sprintf("store/dedicated/%s/torch-%s", fault, img.Torch)
+			}
+			return fmt.Sprintf("store/%s/torch-%s", fault, img.Torch)
+		},
+		place: func(t testing.TB, c *framework.Cluster, ns string) afterFault {
+			return placeStoreLoss(t, c, ns, img, placement)
+		},
+	}
+}
+
+const storeLossJob = "storeloss"
+
+func placeStoreLoss(t testing.TB, c *framework.Cluster, ns string, img framework.Trainer, placement string) afterFault {
+	const job = storeLossJob
 	victim := framework.ExtraNodes[0]
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
@@ -191,13 +300,12 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 		}
 	} else {
 		// Worker 0 on the victim (the first node cordoned), then the other two beside the first node's (the
-		// victim cordoned).
+		// victim cordoned until the test ends).
 		uncordon := c.Cordon(t, framework.NodeName)
 		sel = installTraining(t, c, ns, job, v, 1)
 		uncordon()
-		uncordon = c.Cordon(t, victim)
+		c.Cordon(t, victim)
 		scaleWorkers(t, c, ns, job, 3)
-		defer uncordon()
 	}
 	c.WaitWorld(t, ns, sel, trainer, 3, 1, 3*time.Minute)
 	pods, err := c.LivePods(t.Context(), ns, sel)
@@ -224,79 +332,83 @@ func testStoreNodeLoss(t *testing.T, img framework.Trainer, placement string, fa
 			survivors = append(survivors, p.Name)
 		}
 	}
-	t.Logf("workers: %v; %s serves the rendezvous; %s's %s takes it", podNodes(pods), server.Name, victim, fault)
+	t.Logf("workers: %v; %s serves the rendezvous; %s's loss takes it", podNodes(pods), server.Name, victim)
 
-	at := loseNode(t, c, fault, victim)
-	world := len(survivors)
-	if placement == "dedicated" {
-		// No standby: the next store comes with Kubernetes' replacement of the rendezvous pod.
-		c.WaitFor(t, 5*time.Minute, "the rendezvous pod replaced off "+victim, func(ctx context.Context) (bool, error) {
-			p, err := c.RdzvServer(ctx, ns, job)
-			if err != nil || p.Spec.NodeName == victim || !podReady(*p) {
-				return false, fmt.Errorf("not yet served off %s: %v %v", victim, p, err)
-			}
-			return true, nil
-		})
-	}
-	resumed, err := waitTrainingAgain(t.Context(), c, ns, survivors, world, at, 5*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now, err := c.RdzvServer(t.Context(), ns, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if now.Spec.NodeName == victim || now.Name == server.Name {
-		t.Fatalf("training resumed, yet the rendezvous is served by %s on %s", now.Name, now.Spec.NodeName)
-	}
-	live, err := c.LivePods(t.Context(), ns, sel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The survivors re-joined at the next store (waitTrainingAgain) with their agents up: the own rendezvous stops the
-	// workers and waits for the next store instead of exiting (docs/own-rendezvous.md).
-	for _, p := range live {
-		if r, ok := restarts[p.Name]; ok && trainerRestarts(p) != r {
-			t.Errorf("%s's trainer restarted (%d -> %d): its agent exited when the store was lost", p.Name, r, trainerRestarts(p))
+	return func(t testing.TB, fault nodeFault, at time.Time) afterBack {
+		world := len(survivors)
+		if placement == "dedicated" {
+			// No standby: the next store comes with Kubernetes' replacement of the rendezvous pod.
+			c.WaitFor(t, 5*time.Minute, "the rendezvous pod replaced off "+victim, func(ctx context.Context) (bool, error) {
+				p, err := c.RdzvServer(ctx, ns, job)
+				if err != nil || p.Spec.NodeName == victim || !podReady(*p) {
+					return false, fmt.Errorf("not yet served off %s: %v %v", victim, p, err)
+				}
+				return true, nil
+			})
 		}
-	}
-	t.Logf("store node loss (%s, placement %s, torch %s): the survivors train again at world %d %.1fs after the "+
-		"loss (goal 60 s), served by %s on %s", fault, placement, img.Torch, world, resumed.Seconds(), now.Name, now.Spec.NodeName)
-
-	if placement != "dedicated" {
-		// Kubernetes catches up: worker 0 is evicted and replaced on the node left, and the job grows back to 3.
-		var all time.Duration
-		pods, all = grownBack(t, c, ns, sel, victim, at)
-		t.Logf("worker 0 replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
-			framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, all.Seconds(), podNodes(pods))
-	}
-
-	// A partitioned worker 0 had to step down once a member left (it could not renew the Lease), before the standby
-	// served: its sidecar's log on its node says so, and its trainer never trained at world 1 (a second job).
-	if fault == partition {
-		logs, err := c.CutOffLog(victim, ns, server.Name, constants.SidecarContainerName)
+		resumed, err := waitTrainingAgain(t.Context(), c, ns, survivors, world, at, 5*time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(logs, "stepping down") {
-			t.Errorf("the cut-off %s did not step down:\n%s", server.Name, logs)
-		}
-		if logs, err = c.CutOffLog(victim, ns, server.Name, trainer); err != nil {
+		now, err := c.RdzvServer(t.Context(), ns, job)
+		if err != nil {
 			t.Fatal(err)
 		}
-		for _, line := range strings.Split(logs, "\n") { // CRI log lines: <time> <stream> <tag> <text>
-			ts, text, _ := strings.Cut(line, " ")
-			if tm, err := time.Parse(time.RFC3339Nano, ts); err == nil && tm.After(at) && strings.Contains(text, "world_size=1 ") {
-				t.Errorf("the cut-off %s trained alone on its own rendezvous after the partition: %s", server.Name, line)
-				break
+		if now.Spec.NodeName == victim || now.Name == server.Name {
+			t.Fatalf("training resumed, yet the rendezvous is served by %s on %s", now.Name, now.Spec.NodeName)
+		}
+		live, err := c.LivePods(t.Context(), ns, sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The survivors re-joined at the next store (waitTrainingAgain) with their agents up: the own rendezvous
+		// stops the workers and waits for the next store instead of exiting (docs/own-rendezvous.md).
+		for _, p := range live {
+			if r, ok := restarts[p.Name]; ok && trainerRestarts(p) != r {
+				t.Errorf("%s's trainer restarted (%d -> %d): its agent exited when the store was lost", p.Name, r, trainerRestarts(p))
 			}
 		}
+		t.Logf("store node loss (%s, placement %s, torch %s): the survivors train again at world %d %.1fs after the "+
+			"loss (goal 60 s), served by %s on %s", fault, placement, img.Torch, world, resumed.Seconds(), now.Name, now.Spec.NodeName)
+
+		if placement != "dedicated" {
+			// Kubernetes catches up: worker 0 is evicted and replaced on the node left, and the job grows back to 3.
+			pods, all := grownBack(t, c, ns, sel, victim, at)
+			t.Logf("worker 0 replaced (Ready on %s) %.1fs after the %s (goal 90 s); all 3 workers train again %.1fs after it: %v",
+				framework.NodeName, replacedAfter(pods, slices.Concat(lost, survivors), at).Seconds(), fault, all.Seconds(), podNodes(pods))
+		}
+
+		// A partitioned worker 0 had to step down once a member left (it could not renew the Lease), before the
+		// standby served: its sidecar's log on its node says so, and its trainer never trained at world 1 (a
+		// second job).
+		if fault == partition {
+			logs, err := c.CutOffLog(victim, ns, server.Name, constants.SidecarContainerName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(logs, "stepping down") {
+				t.Errorf("the cut-off %s did not step down:\n%s", server.Name, logs)
+			}
+			if logs, err = c.CutOffLog(victim, ns, server.Name, trainer); err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(logs, "\n") { // CRI log lines: <time> <stream> <tag> <text>
+				ts, text, _ := strings.Cut(line, " ")
+				if tm, err := time.Parse(time.RFC3339Nano, ts); err == nil && tm.After(at) && strings.Contains(text, "world_size=1 ") {
+					t.Errorf("the cut-off %s trained alone on its own rendezvous after the partition: %s", server.Name, line)
+					break
+				}
+			}
+		}
+		a := takeAway(t, c, ns, job, sel, append(lost, server.Name))
+		a.then = func(t testing.TB) {
+			if p, err := c.RdzvServer(t.Context(), ns, job); err != nil || p.Name != now.Name {
+				t.Errorf("the rendezvous moved after the node came back: %v %v, want %s", p, err, now.Name)
+			}
+			uninstallJob(t, c, ns, job)
+		}
+		return a.back
 	}
-	comeBack(t, c, ns, job, sel, victim, fault, append(lost, server.Name))
-	if p, err := c.RdzvServer(t.Context(), ns, job); err != nil || p.Name != now.Name {
-		t.Errorf("the rendezvous moved after the node came back: %v %v, want %s", p, err, now.Name)
-	}
-	uninstallJob(t, c, ns, job)
 }
 
 // grownBack waits until the job is back at 3 workers after victim was lost at at, none of them on victim (the
@@ -323,28 +435,38 @@ func grownBack(t testing.TB, c *framework.Cluster, ns, sel, victim string, at ti
 	return pods, again
 }
 
-// comeBack brings victim back after fault. Its pods (gone), deleted while it was away, are killed by its kubelet and
-// never take part in a round again. A stale agent that reached the store before its kubelet killed it (the network
-// is back first) would have put itself on the wait list or into a new round by now: the round is the one of before,
-// nobody waits, and no worker of sel joined again.
-func comeBack(t testing.TB, c *framework.Cluster, ns, job, sel, victim string, fault nodeFault, gone []string) {
+// awayState is what a job looks like while the lost node is away: its members' joins and restarts and its round,
+// against which back checks it once the node is back.
+type awayState struct {
+	c            *framework.Cluster
+	ns, job, sel string
+	gone         []string // the lost node's old pods
+	joined       map[string]progress
+	before       torchview.View
+	then         afterBack // the case's own checks after back's
+}
+
+func takeAway(t testing.TB, c *framework.Cluster, ns, job, sel string, gone []string) awayState {
 	t.Helper()
-	joined := snapshot(t, c, ns, sel)
 	before, _ := rdzvView(t, c, ns, job)
-	switch fault {
-	case crash:
-		c.RestartNode(t, victim)
-	case partition:
-		c.HealNode(t, victim)
-	}
+	return awayState{c: c, ns: ns, job: job, sel: sel, gone: gone, joined: snapshot(t, c, ns, sel), before: before}
+}
+
+// back checks the job once the lost node is back. Its old pods (gone), deleted while it was away, are killed by its
+// kubelet and never take part in a round again. A stale agent that reached the store before its kubelet killed it
+// (the network is back first) would have put itself on the wait list or into a new round by now: the round is the
+// one of before, nobody waits, and no worker of sel joined again.
+func (a awayState) back(t testing.TB) {
+	t.Helper()
+	c, ns := a.c, a.ns
 	c.WaitFor(t, 3*time.Minute, "the lost node's old pods gone", func(ctx context.Context) (bool, error) {
-		all, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + job})
+		all, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: constants.LabelJob + "=" + a.job})
 		if err != nil {
 			return false, err
 		}
 		var left []string
 		for _, p := range all.Items {
-			if slices.Contains(gone, p.Name) {
+			if slices.Contains(a.gone, p.Name) {
 				left = append(left, p.Name)
 			}
 		}
@@ -353,13 +475,16 @@ func comeBack(t testing.TB, c *framework.Cluster, ns, job, sel, victim string, f
 		}
 		return true, nil
 	})
-	if now, raw := rdzvView(t, c, ns, job); now.RunID != before.RunID || now.Round != before.Round || !now.Complete || len(now.Waiting) > 0 {
-		t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", before.Round, raw)
+	if now, raw := rdzvView(t, c, ns, a.job); now.RunID != a.before.RunID || now.Round != a.before.Round || !now.Complete || len(now.Waiting) > 0 {
+		t.Errorf("the rendezvous moved after the node came back: round %d before, now %s", a.before.Round, raw)
 	}
-	for name, p := range snapshot(t, c, ns, sel) {
-		if b, ok := joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
+	for name, p := range snapshot(t, c, ns, a.sel) {
+		if b, ok := a.joined[name]; !ok || p.joins != b.joins || p.restarts != b.restarts {
 			t.Errorf("%s re-joined after the node came back (joins %d -> %d): a stale agent took part in a round", name, b.joins, p.joins)
 		}
+	}
+	if a.then != nil {
+		a.then(t)
 	}
 }
 

@@ -33,21 +33,19 @@ const (
 // backend the chart offers (etcd-v2 on the default torch only); and the chart's default backend (the own
 // rendezvous) in an image without python-etcd, as stock torch images are, which is torch 2.14's own-rendezvous case.
 func TestElasticPyTorch(t *testing.T) {
-	for i, img := range framework.TrainerImages {
-		for _, backend := range []string{"etcd-v2", "etcd", "c10d", constants.BackendOwn} {
-			if i == 0 && backend == constants.BackendOwn {
-				continue // no-python-etcd/chart-defaults below: the same torch
-			}
-			if i > 0 && backend == constants.BackendEtcdV2 {
-				// torch's etcd-v2 backend on the cluster once, on the default torch: it is torch's dynamic
-				// rendezvous as c10d is (which runs here on both), and test/integration/sidecar runs it on both
-				// versions against the sidecar, scaling and leaving (forTorchVersions).
-				continue
-			}
-			t.Run("torch-"+img.Torch+"/"+backend, func(t *testing.T) {
-				testElasticPyTorch(t, img, backend)
-			})
-		}
+	// Each backend once on the cluster, where what it proves is the webhook's wiring of that backend, the chart's
+	// helm test and the Events: none of it differs between torch versions. torch 2.14 on every backend, scaling and
+	// leaving against the real sidecar, is test/integration/sidecar's (forTorchVersions; torch 2.6 there on etcd-v2
+	// and c10d); torch 2.14 on c10d on the cluster is also TestNodeLossPyTorch's and TestC10dOutlivesWorkerZero's.
+	// The default backend on both: the chart's defaults below (torch 2.14), and torch 2.6 here.
+	def, other := framework.TrainerImages[0], framework.TrainerImages[len(framework.TrainerImages)-1]
+	for _, tc := range []struct {
+		img     framework.Trainer
+		backend string
+	}{{def, constants.BackendEtcdV2}, {other, constants.BackendEtcd}, {other, constants.BackendC10d}, {other, constants.BackendOwn}} {
+		t.Run("torch-"+tc.img.Torch+"/"+tc.backend, func(t *testing.T) {
+			testElasticPyTorch(t, tc.img, tc.backend)
+		})
 	}
 	t.Run("no-python-etcd/chart-defaults", func(t *testing.T) {
 		testElasticPyTorch(t, framework.StockTrainer, "")
