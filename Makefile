@@ -23,7 +23,7 @@ build:
 ##   charts/*/README.md                    from README.md.gotmpl and the `# --` comments of values.yaml (hack/chart-docs.sh,
 ##                                         helm-docs pinned in hack/tools/go.mod)
 ##   test/helm/testdata/*.golden.yaml      the charts' golden files
-## internal/torchstate/testdata/torch-*.pickle are written by torch itself, in the trainer root filesystems: that needs
+## internal/torchbackends/torchstate/testdata/torch-*.pickle are written by torch itself, in the trainer root filesystems: that needs
 ## root and the root filesystems, and they change only with testdata/gen.py or a new torch, so only
 ## `make generate GENERATE_TORCH=1` (as root; builds the root filesystems first) rewrites them too.
 generate: $(if $(GENERATE_TORCH),rootfs)
@@ -31,7 +31,7 @@ generate: $(if $(GENERATE_TORCH),rootfs)
 	$(GO) test -count=1 ./internal/mutate -update
 	GO=$(GO) hack/chart-docs.sh
 	$(GO) test -count=1 ./test/helm -update
-	$(if $(GENERATE_TORCH),$(GO) test -count=1 ./internal/torchstate -update)
+	$(if $(GENERATE_TORCH),$(GO) test -count=1 ./internal/torchbackends/torchstate -update)
 
 ## lint-workflows: actionlint + shellcheck on .github/workflows (the release workflow cannot run here).
 lint-workflows:
@@ -47,7 +47,7 @@ lint:
 	$(GO) vet ./...
 
 ## unit: the tests of every package outside test/ (cmd/..., internal/...): no root, no root filesystems, no cluster.
-## internal/v2api's conformance test runs Debian's etcd 3.4 (/usr/bin/etcd, package etcd-server) as its reference.
+## internal/torchbackends/v2api's conformance test runs Debian's etcd 3.4 (/usr/bin/etcd, package etcd-server) as its reference.
 unit:
 	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/)
 

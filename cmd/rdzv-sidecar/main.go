@@ -32,7 +32,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
-	"github.com/elastic-training/elastic-training/internal/v2api"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
 )
 
 // commands are rdzv-sidecar's commands, in the order the usage text lists them (README.md's list is checked

@@ -111,7 +111,7 @@ const (
 	// Event (PyTorch; the chart sets it with the RBAC that allows it). Empty: no Events, no token.
 	AnnotationRdzvEvents = Domain + "/rdzv-events"
 	// AnnotationRdzvRestartSurvivors "false" turns off the serving sidecar's restart of torch's survivors when
-	// torch drops a lost participant (internal/survivors; PyTorch, c10d). Default true.
+	// torch drops a lost participant (internal/torchbackends/survivors; PyTorch, c10d). Default true.
 	AnnotationRdzvRestartSurvivors = Domain + "/rdzv-restart-survivors"
 	// AnnotationRdzvPorts moves a job's sidecar ports off their defaults (host networking: two jobs' pods on one
 	// node share its ports): the rendezvous client port is its value, the peer, health and c10d ports the three

@@ -79,7 +79,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 	}
 	if s.backend == constants.BackendOwn {
 		// The own backend's rank 0 names its workers' store by this pod's IP (torch's handlers by
-		// PET_LOCAL_ADDR, the FQDN, which internal/survivors and the view read as the pod's name).
+		// PET_LOCAL_ADDR, the FQDN, which internal/torchbackends/survivors and the view read as the pod's name).
 		env = append(env, corev1.EnvVar{Name: constants.EnvMemberIP, ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
 	}

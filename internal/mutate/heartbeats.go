@@ -18,7 +18,7 @@ const maxHeartbeatsPerSecond = 32
 // maxNodes: the configured seconds, or longer for a large job, so that its
 // heartbeats stay under maxHeartbeatsPerSecond (1,024 nodes: 32 s). A lost
 // node is still noticed within seconds on c10d: its pod's membership lease
-// ends and the serving sidecar drops it from the round (internal/survivors);
+// ends and the serving sidecar drops it from the round (internal/torchbackends/survivors);
 // torch's own timeout, interval × max attempts, is the fallback.
 func KeepAliveInterval(configured, maxNodes int) int {
 	return max(configured, (maxNodes+maxHeartbeatsPerSecond-1)/maxHeartbeatsPerSecond)

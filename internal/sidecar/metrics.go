@@ -3,7 +3,7 @@ package sidecar
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/elastic-training/elastic-training/internal/v2api"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
 )
 
 // metrics are ours, registered in the registry the caller passes

@@ -31,11 +31,11 @@ import (
 	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
 	"github.com/elastic-training/elastic-training/internal/rdzvlease"
-	"github.com/elastic-training/elastic-training/internal/survivors"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/survivors"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
 	"github.com/elastic-training/elastic-training/internal/torchview"
 	"github.com/elastic-training/elastic-training/internal/torchview/jobevents"
-	"github.com/elastic-training/elastic-training/internal/v2api"
 )
 
 // v2SnapshotFile holds the v2 keys between a graceful shutdown and the next

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
-	"github.com/elastic-training/elastic-training/internal/torchstate"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchstate"
 )
 
 // Round is one completed torch rendezvous round, as seen in the v2 or c10d store.

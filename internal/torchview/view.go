@@ -21,7 +21,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
-	"github.com/elastic-training/elastic-training/internal/torchstate"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchstate"
 )
 
 // Recorder records a round's message where kubectl shows it (jobevents:

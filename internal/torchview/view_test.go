@@ -75,9 +75,9 @@ func TestRoundFromC10dKey(t *testing.T) {
 
 // TestRoundView: a round completed on c10d is logged with torch's world size
 // and nodes, read from torch's own pickle of the state (written by torch 2.14,
-// internal/torchstate/testdata), and /rendezvous serves the same state.
+// internal/torchbackends/torchstate/testdata), and /rendezvous serves the same state.
 func TestRoundView(t *testing.T) {
-	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
+	raw, err := os.ReadFile("../torchbackends/torchstate/testdata/torch-2.14.pickle")
 	require.NoError(t, err)
 	var logs bytes.Buffer
 	now := time.Date(2026, 11, 24, 17, 0, 10, 0, time.UTC)
@@ -128,7 +128,7 @@ func TestRoundView(t *testing.T) {
 // TestV2State: the etcd-v2 backend keeps its state under a v2 key; the
 // round read from it has torch's world size.
 func TestV2State(t *testing.T) {
-	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
+	raw, err := os.ReadFile("../torchbackends/torchstate/testdata/torch-2.14.pickle")
 	require.NoError(t, err)
 	var logs bytes.Buffer
 	l := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -232,7 +232,7 @@ func (m *msgRecorder) Record(msg string) { m.msgs = append(m.msgs, msg) }
 // node is a member whose slots are known, the processes torchrun starts on
 // them (WORLD_SIZE), as kubectl describe shows it.
 func TestRoundEventProcesses(t *testing.T) {
-	raw, err := os.ReadFile("../torchstate/testdata/torch-2.14.pickle")
+	raw, err := os.ReadFile("../torchbackends/torchstate/testdata/torch-2.14.pickle")
 	require.NoError(t, err)
 	state := []byte(base64.StdEncoding.EncodeToString(raw))
 	for name, tc := range map[string]struct {

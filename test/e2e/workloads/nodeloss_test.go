@@ -37,7 +37,7 @@ const (
 // in a namespace of its own, so that the minutes Kubernetes takes to replace the lost pods are waited out once per
 // fault, not once per job: a job that loses other workers (worker loss), one that loses the pod that serves its
 // rendezvous (store loss: worker 0 with a standby, or the dedicated rendezvous pod), and one on torch's c10d
-// rendezvous, where the survivors' restarter rewrites torch's state (internal/survivors). Crashes on every torch of
+// rendezvous, where the survivors' restarter rewrites torch's state (internal/torchbackends/survivors). Crashes on every torch of
 // the trainer images, a partition on the default one. The figures they log are taken beside the fault's other jobs
 // on the same 2 cores; `make bench-node-loss` measures one job at a time.
 func TestNodeLossPyTorch(t *testing.T) {

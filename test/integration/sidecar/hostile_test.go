@@ -136,7 +136,7 @@ func TestHostileClients(t *testing.T) {
 		require.Greater(t, closed, 100, "connections past the cap of 256 were not closed")
 		waitLog(t, s, "reason=too_many_connections")
 	})
-	pickle, err := os.ReadFile("../../../internal/torchstate/testdata/torch-2.14.pickle")
+	pickle, err := os.ReadFile("../../../internal/torchbackends/torchstate/testdata/torch-2.14.pickle")
 	require.NoError(t, err)
 	forge := func(t *testing.T, run string, state []byte) {
 		c := dialStore(t, s.C10d)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastic-training/elastic-training/internal/torchstate"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchstate"
 )
 
 // store is the c10d store as the Restarter sees it: the state key's value,

@@ -40,7 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
-	"github.com/elastic-training/elastic-training/internal/torchstate"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchstate"
 )
 
 // Store is where torch's c10d backend keeps the state: the sidecar's
