@@ -14,7 +14,8 @@
 //	                             agent (the agent deletes it before it asks again, then waits for it), or
 //	                             "closed" once the run is closed: one wait, woken either way
 //	/et/rdzv/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
-//	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting)
+//	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting); anyone else's write of
+//	                             it is written back
 //	/et/rdzv/R/closed            an agent closed the run (set_closed)
 //	/et/rdzv/R/leave/<host>      the pod's preStop hook: this member leaves now (a scale-down), before its
 //	                             registration ends with the pod
@@ -204,110 +205,125 @@ func (rs *Rounds) C10dWrite(key string, value []byte) {
 	}
 }
 
+// write takes one write under Prefix (rest: the key after it): each key an
+// agent or a preStop hook writes is one operation, handled by its own method.
 func (rs *Rounds) write(rest string, value []byte) error {
 	id, what, _ := strings.Cut(rest, "/")
 	if id == "" || len(id) > maxRunID {
 		return fmt.Errorf("run id: want 1 to %d bytes", maxRunID)
 	}
-	if what != "closed" && what != "state" && !strings.HasPrefix(what, "ready/") && !strings.HasPrefix(what, "leave/") &&
-		!strings.HasPrefix(what, "done/") {
+	op, host, _ := strings.Cut(what, "/")
+	handle, ok := operations[op]
+	if !ok || (host == "") != (op == "closed" || op == "state") {
 		return errIgnored // most writes: the rounds' stores, without the lock
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	switch {
-	case what == "state":
-		// The sidecar's own writes are not handed here: someone else wrote num_nodes_waiting's key. The agents
-		// must read what the sidecar decided.
-		if r := rs.runs[id]; r != nil && rs.writeStateLocked(r, r.reported) && rs.refused.Allow() {
-			rs.cfg.Log.Warn("own rendezvous: a client wrote the state key, which is the sidecar's: written back", "run_id", id, "state", r.reported.value())
+	return handle(rs, id, host, value)
+}
+
+// operations handle the keys /et/rdzv/<run>/<op>[/<host>] (the package comment).
+var operations = map[string]func(rs *Rounds, id, host string, value []byte) error{
+	"ready": (*Rounds).readyLocked, "leave": (*Rounds).leaveLocked, "done": (*Rounds).doneLocked,
+	"closed": (*Rounds).closedLocked, "state": (*Rounds).stateLocked,
+}
+
+// closedLocked: an agent closed the run (torch's set_closed); every agent waiting for a round is told so.
+func (rs *Rounds) closedLocked(id, _ string, _ []byte) error {
+	if r := rs.runs[id]; r != nil && !r.core.Closed() {
+		for _, h := range r.core.Close() {
+			rs.tellClosedLocked(r, h)
 		}
-		return nil
-	case what == "closed":
-		if r := rs.runs[id]; r != nil && !r.core.Closed() {
-			for _, h := range r.core.Close() {
-				rs.tellClosedLocked(r, h)
-			}
-			rs.cfg.Log.Info("own rendezvous: run closed", "run_id", id, "round", r.core.Current().Number)
-			rs.decideLocked(r)
-		}
-		return nil
-	case strings.HasPrefix(what, "leave/"):
-		host := strings.TrimPrefix(what, "leave/")
-		if r := rs.runs[id]; r != nil && r.core.Member(host) {
-			r.core.Left(host)
-			delete(r.asks, host)
-			r.leaving[host] = true
-			rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
-			rs.decideLocked(r)
-		}
-		return nil
-	case strings.HasPrefix(what, "done/"):
-		// Not a loss: the agent finished (or failed for good, or was stopped after its pod's preStop said so). The
-		// others finish their own run; the next round, if any, does not wait for it.
-		host := strings.TrimPrefix(what, "done/")
-		if r := rs.runs[id]; r != nil {
-			r.core.Done(host)
-			delete(r.asks, host)
-			rs.cfg.Log.Debug("own rendezvous: an agent is done", "run_id", id, "host", host)
-			rs.decideLocked(r)
-		}
-		return nil
-	case strings.HasPrefix(what, "ready/"):
-		host := strings.TrimPrefix(what, "ready/")
-		if err := membership.ValidateHost(host); err != nil {
-			return err
-		}
-		s, ask, err := ParseReady(value)
-		if err != nil {
-			return err
-		}
-		r, err := rs.runLocked(id, s)
-		if err != nil {
-			return err
-		}
-		if r.core.Closed() {
-			// It asked as the run was being closed. Only a member is answered: a key per forged host would grow
-			// the store.
-			if _, ok := rs.cfg.Member(host); ok {
-				rs.tellClosedLocked(r, host)
-			}
-			return nil
-		}
-		if r.leaving[host] {
-			rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
-			return nil
-		}
-		if round := r.core.Current(); ask != "" && r.answered[host] == ask {
-			// It asks again for a round it has: it lost the connection it asked on, and may have deleted its rank.
-			if rank := round.Rank(host); rank >= 0 {
-				rs.cfg.Log.Debug("own rendezvous: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
-				rs.writeRankLocked(r, round, rank, ask)
-				return nil
-			}
-		}
-		now := rs.cfg.Now()
-		var forgotten string
-		if !r.core.Member(host) {
-			if m, ok := rs.cfg.Member(host); ok {
-				r.core.Joined(m)
-			} else if now.Sub(r.expired) >= expireEvery {
-				r.expired = now
-				r.core.Expire(now.Add(-unregisteredTTL))
-			}
-		}
-		if forgotten = r.core.Ask(host, s, now); forgotten != "" {
-			delete(r.asks, forgotten)
-		}
-		r.asks[host] = ask
+		rs.cfg.Log.Info("own rendezvous: run closed", "run_id", id, "round", r.core.Current().Number)
 		rs.decideLocked(r)
-		if forgotten != "" && rs.refused.Allow() {
-			rs.cfg.Log.Warn(fmt.Sprintf("own rendezvous: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
-				rdzv.MaxUnregistered, truncate(forgotten)), "run_id", id)
+	}
+	return nil
+}
+
+// stateLocked: the sidecar's own writes are not handed here, so someone else wrote num_nodes_waiting's key. The
+// agents must read what the sidecar decided: it is written back.
+func (rs *Rounds) stateLocked(id, _ string, _ []byte) error {
+	if r := rs.runs[id]; r != nil && rs.writeStateLocked(r, r.reported) && rs.refused.Allow() {
+		rs.cfg.Log.Warn("own rendezvous: a client wrote the state key, which is the sidecar's: written back", "run_id", id, "state", r.reported.value())
+	}
+	return nil
+}
+
+// leaveLocked: the pod's preStop hook says its member leaves now (a scale-down), before its registration ends.
+func (rs *Rounds) leaveLocked(id, host string, _ []byte) error {
+	if r := rs.runs[id]; r != nil && r.core.Member(host) {
+		r.core.Left(host)
+		delete(r.asks, host)
+		r.leaving[host] = true
+		rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
+		rs.decideLocked(r)
+	}
+	return nil
+}
+
+// doneLocked: not a loss: the agent finished (or failed for good, or was stopped after its pod's preStop said so).
+// The others finish their own run; the next round, if any, does not wait for it.
+func (rs *Rounds) doneLocked(id, host string, _ []byte) error {
+	if r := rs.runs[id]; r != nil {
+		r.core.Done(host)
+		delete(r.asks, host)
+		rs.cfg.Log.Debug("own rendezvous: an agent is done", "run_id", id, "host", host)
+		rs.decideLocked(r)
+	}
+	return nil
+}
+
+// readyLocked: host's agent asks for the next round (value: Ready).
+func (rs *Rounds) readyLocked(id, host string, value []byte) error {
+	if err := membership.ValidateHost(host); err != nil {
+		return err
+	}
+	s, ask, err := ParseReady(value)
+	if err != nil {
+		return err
+	}
+	r, err := rs.runLocked(id, s)
+	if err != nil {
+		return err
+	}
+	if r.core.Closed() {
+		// It asked as the run was being closed. Only a member is answered: a key per forged host would grow the
+		// store.
+		if _, ok := rs.cfg.Member(host); ok {
+			rs.tellClosedLocked(r, host)
 		}
 		return nil
 	}
-	return errIgnored
+	if r.leaving[host] {
+		rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
+		return nil
+	}
+	if round := r.core.Current(); ask != "" && r.answered[host] == ask {
+		// It asks again for a round it has: it lost the connection it asked on, and may have deleted its rank.
+		if rank := round.Rank(host); rank >= 0 {
+			rs.cfg.Log.Debug("own rendezvous: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
+			rs.writeRankLocked(r, round, rank, ask)
+			return nil
+		}
+	}
+	now := rs.cfg.Now()
+	if !r.core.Member(host) {
+		if m, ok := rs.cfg.Member(host); ok {
+			r.core.Joined(m)
+		} else if now.Sub(r.expired) >= expireEvery {
+			r.expired = now
+			r.core.Expire(now.Add(-unregisteredTTL))
+		}
+	}
+	forgotten := r.core.Ask(host, s, now)
+	delete(r.asks, forgotten)
+	r.asks[host] = ask
+	rs.decideLocked(r)
+	if forgotten != "" && rs.refused.Allow() {
+		rs.cfg.Log.Warn(fmt.Sprintf("own rendezvous: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
+			rdzv.MaxUnregistered, truncate(forgotten)), "run_id", id)
+	}
+	return nil
 }
 
 // runLocked is run id, begun with s if it is new.
