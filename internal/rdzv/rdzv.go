@@ -22,7 +22,12 @@
 // A participant whose agent is done (torch's shutdown after its run ended)
 // leaves the round quietly, as a node that finished does in torch: the others
 // finish their own run (one rank saving a checkpoint while the rest have
-// exited), and the next round, if any, does not wait for it.
+// exited), and the next round, if any, does not wait for it. A member whose
+// pod said it stops (a scale-down's preStop) is not heard until its
+// registration ends; an agent that asks again for the request its round took
+// it for (it lost the connection it asked on) keeps its rank; the settings
+// are the first member's; agents of hosts that are not members wait for
+// their registration, boundedly.
 package rdzv
 
 import (
@@ -78,6 +83,10 @@ type Run struct {
 	ready        map[string]bool              // agents asking for the next round, by host
 	in           map[string]bool              // the current round's participants
 	done         map[string]bool              // participants whose agent ended (Done) while a member
+	// asks are the request ids of the ready hosts (Ask); answered those the current round took its participants
+	// for; leaving the members whose pod said it stops (Leave), not heard until their registration ends (Left).
+	asks, answered map[string]string
+	leaving        map[string]bool
 	// grown is when the ready members last grew: the last call counts from it.
 	grown  time.Time
 	round  Round
@@ -100,7 +109,8 @@ func New(s Settings) (*Run, error) {
 		return nil, err
 	}
 	return &Run{settings: s, members: map[string]membership.Member{}, ready: map[string]bool{}, in: map[string]bool{},
-		done: map[string]bool{}, unregistered: map[string]unregisteredAsk{}}, nil
+		done: map[string]bool{}, unregistered: map[string]unregisteredAsk{}, asks: map[string]string{}, answered: map[string]string{},
+		leaving: map[string]bool{}}, nil
 }
 
 // Settings are the run's.
@@ -135,6 +145,9 @@ func (r *Run) change(host string, f func()) {
 // last one counts). An agent of its host that asked before is a member's
 // now, and so are the settings it asked with if no member's came first.
 func (r *Run) Joined(m membership.Member) {
+	if r.leaving[m.Host] {
+		return // its registration ends with its pod (Left); a replacement of the same name registers after that
+	}
 	if a, ok := r.unregistered[m.Host]; ok {
 		delete(r.unregistered, m.Host)
 		r.settle(a.settings)
@@ -153,11 +166,29 @@ func (r *Run) settle(s Settings) {
 // lease ran out with its node): it is no longer ready, and if it takes part
 // in the current round the others must re-form (Waiting).
 func (r *Run) Left(host string) {
+	r.left(host)
+	delete(r.leaving, host)
+}
+
+func (r *Run) left(host string) {
 	r.change(host, func() {
 		delete(r.members, host)
 		delete(r.ready, host)
 	})
 	delete(r.unregistered, host)
+	delete(r.asks, host)
+}
+
+// Leave records that host's pod said it stops (its preStop hook, a scale-down) before its registration ends: it
+// is no longer a member (Left), and its agent, which may still restart its workers and ask for a round before its
+// SIGTERM, is not heard until the registration ends. It returns false when host was no member.
+func (r *Run) Leave(host string) bool {
+	if !r.Member(host) {
+		return false
+	}
+	r.left(host)
+	r.leaving[host] = true
+	return true
 }
 
 // Unregistered is how many agents asked for a round from hosts that are not
@@ -167,26 +198,51 @@ func (r *Run) Unregistered() int { return len(r.unregistered) }
 // Member says whether host is a member.
 func (r *Run) Member(host string) bool { _, ok := r.members[host]; return ok }
 
+// Asked is what an Ask did.
+type Asked struct {
+	// Again: host asked again for the round it has (the request the current round took it for), as an agent does
+	// over a new connection after it lost the one it asked on, having deleted its rank: nothing changed, and it is
+	// to be answered with its rank anew. The round's other agents wait for it in their rendezvous, where they do
+	// not hear num_nodes_waiting (torch's _assign_worker_ranks, until the store's timeout).
+	Again bool
+	// Leaving: host's pod said it stops (Leave): not heard.
+	Leaving bool
+	// Forgotten is the agent of a host that is no member forgotten to make room (MaxUnregistered), if any.
+	Forgotten string
+}
+
 // Ask records that host's agent asks for the next round at now with settings
-// s (Ready): the run takes the settings of the first member that asks, or
-// of the first agent that asked before its host became a member (Joined),
-// never a non-member's. At most MaxUnregistered agents of hosts that are not
-// members wait for their registration: past that the one that asked first
-// is forgotten (its host returned), so that a flood of forged hosts never
-// keeps out a real agent that asks before its pod registered.
-func (r *Run) Ask(host string, s Settings, now time.Time) (forgotten string) {
+// s and request id ask (the same for every ask of one request; "": an agent
+// whose every ask is a new request). The run takes the settings of the first
+// member that asks, or of the first agent that asked before its host became
+// a member (Joined), never a non-member's. At most MaxUnregistered agents of
+// hosts that are not members wait for their registration: past that the one
+// that asked first is forgotten, so that a flood of forged hosts never keeps
+// out a real agent that asks before its pod registered.
+func (r *Run) Ask(host string, s Settings, ask string, now time.Time) Asked {
+	if r.leaving[host] {
+		return Asked{Leaving: true}
+	}
+	if ask != "" && r.answered[host] == ask && r.round.Rank(host) >= 0 {
+		return Asked{Again: true}
+	}
+	var a Asked
 	if r.Member(host) {
 		r.settle(s)
 	} else if !r.ready[host] {
 		if len(r.unregistered) >= MaxUnregistered {
-			forgotten = r.oldestUnregistered()
-			r.forget(forgotten)
+			a.Forgotten = r.oldestUnregistered()
+			r.forget(a.Forgotten)
 		}
 		r.unregistered[host] = unregisteredAsk{settings: s, at: now}
 	}
 	r.ready1(host, now)
-	return forgotten
+	r.asks[host] = ask
+	return a
 }
+
+// Answered is the request id the current round took host for ("": none, or an agent without request ids).
+func (r *Run) Answered(host string) string { return r.answered[host] }
 
 // Expire forgets the asks of agents whose hosts are still no members since before (their registration never
 // came: a join timeout); it returns how many.
@@ -215,6 +271,7 @@ func (r *Run) oldestUnregistered() string {
 // forget drops the ask of host, which is no member.
 func (r *Run) forget(host string) {
 	delete(r.unregistered, host)
+	delete(r.asks, host)
 	r.change(host, func() { delete(r.ready, host) })
 }
 
@@ -225,7 +282,7 @@ func (r *Run) Live() bool { return r.nReady > 0 || len(r.round.Participants)-r.n
 // Ready records that host's agent asks for the next round (torch's
 // next_rendezvous) at now, with the run's settings (Ask). An agent that is
 // not a member yet waits until it is one.
-func (r *Run) Ready(host string, now time.Time) { r.Ask(host, r.settings, now) }
+func (r *Run) Ready(host string, now time.Time) { r.Ask(host, r.settings, "", now) }
 
 func (r *Run) ready1(host string, now time.Time) {
 	if r.ready[host] {
@@ -251,6 +308,7 @@ func (r *Run) Done(host string) {
 		}
 	})
 	delete(r.unregistered, host)
+	delete(r.asks, host)
 }
 
 // Ended is how many participants of the current round are done (Done) while
@@ -325,9 +383,12 @@ func (r *Run) Next(now time.Time) (round Round, ok bool, again time.Time) {
 	for _, h := range r.round.Participants {
 		r.change(h, func() { delete(r.in, h); delete(r.done, h) })
 	}
+	clear(r.answered)
 	for _, m := range ms {
 		next.Participants = append(next.Participants, m.Host)
 		r.change(m.Host, func() { delete(r.ready, m.Host); r.in[m.Host] = true })
+		r.answered[m.Host] = r.asks[m.Host]
+		delete(r.asks, m.Host)
 	}
 	r.round = next
 	return next, true, time.Time{}

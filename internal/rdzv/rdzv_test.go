@@ -192,11 +192,13 @@ func FuzzRun(f *testing.F) {
 		now, last := t0, 0
 		for _, op := range ops {
 			m := member("worker", int(op>>4)%6)
-			switch op % 8 {
+			switch op % 9 {
 			case 6: // an agent asks with settings of its own, perhaps before its host is a member
-				r.Ask(m.Host, Settings{Min: int(op>>5)%3 + 1, Max: int(op>>5)%3 + 2, LastCall: time.Second}, now)
+				r.Ask(m.Host, Settings{Min: int(op>>5)%3 + 1, Max: int(op>>5)%3 + 2, LastCall: time.Second}, fmt.Sprint(op>>6), now)
 			case 7:
 				r.Expire(now.Add(-time.Second))
+			case 8:
+				r.Leave(m.Host)
 			case 0:
 				r.Joined(m)
 			case 1:
@@ -261,6 +263,12 @@ func requireCounts(t *testing.T, r *Run) {
 	for h := range r.unregistered {
 		require.True(t, r.ready[h] && !r.Member(h), "%s: an unregistered ask of a member, or not ready", h)
 	}
+	for h := range r.asks {
+		require.True(t, r.ready[h], "%s: a request id of a host that does not ask", h)
+	}
+	for h := range r.leaving {
+		require.False(t, r.Member(h), "%s: leaving, yet a member", h)
+	}
 }
 
 // TestAskSettings: a run's settings are the first member's that asked, or those of an agent that asked before its
@@ -271,12 +279,12 @@ func TestAskSettings(t *testing.T) {
 	want := Settings{Min: 2, Max: 2, LastCall: time.Second}
 	r, err := New(forged) // the first writer, no member
 	require.NoError(t, err)
-	r.Ask("stranger", forged, t0)
+	r.Ask("stranger", forged, "", t0)
 	r.Joined(w0)
 	r.Joined(w1)
-	r.Ask(w0.Host, want, t0)
+	r.Ask(w0.Host, want, "", t0)
 	require.Equal(t, want, r.Settings())
-	r.Ask(w1.Host, Settings{Min: 1, Max: 4}, t0) // a later member's do not change them
+	r.Ask(w1.Host, Settings{Min: 1, Max: 4}, "", t0) // a later member's do not change them
 	require.Equal(t, want, r.Settings())
 	round, ok, _ := r.Next(t0)
 	require.True(t, ok)
@@ -285,8 +293,8 @@ func TestAskSettings(t *testing.T) {
 	// Asked before its registration: the settings come with it.
 	r, err = New(forged)
 	require.NoError(t, err)
-	r.Ask("stranger", forged, t0)
-	r.Ask(w0.Host, want, t0)
+	r.Ask("stranger", forged, "", t0)
+	r.Ask(w0.Host, want, "", t0)
 	require.Equal(t, forged, r.Settings(), "no member yet")
 	r.Joined(w0)
 	require.Equal(t, want, r.Settings())
@@ -298,11 +306,11 @@ func TestUnregisteredAsks(t *testing.T) {
 	r, err := New(s)
 	require.NoError(t, err)
 	for i := range MaxUnregistered {
-		require.Empty(t, r.Ask(fmt.Sprintf("forged-%d", i), s, t0.Add(time.Duration(i)*time.Millisecond)))
+		require.Empty(t, r.Ask(fmt.Sprintf("forged-%d", i), s, "", t0.Add(time.Duration(i)*time.Millisecond)).Forgotten)
 	}
 	w0 := member("worker", 0)
 	// A real agent asks before its pod registered: the oldest forged ask makes room for it.
-	require.Equal(t, "forged-0", r.Ask(w0.Host, s, t0.Add(time.Hour)))
+	require.Equal(t, "forged-0", r.Ask(w0.Host, s, "", t0.Add(time.Hour)).Forgotten)
 	require.Equal(t, MaxUnregistered, r.Unregistered())
 	r.Joined(w0)
 	require.Equal(t, MaxUnregistered-1, r.Unregistered())
@@ -315,4 +323,38 @@ func TestUnregisteredAsks(t *testing.T) {
 	require.True(t, r.Live())
 	r.Left(w0.Host)
 	require.False(t, r.Live(), "no member takes part")
+}
+
+// TestLeaveAndAskAgain: a member whose pod said it stops is not heard until its registration ends, and an agent
+// that asks again for the request its round took it for keeps its rank.
+func TestLeaveAndAskAgain(t *testing.T) {
+	w0, w1 := member("worker", 0), member("worker", 1)
+	s := Settings{Min: 1, Max: 2}
+	r, err := New(s)
+	require.NoError(t, err)
+	r.Joined(w0)
+	r.Joined(w1)
+	r.Ask(w0.Host, s, "a0", t0)
+	r.Ask(w1.Host, s, "a1", t0)
+	round, ok, _ := r.Next(t0)
+	require.True(t, ok)
+	require.Equal(t, "a1", r.Answered(w1.Host))
+	require.Equal(t, Asked{Again: true}, r.Ask(w1.Host, s, "a1", t0), "the same request: its rank anew")
+	require.Zero(t, r.Waiting(), "asking again is no new request")
+	require.Equal(t, Asked{}, r.Ask(w1.Host, s, "a2", t0), "a new request")
+	require.Equal(t, 1, r.Waiting())
+
+	require.True(t, r.Leave(w0.Host))
+	require.False(t, r.Member(w0.Host))
+	require.Equal(t, Asked{Leaving: true}, r.Ask(w0.Host, s, "a3", t0), "its agent restarts before its SIGTERM: not heard")
+	r.Joined(w0) // the watch's last word of its registration, before it ends
+	require.False(t, r.Member(w0.Host))
+	next, ok, _ := r.Next(t0)
+	require.True(t, ok)
+	require.Equal(t, []string{w1.Host}, next.Participants)
+	require.Greater(t, next.Number, round.Number)
+	r.Left(w0.Host) // its registration ended: a replacement of the same name is heard
+	r.Joined(w0)
+	require.Equal(t, Asked{}, r.Ask(w0.Host, s, "b0", t0))
+	requireCounts(t, r)
 }

@@ -152,15 +152,6 @@ type run struct {
 	core     *rdzv.Run
 	timer    *time.Timer
 	reported State
-	// leaving are members whose pod said it stops (leave): their agent may
-	// still restart its workers and ask for a round before its SIGTERM, and is
-	// not heard until the member's registration ends (a replacement pod of the
-	// same name registers anew after that).
-	leaving map[string]bool
-	// asks are the request ids (Ready.Ask) of the agents asking for the next
-	// round, by host; answered those the current round took its
-	// participants for.
-	asks, answered map[string]string
 	// idleSince: since when no member takes part (zero: one does); expired: when the asks of non-members were
 	// last expired.
 	idleSince, expired time.Time
@@ -251,10 +242,7 @@ func (rs *Rounds) stateLocked(id, _ string, _ []byte) error {
 
 // leaveLocked: the pod's preStop hook says its member leaves now (a scale-down), before its registration ends.
 func (rs *Rounds) leaveLocked(id, host string, _ []byte) error {
-	if r := rs.runs[id]; r != nil && r.core.Member(host) {
-		r.core.Left(host)
-		delete(r.asks, host)
-		r.leaving[host] = true
+	if r := rs.runs[id]; r != nil && r.core.Leave(host) {
 		rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
 		rs.decideLocked(r)
 	}
@@ -266,7 +254,6 @@ func (rs *Rounds) leaveLocked(id, host string, _ []byte) error {
 func (rs *Rounds) doneLocked(id, host string, _ []byte) error {
 	if r := rs.runs[id]; r != nil {
 		r.core.Done(host)
-		delete(r.asks, host)
 		rs.cfg.Log.Debug("own rendezvous: an agent is done", "run_id", id, "host", host)
 		rs.decideLocked(r)
 	}
@@ -294,18 +281,6 @@ func (rs *Rounds) readyLocked(id, host string, value []byte) error {
 		}
 		return nil
 	}
-	if r.leaving[host] {
-		rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
-		return nil
-	}
-	if round := r.core.Current(); ask != "" && r.answered[host] == ask {
-		// It asks again for a round it has: it lost the connection it asked on, and may have deleted its rank.
-		if rank := round.Rank(host); rank >= 0 {
-			rs.cfg.Log.Debug("own rendezvous: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
-			rs.writeRankLocked(r, round, rank, ask)
-			return nil
-		}
-	}
 	now := rs.cfg.Now()
 	if !r.core.Member(host) {
 		if m, ok := rs.cfg.Member(host); ok {
@@ -315,13 +290,20 @@ func (rs *Rounds) readyLocked(id, host string, value []byte) error {
 			r.core.Expire(now.Add(-unregisteredTTL))
 		}
 	}
-	forgotten := r.core.Ask(host, s, now)
-	delete(r.asks, forgotten)
-	r.asks[host] = ask
-	rs.decideLocked(r)
-	if forgotten != "" && rs.refused.Allow() {
-		rs.cfg.Log.Warn(fmt.Sprintf("own rendezvous: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
-			rdzv.MaxUnregistered, truncate(forgotten)), "run_id", id)
+	switch a := r.core.Ask(host, s, ask, now); {
+	case a.Leaving:
+		rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
+	case a.Again:
+		// It lost the connection it asked on, and may have deleted its rank.
+		round := r.core.Current()
+		rs.cfg.Log.Debug("own rendezvous: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
+		rs.writeRankLocked(r, round, round.Rank(host), ask)
+	default:
+		rs.decideLocked(r)
+		if a.Forgotten != "" && rs.refused.Allow() {
+			rs.cfg.Log.Warn(fmt.Sprintf("own rendezvous: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
+				rdzv.MaxUnregistered, truncate(a.Forgotten)), "run_id", id)
+		}
 	}
 	return nil
 }
@@ -344,8 +326,7 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 	for _, m := range rs.cfg.Members() {
 		core.Joined(m)
 	}
-	r := &run{id: id, core: core, leaving: map[string]bool{}, asks: map[string]string{}, answered: map[string]string{},
-		idleSince: rs.cfg.Now()}
+	r := &run{id: id, core: core, idleSince: rs.cfg.Now()}
 	rs.runs[id] = r
 	rs.cfg.Log.Info("own rendezvous: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
 	return r, nil
@@ -381,8 +362,6 @@ func (rs *Rounds) MembersChanged(joined, left []string) {
 	for _, r := range rs.runs {
 		for _, h := range left {
 			r.core.Left(h)
-			delete(r.leaving, h)
-			delete(r.asks, h)
 		}
 		for _, m := range ms {
 			r.core.Joined(m)
@@ -448,12 +427,8 @@ func (rs *Rounds) writeStateLocked(r *run, st State) bool {
 // this one.
 func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	world := len(round.Participants)
-	clear(r.answered)
 	for rank, h := range round.Participants {
-		ask := r.asks[h]
-		delete(r.asks, h)
-		r.answered[h] = ask
-		rs.writeRankLocked(r, round, rank, ask)
+		rs.writeRankLocked(r, round, rank, r.core.Answered(h))
 	}
 	dropped := 0
 	if round.Number > 1 {
