@@ -106,7 +106,8 @@ func TestWebhookChartDefaults(t *testing.T) {
 	dep = convert[appsv1.Deployment](t, r.Find("Deployment", name))
 	assert.False(t, *dep.Spec.Template.Spec.AutomountServiceAccountToken, "no API access without events")
 	assert.NotContains(t, dep.Spec.Template.Spec.Containers[0].Args, "--events")
-	assert.Nil(t, r.Find("ClusterRole", ""), "no RBAC without events")
+	assert.Nil(t, r.Find("ClusterRole", name+"-events"), "no RBAC of the webhook's own without events")
+	assert.Nil(t, r.Find("ClusterRoleBinding", name+"-events"))
 	r = renderWebhook(t, nil)
 
 	mwc := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, r.Find("MutatingWebhookConfiguration", name))
@@ -764,4 +765,31 @@ func TestWebhookChartHostNetwork(t *testing.T) {
 	def := convert[appsv1.Deployment](t, renderWebhook(t, nil).Find("Deployment", webhookRelease))
 	assert.False(t, def.Spec.Template.Spec.HostNetwork, "pod network by default")
 	assert.Contains(t, def.Spec.Template.Spec.Containers[0].Args, "--version=0.1.0", "the webhook names its release when it denies a newer job chart's pod")
+}
+
+// TestJobInstallerRights: the webhook chart gives namespace admins and editors what a job's objects need beyond the
+// built-in roles (writing EndpointSlices and Volcano PodGroups, aggregated into admin and edit) and lets the
+// authenticated read StorageClasses (the persistence check's lookup); both can be turned off. Proven on the cluster
+// by test/e2e/chart's TestServerSideDryRun (as a namespace admin) and test/e2e/workloads' chart-defaults job.
+func TestJobInstallerRights(t *testing.T) {
+	name := "elastic-training-webhook"
+	r := renderWebhook(t, nil)
+	role := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-job-installer"))
+	assert.Equal(t, "true", role.Labels["rbac.authorization.k8s.io/aggregate-to-admin"])
+	assert.Equal(t, "true", role.Labels["rbac.authorization.k8s.io/aggregate-to-edit"])
+	require.Len(t, role.Rules, 2)
+	assert.Equal(t, []string{"discovery.k8s.io"}, role.Rules[0].APIGroups)
+	assert.Equal(t, []string{"endpointslices"}, role.Rules[0].Resources)
+	assert.Contains(t, role.Rules[0].Verbs, "create")
+	assert.Contains(t, role.Rules[0].Verbs, "patch")
+	assert.Equal(t, []string{"podgroups"}, role.Rules[1].Resources)
+	reader := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-storageclass-reader"))
+	assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses"}, Verbs: []string{"get", "list"}}}, reader.Rules)
+	binding := convert[rbacv1.ClusterRoleBinding](t, r.Find("ClusterRoleBinding", name+"-storageclass-reader"))
+	assert.Equal(t, []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "system:authenticated"}}, binding.Subjects)
+
+	r = renderWebhook(t, map[string]any{"jobInstallers": map[string]any{"aggregateToNamespaceRoles": false, "storageClassReaders": []any{}}})
+	role = convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-job-installer"))
+	assert.NotContains(t, role.Labels, "rbac.authorization.k8s.io/aggregate-to-admin", "bound by the cluster admin instead")
+	assert.Nil(t, r.Find("ClusterRoleBinding", name+"-storageclass-reader"))
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,11 +23,14 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
+	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
 const (
 	chartDir    = "../../../charts/elastic-training"
 	examplesDir = "../../../examples"
+	// webhookChartDir: the cluster add-on, whose ClusterRoles give namespace admins what a job needs.
+	webhookChartDir = "../../../charts/elastic-training-webhook"
 )
 
 func valuesFiles(t *testing.T) []string {
@@ -51,13 +56,56 @@ func clients(t *testing.T, c *cluster) (dynamic.Interface, meta.RESTMapper, disc
 }
 
 // TestServerSideDryRun sends every object of every scenario to the real kube-apiserver as a server-side dry-run
-// create with strict field validation: the schema, defaulting and validation of Kubernetes accept it, and every
-// object is namespaced (a job install needs only namespace-scoped rights).
+// create with strict field validation, as a user bound to the built-in admin ClusterRole of the namespace alone:
+// the schema, defaulting and validation of Kubernetes accept it, every object is namespaced, and namespace rights,
+// with what the webhook chart aggregates into them, are enough to create it (authorization and RBAC's escalation
+// check run on a dry-run too). Without the webhook chart's rights the same user may not, and its install with
+// persistence cannot read the StorageClass.
 func TestServerSideDryRun(t *testing.T) {
 	c := getCluster(t)
 	ch := chartrender.Load(t, chartDir)
-	dc, mapper, _ := clients(t, c)
+	_, mapper, _ := clients(t, c)
 	ns := c.namespace(t)
+	user := c.AsNamespaceUser(t, ns, "admin")
+	dc, err := dynamic.NewForConfig(user.REST)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPersistence := map[string]any{"command": []any{"torchrun", "train.py"}, "persistence": map[string]any{"enabled": true}}
+	dryRunInstall := func(as *framework.Cluster) error {
+		in := action.NewInstall(as.HelmConfig(t, ns))
+		in.ReleaseName, in.Namespace, in.DryRun, in.DryRunOption = "dry", ns, true, "server"
+		_, err := in.RunWithContext(t.Context(), ch, withPersistence)
+		return err
+	}
+	// Kubernetes' own admin role, without what any webhook chart installed on this cluster aggregates into it: the
+	// job's Role grants what such a user does not hold, and its install with persistence cannot read StorageClasses.
+	bare := c.AsNamespaceUser(t, ns, builtinAdmin(t, c))
+	r, err := chartrender.Render(ch, withPersistence, chartrender.Options{Release: "dry", Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := r.Find("Role", "dry-rdzv")
+	if role == nil {
+		t.Fatal("no Role dry-rdzv rendered")
+	}
+	bareDC, err := dynamic.NewForConfig(bare.REST)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bareDC.Resource(rbacv1.SchemeGroupVersion.WithResource("roles")).Namespace(ns).Create(t.Context(), role,
+		metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("with Kubernetes' admin role alone a namespace admin created the job's Role (want forbidden): %v", err)
+	}
+	t.Logf("with Kubernetes' admin role alone: %v", err)
+	if err := dryRunInstall(bare); err == nil || !strings.Contains(err.Error(), "storageclasses") {
+		t.Fatalf("with Kubernetes' admin role alone a namespace admin's install with persistence read the StorageClasses (want forbidden): %v", err)
+	}
+	grantInstallerRights(t, c, user, ns)
+	if err := dryRunInstall(user); err != nil {
+		t.Fatalf("helm install --dry-run=server with persistence, as the namespace admin: %v", err)
+	}
 	total := 0
 	for _, path := range valuesFiles(t) {
 		name := strings.TrimSuffix(filepath.Base(path), ".yaml")
@@ -293,4 +341,82 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// grantInstallerRights creates the webhook chart's ClusterRoles and bindings for those who install jobs, as the
+// webhook chart renders them (a release of its own name), for the test's duration, and waits until the
+// aggregation has given them to user in ns.
+func grantInstallerRights(t *testing.T, c *cluster, user *framework.Cluster, ns string) {
+	t.Helper()
+	dc, mapper, _ := clients(t, c)
+	ch := chartrender.Load(t, webhookChartDir)
+	r, err := chartrender.Render(ch, nil, chartrender.Options{Release: "e2e-installer-rights", Namespace: "elastic-training-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range r.Objects {
+		obj := o.Unstructured()
+		if (obj.GetKind() != "ClusterRole" && obj.GetKind() != "ClusterRoleBinding") ||
+			(!strings.HasSuffix(obj.GetName(), "-job-installer") && !strings.HasSuffix(obj.GetName(), "-storageclass-reader")) {
+			continue
+		}
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dc.Resource(m.Resource).Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create %s %s: %v", gvk.Kind, obj.GetName(), err)
+		}
+		n++
+		t.Cleanup(func() {
+			if err := dc.Resource(m.Resource).Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{}); err != nil {
+				t.Errorf("delete %s %s: %v", gvk.Kind, obj.GetName(), err)
+			}
+		})
+	}
+	if n != 3 {
+		t.Fatalf("the webhook chart renders %d of the installers' ClusterRoles and bindings, want 3", n)
+	}
+	waitFor(t, time.Minute, "the admin role aggregating the webhook chart's rights", func(ctx context.Context) (bool, error) {
+		review, err := user.Client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: ns, Verb: "patch", Group: "discovery.k8s.io", Resource: "endpointslices"}}}, metav1.CreateOptions{})
+		if err != nil {
+			return false, err
+		}
+		if !review.Status.Allowed {
+			return false, fmt.Errorf("not yet: %s", review.Status.Reason)
+		}
+		return true, nil
+	})
+}
+
+// builtinAdmin makes a ClusterRole of the rules Kubernetes itself aggregates into admin (system:aggregate-to-admin,
+// -edit and -view), without what add-ons installed on the cluster add to admin, and returns its name.
+func builtinAdmin(t *testing.T, c *cluster) string {
+	t.Helper()
+	const name = "e2e-kubernetes-admin-alone"
+	cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	for _, part := range []string{"system:aggregate-to-admin", "system:aggregate-to-edit", "system:aggregate-to-view"} {
+		r, err := c.Client.RbacV1().ClusterRoles().Get(context.Background(), part, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cr.Rules = append(cr.Rules, r.Rules...)
+	}
+	// One left by a test binary that was killed goes first.
+	if err := c.Client.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if _, err := c.Client.RbacV1().ClusterRoles().Create(context.Background(), cr, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Client.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("delete ClusterRole %s: %v", name, err)
+		}
+	})
+	return name
 }

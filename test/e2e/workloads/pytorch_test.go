@@ -54,6 +54,12 @@ func TestElasticPyTorch(t *testing.T) {
 
 func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	c, ns := startTest(t)
+	if backend == "" {
+		// The chart's defaults as a team installs them on a shared cluster: bound to the built-in admin role of its
+		// namespace alone (the webhook chart aggregates what a job needs beyond it), with its own token. Every step
+		// below is that user's: install, helm test, the rendezvous view, Events, scaling, uninstall.
+		c = c.AsNamespaceUser(t, ns, "admin")
+	}
 	const job = "elastic"
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, img)
