@@ -1,9 +1,11 @@
 package chart_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -115,9 +117,29 @@ func TestServerSideDryRun(t *testing.T) {
 			if err != nil {
 				t.Fatalf("render: %v", err)
 			}
-			for _, o := range r.Objects {
+			// A RoleBinding's escalation check reads the Role it binds, which a dry-run does not create: the Roles
+			// are created for real first (as the user, through the same check), and deleted when the case ends.
+			objs := slices.Clone(r.Objects)
+			slices.SortStableFunc(objs, func(a, b chartrender.Object) int {
+				return cmp.Compare(rolesFirst(a.Unstructured().GetKind()), rolesFirst(b.Unstructured().GetKind()))
+			})
+			for _, o := range objs {
 				obj := o.Unstructured()
 				gvk := obj.GroupVersionKind()
+				if gvk.Kind == "Role" {
+					roles := dc.Resource(rbacv1.SchemeGroupVersion.WithResource("roles")).Namespace(ns)
+					if _, err := roles.Create(context.Background(), obj, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+						t.Errorf("Role %s rejected by the API server: %v", obj.GetName(), err)
+						continue
+					}
+					t.Cleanup(func() {
+						if err := roles.Delete(context.Background(), obj.GetName(), metav1.DeleteOptions{}); err != nil {
+							t.Errorf("delete Role %s: %v", obj.GetName(), err)
+						}
+					})
+					total++
+					continue
+				}
 				if gvk.Group == "scheduling.volcano.sh" {
 					// Volcano cannot be built here (docs/queues.md): no API server serves its PodGroup. test/helm
 					// decodes it strictly into Volcano's own Go types instead (TestObjectsDecodeStrictly).
@@ -419,4 +441,12 @@ func builtinAdmin(t *testing.T, c *cluster) string {
 		}
 	})
 	return name
+}
+
+// rolesFirst is the sort key that puts Roles before every other object.
+func rolesFirst(kind string) int {
+	if kind == "Role" {
+		return 0
+	}
+	return 1
 }
