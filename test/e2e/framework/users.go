@@ -16,6 +16,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
+// LabelTestUser marks what AsNamespaceUser makes in a namespace (the user's ServiceAccount and RoleBinding), so
+// that a check for what a chart left behind can leave them out.
+const LabelTestUser = "elastic-training.io/e2e-user"
+
 // AsNamespaceUser is the cluster as a user bound to the built-in ClusterRole role (admin, edit) in ns alone sees
 // it: a ServiceAccount of its own in ns, a RoleBinding, and a kubeconfig with the account's token, which every
 // method of the returned Cluster uses (helm and kubectl included). That is how a team that trains installs its jobs
@@ -24,10 +28,10 @@ func (c *Cluster) AsNamespaceUser(t testing.TB, ns, role string) *Cluster {
 	t.Helper()
 	ctx := context.Background()
 	name := role + "-user"
-	if _, err := c.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelTestUser: "true"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("service account %s/%s: %v", ns, name, err)
 	}
-	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelTestUser: "true"}},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}}
 	if _, err := c.Client.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {

@@ -141,7 +141,7 @@ func sharedDir(t testing.TB, v map[string]any, ns string) string {
 func waitEmpty(t testing.TB, c *framework.Cluster, ns string) {
 	t.Helper()
 	c.WaitFor(t, 2*time.Minute, "an empty namespace after helm uninstall", func(ctx context.Context) (bool, error) {
-		out, err := c.Kubectl(ctx, "-n", ns, "get", "pods,services,configmaps,secrets,jobs,statefulsets,networkpolicies,poddisruptionbudgets,persistentvolumeclaims,endpointslices,leases,deployments,roles,rolebindings", "-o", "name")
+		out, err := c.Kubectl(ctx, "-n", ns, "get", "pods,services,configmaps,secrets,jobs,statefulsets,networkpolicies,poddisruptionbudgets,persistentvolumeclaims,endpointslices,leases,deployments,roles,rolebindings", "-l", "!"+framework.LabelTestUser, "-o", "name")
 		if err != nil {
 			return false, err
 		}
