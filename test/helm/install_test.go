@@ -83,8 +83,8 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 	require.NoError(t, err)
 	got := images(t, r)
 	assert.Equal(t, mirror+"/nvidia/pytorch:25.01-py3", got["Job/demo-worker trainer"], "the repository's registry host is replaced")
-	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Deployment/demo-rdzv rdzv-sidecar"], "an image's own registry wins")
-	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.1.0", got["Pod/demo-test-rdzv test"])
+	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.2.0", got["Deployment/demo-rdzv rdzv-sidecar"], "an image's own registry wins")
+	assert.Equal(t, "own.example.com/elastic-training/rdzv-sidecar:0.2.0", got["Pod/demo-test-rdzv test"])
 	// By default the chart's own pods run the sidecar image the webhook injects, which the webhook sets in them
 	// (internal/mutate chartpod.go): one place for it.
 	def, err := render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
@@ -103,7 +103,7 @@ func TestOneRegistryMovesEveryImage(t *testing.T) {
 		assert.True(t, strings.HasPrefix(image, mirror+"/elastic-training/"), "%s: %s", where, image)
 	}
 	dep := convert[appsv1.Deployment](t, w.Find("Deployment", webhookRelease))
-	assert.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--sidecar-image="+mirror+"/elastic-training/rdzv-sidecar:0.1.0", "the injected sidecar")
+	assert.Contains(t, dep.Spec.Template.Spec.Containers[0].Args, "--sidecar-image="+mirror+"/elastic-training/rdzv-sidecar:0.2.0", "the injected sidecar")
 	digest := "sha256:" + strings.Repeat("ab", 32)
 	w = renderWebhook(t, map[string]any{"sidecar": map[string]any{"image": map[string]any{"repository": "ghcr.io/elastic-training/rdzv-sidecar", "registry": "own.example.com", "digest": digest}}})
 	dep = convert[appsv1.Deployment](t, w.Find("Deployment", webhookRelease))
@@ -284,7 +284,7 @@ func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
 func TestNotesPinVersionAndWarnOfDefault(t *testing.T) {
 	r, err := render(chartrender.Load(t, chartDir), pytorchJob(t, nil), chartrender.Options{})
 	require.NoError(t, err)
-	assert.Contains(t, r.Notes, "helm upgrade demo <chart> --version 0.1.0 -n ml --reuse-values --set workers.replicas=N")
+	assert.Contains(t, r.Notes, "helm upgrade demo <chart> --version 0.2.0 -n ml --reuse-values --set workers.replicas=N")
 	assert.NotContains(t, r.Notes, "WARNING")
 	r, err = render(chartrender.Load(t, chartDir), pytorchJob(t, map[string]any{"serviceAccount": map[string]any{"create": false}, "serviceAccountName": "default"}), chartrender.Options{})
 	require.NoError(t, err)
@@ -300,8 +300,8 @@ func TestNewerChartRefusedByOlderWebhook(t *testing.T) {
 	r, err := render(ch, pytorchJob(t, map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), chartrender.Options{})
 	require.NoError(t, err)
 	cfg := mutate.DefaultConfig()
-	cfg.SidecarImage = "example.com/rdzv-sidecar:0.1.0"
-	cfg.Version = "0.1.0"
+	cfg.SidecarImage = "example.com/rdzv-sidecar:0.2.0"
+	cfg.Version = "0.2.0"
 	n := 0
 	for _, o := range r.Objects {
 		if o.Kind != "Job" && o.Kind != "Deployment" {
@@ -317,7 +317,7 @@ func TestNewerChartRefusedByOlderWebhook(t *testing.T) {
 		pod.Annotations[constants.AnnotationContract] = newer
 		_, err = mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
 		require.Error(t, err, o.Key())
-		assert.Contains(t, err.Error(), fmt.Sprintf("this pod's job chart needs contract %s, and this webhook (elastic-training-webhook 0.1.0) serves contracts up to %d: upgrade the elastic-training-webhook chart first", newer, constants.ContractVersion), o.Key())
+		assert.Contains(t, err.Error(), fmt.Sprintf("this pod's job chart needs contract %s, and this webhook (elastic-training-webhook 0.2.0) serves contracts up to %d: upgrade the elastic-training-webhook chart first", newer, constants.ContractVersion), o.Key())
 		n++
 	}
 	assert.Equal(t, 2, n, "the worker Job and the dedicated rendezvous Deployment")

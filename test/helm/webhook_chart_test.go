@@ -85,7 +85,7 @@ func TestWebhookChartDefaults(t *testing.T) {
 	assert.Len(t, pod.TopologySpreadConstraints, 2)
 	c := pod.Containers[0]
 	assert.Contains(t, c.Args, "--webhook-namespace="+webhookNS)
-	assert.Contains(t, c.Args, "--sidecar-image=ghcr.io/elastic-training/rdzv-sidecar:0.1.0")
+	assert.Contains(t, c.Args, "--sidecar-image=ghcr.io/elastic-training/rdzv-sidecar:0.2.0")
 	assert.Contains(t, c.Args, "--default-last-call-timeout=2")
 	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
 	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
@@ -459,7 +459,7 @@ func TestWebhookChartValues(t *testing.T) {
 			dep := r.Find("Deployment", "elastic-training-webhook-admission")
 			require.NotNil(t, dep)
 			assert.Equal(t, "admission", dep.GetLabels()["app.kubernetes.io/name"])
-			assert.Equal(t, "elastic-training-webhook-0.1.0", dep.GetLabels()["helm.sh/chart"])
+			assert.Equal(t, "elastic-training-webhook-0.2.0", dep.GetLabels()["helm.sh/chart"])
 		}},
 		{"one replica: no PodDisruptionBudget, NOTES says why", []string{"replicaCount=1"}, func(t *testing.T, r *chartrender.Rendered) {
 			assert.Nil(t, r.Find("PodDisruptionBudget", ""))
@@ -764,7 +764,7 @@ func TestWebhookChartHostNetwork(t *testing.T) {
 
 	def := convert[appsv1.Deployment](t, renderWebhook(t, nil).Find("Deployment", webhookRelease))
 	assert.False(t, def.Spec.Template.Spec.HostNetwork, "pod network by default")
-	assert.Contains(t, def.Spec.Template.Spec.Containers[0].Args, "--version=0.1.0", "the webhook names its release when it denies a newer job chart's pod")
+	assert.Contains(t, def.Spec.Template.Spec.Containers[0].Args, "--version=0.2.0", "the webhook names its release when it denies a newer job chart's pod")
 }
 
 // TestJobInstallerRights: the webhook chart gives namespace admins and editors what a job's objects need beyond the
