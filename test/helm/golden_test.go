@@ -19,7 +19,7 @@ type scenario struct {
 	values string // path of the values file
 }
 
-// read is the scenario's values: its file, and what its usage gives with --set-file (chartrender.SetFiles).
+// read is the scenario's values: its file, and what its usage gives with --set-file (chartrender.AddSetFiles).
 func (sc scenario) read(t *testing.T) map[string]any {
 	t.Helper()
 	return chartrender.ReadValues(t, sc.values)

@@ -42,22 +42,63 @@ func Dir(name string) string {
 	return filepath.Join(testenv.RepoRoot(), "charts", name)
 }
 
-// SetFiles are the values an example's usage gives with --set-file, by the example's file name: value -> file of
-// examples/. Tests that render the examples add them as `helm install -f <example> --set-file ...` would.
-var SetFiles = map[string]map[string]string{
-	"script-run.yaml": {"script": "train.py"},
-}
-
-// AddSetFiles adds to vals what SetFiles gives for the example at path (none for other files).
+// AddSetFiles adds to vals what the usage of the example at path gives with --set-file: the `helm install` line of
+// its leading comment (continued by trailing backslashes), whose files are relative to the repository's root, as
+// a user types it there. Files without such a usage add nothing.
 func AddSetFiles(path string, vals map[string]any) error {
-	for key, file := range SetFiles[filepath.Base(path)] {
-		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", file))
+	sets, err := UsageSetFiles(path)
+	if err != nil {
+		return err
+	}
+	for key, file := range sets {
+		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), file))
 		if err != nil {
-			return fmt.Errorf("--set-file %s=%s: %w", key, file, err)
+			return fmt.Errorf("%s: --set-file %s=%s: %w", path, key, file, err)
 		}
 		vals[key] = string(b)
 	}
 	return nil
+}
+
+// UsageSetFiles returns the --set-file values (key -> file) of the usage (Usage) of the values file at path.
+func UsageSetFiles(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	fields := strings.Fields(Usage(string(b)))
+	for i, f := range fields {
+		if f == "--set-file" && i+1 < len(fields) {
+			key, file, ok := strings.Cut(fields[i+1], "=")
+			if !ok {
+				return nil, fmt.Errorf("%s: --set-file %s: want key=file", path, fields[i+1])
+			}
+			out[key] = file
+		}
+	}
+	return out, nil
+}
+
+// Usage returns the first `helm install` command in the comments of a values file, its continuation lines
+// (trailing backslashes) joined; empty when there is none.
+func Usage(doc string) string {
+	var usage string
+	for _, line := range strings.Split(doc, "\n") {
+		text, ok := strings.CutPrefix(strings.TrimSpace(line), "#")
+		text = strings.TrimSpace(text)
+		if usage == "" && (!ok || !strings.HasPrefix(text, "helm install ")) {
+			continue
+		}
+		if !ok {
+			break
+		}
+		usage += " " + strings.TrimSuffix(text, "\\")
+		if !strings.HasSuffix(text, "\\") {
+			break
+		}
+	}
+	return strings.TrimSpace(usage)
 }
 
 // Load loads the chart in dir, failing the test when it cannot.
@@ -71,7 +112,7 @@ func Load(t testing.TB, dir string) *chart.Chart {
 }
 
 // ReadValues reads the values file at path as `helm install -f path` would,
-// with what SetFiles gives for it, failing the test when it cannot.
+// with what its usage gives with --set-file (AddSetFiles), failing the test when it cannot.
 func ReadValues(t testing.TB, path string) map[string]any {
 	t.Helper()
 	v, err := chartutil.ReadValuesFile(path)

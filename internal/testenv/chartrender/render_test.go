@@ -157,9 +157,22 @@ func TestReadValues(t *testing.T) {
 	examples := filepath.Join(testenv.RepoRoot(), "examples")
 	v := ReadValues(t, filepath.Join(examples, "script-run.yaml"))
 	if s, _ := v["script"].(string); !strings.Contains(s, "def main") {
-		t.Errorf("script-run.yaml without its --set-file script=train.py: %.80q", s)
+		t.Errorf("script-run.yaml without its --set-file script=examples/train.py: %.80q", s)
 	}
-	if _, ok := ReadValues(t, filepath.Join(examples, "pytorch-elastic.yaml"))["script"]; ok {
+	if _, ok := ReadValues(t, filepath.Join(examples, "mpi-horovod.yaml"))["script"]; ok {
 		t.Error("a script for an example whose usage sets none")
+	}
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"# x\n#   helm install a c -f x.yaml\nk: v\n", "helm install a c -f x.yaml"},
+		{"#   helm install a c -f x.yaml \\\n#     --set-file script=s.py\n#   helm upgrade a\n", "helm install a c -f x.yaml  --set-file script=s.py"},
+		{"#   helm install a c \\\nk: v\n", "helm install a c"},
+		{"k: v # helm install no\n", ""},
+	} {
+		if got := Usage(tc.doc); got != tc.want {
+			t.Errorf("Usage(%q) = %q, want %q", tc.doc, got, tc.want)
+		}
 	}
 }
