@@ -57,3 +57,57 @@ func TestOwnersTableNamesEveryPackage(t *testing.T) {
 		}
 	}
 }
+
+// Every test the troubleshooting page and the walkthroughs name as reproducing a symptom exists, and every value
+// they tell a user to set is one of the job or webhook chart's values.
+func TestTroubleshootingNamesWhatExists(t *testing.T) {
+	var tests []string
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(path, "_test.go") {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range regexp.MustCompile(`(?m)^func (Test\w+)\(`).FindAllStringSubmatch(string(b), -1) {
+				tests = append(tests, m[1])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values string
+	for _, chart := range []string{"elastic-training", "elastic-training-webhook"} {
+		b, err := os.ReadFile(filepath.Join("..", "charts", chart, "values.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		values += string(b)
+	}
+	for _, doc := range []string{"troubleshooting.md", "walkthrough-eks.md", "walkthrough-gke.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		named := regexp.MustCompile("`(Test[A-Z]\\w+)`").FindAllStringSubmatch(string(b), -1)
+		for _, m := range named {
+			if !slices.Contains(tests, m[1]) {
+				t.Errorf("docs/%s names %s, which is no test", doc, m[1])
+			}
+		}
+		// `--set a.b.c=...` and `a.b.c` in backquotes: the last key must be a value of a chart.
+		for _, m := range regexp.MustCompile(`--set(?:-json)? '?([a-zA-Z][\w.]*)=`).FindAllStringSubmatch(string(b), -1) {
+			key := m[1][strings.LastIndex(m[1], ".")+1:]
+			if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(key) + `:`).MatchString(values) {
+				t.Errorf("docs/%s sets %s, which no chart's values.yaml has", doc, m[1])
+			}
+		}
+	}
+}

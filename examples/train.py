@@ -1,13 +1,17 @@
-"""A small elastic training script for examples/script-run.yaml (petctl style: no image build).
+"""A small elastic training script for the examples for real clusters (examples/*.yaml), given with --set-file:
 
     helm install mnist charts/elastic-training -f examples/script-run.yaml --set-file script=examples/train.py
 
 torchrun (configured by the webhook through PET_* variables) starts it on every pod; it trains a tiny model on
-random data with gloo/NCCL, checkpoints to --checkpoint-dir after every epoch, and resumes from the checkpoint
-after a re-rendezvous (scale up/down, a lost pod).
+random data with NCCL (gloo without a GPU), checkpoints to --checkpoint-dir after every epoch, and resumes after a
+re-rendezvous (scale up/down, a lost pod). The checkpoint of rank 0 is the one that counts: it is loaded before
+DistributedDataParallel broadcasts rank 0's weights, and rank 0's epoch is broadcast, so every rank resumes at the
+same step even when only rank 0's pod has the file (no shared volume). --step-seconds paces a demo so that
+scaling can be watched.
 """
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,6 +20,8 @@ import torch.distributed as dist
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps-per-epoch", type=int, default=100)
+    p.add_argument("--step-seconds", type=float, default=0.0, help="the least time a step takes (a demo's pace)")
     p.add_argument("--data", default="")
     p.add_argument("--checkpoint-dir", default="/data/checkpoints")
     args = p.parse_args()
@@ -24,21 +30,29 @@ def main():
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 1).to(device))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    net = torch.nn.Linear(32, 1).to(device)
 
     ckpt = os.path.join(args.checkpoint_dir, "model.pt")
-    start = 0
-    if os.path.exists(ckpt):
+    start = torch.zeros(1, dtype=torch.int64, device=device)
+    if rank == 0 and os.path.exists(ckpt):
         state = torch.load(ckpt, map_location=device)
-        model.module.load_state_dict(state["model"])
-        start = state["epoch"] + 1
-    for epoch in range(start, args.epochs):
-        x, y = torch.randn(64, 32, device=device), torch.randn(64, 1, device=device)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        net.load_state_dict(state["model"])
+        start[0] = state["epoch"] + 1
+    dist.broadcast(start, src=0)
+    model = torch.nn.parallel.DistributedDataParallel(net)  # broadcasts rank 0's weights
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    for epoch in range(int(start.item()), args.epochs):
+        for _ in range(args.steps_per_epoch):
+            began = time.monotonic()
+            x, y = torch.randn(64, 32, device=device), torch.randn(64, 1, device=device)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(max(0.0, args.step_seconds - (time.monotonic() - began)))
         print(f"epoch {epoch} rank {rank}/{world} loss {loss.item():.4f} on {os.environ.get('ET_MEMBER_HOST', '?')}", flush=True)
         if rank == 0:
             os.makedirs(args.checkpoint_dir, exist_ok=True)
