@@ -7,6 +7,7 @@ require (
 	github.com/go-logr/logr v1.4.4
 	github.com/google/go-cmp v0.7.0
 	github.com/nlpodyssey/gopickle v0.2.0
+	github.com/open-policy-agent/cert-controller v0.16.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stretchr/testify v1.12.1
 	helm.sh/helm/v3 v3.22.0
@@ -19,6 +20,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 	volcano.sh/apis v1.14.0
 )
+
+require go.uber.org/atomic v1.11.0 // indirect
 
 require (
 	dario.cat/mergo v1.0.1 // indirect

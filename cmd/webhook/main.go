@@ -1,6 +1,7 @@
 // Command webhook is the elastic-training mutating admission webhook. It only
 // parses flags and wires internal/webhook; see docs/contract.md for what it does
-// to pods. Its only Kubernetes API access is creating Events (--events).
+// to pods. Its Kubernetes API access: creating Events (--events), and keeping its
+// TLS Secret and webhook configuration's CA bundle (--cert-rotation-secret).
 package main
 
 import (
@@ -14,7 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -23,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/elastic-training/elastic-training/internal/certrotation"
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
 	"github.com/elastic-training/elastic-training/internal/webhook"
@@ -96,6 +100,16 @@ func main() {
 	flag.StringVar(&d.MPIFlavour, "default-mpi-flavour", d.MPIFlavour, "hostfile flavour: "+strings.Join(constants.MPIFlavours, ", "))
 	flag.Var(resourcesFlag{&d.SidecarResources.Serve}, "sidecar-serve-resources", `resources of the sidecar that serves the rendezvous, as JSON (e.g. {"requests":{"cpu":"50m","memory":"64Mi"},"limits":{"cpu":"1","memory":"512Mi"}})`)
 	flag.Var(resourcesFlag{&d.SidecarResources.Join}, "sidecar-join-resources", "resources of every other pod's sidecar, as JSON")
+	var rot certrotation.Config
+	var rotSecret string
+	var rotNames listFlag
+	flag.StringVar(&rotSecret, "cert-rotation-secret", "", "rotate the serving certificate in this process: the TLS Secret <namespace>/<name> that it keeps (with --cert-rotation-webhook and --cert-dns-names; needs the API and RBAC to update that Secret and the webhook configuration); empty: serve the certificate in --cert-dir as it is")
+	flag.StringVar(&rot.WebhookConfiguration, "cert-rotation-webhook", "", "the MutatingWebhookConfiguration that gets the rotated CA bundle")
+	flag.Var(&rotNames, "cert-dns-names", "DNS names of the serving certificate, the Service's first (repeatable or comma-separated)")
+	flag.DurationVar(&rot.CAValidity, "ca-validity", 10*365*24*time.Hour, "validity of a rotated CA")
+	flag.DurationVar(&rot.CertValidity, "cert-validity", 365*24*time.Hour, "validity of a rotated serving certificate")
+	flag.DurationVar(&rot.Lookahead, "cert-lookahead", 90*24*time.Hour, "renew a certificate this long before it expires")
+	flag.DurationVar(&rot.CheckInterval, "cert-check-interval", 12*time.Hour, "how often the certificates' expiry is checked")
 	var events bool
 	flag.BoolVar(&events, "events", false, "record denials and warnings as Events on the pods' Jobs and StatefulSets (needs the API: in-cluster config or --kubeconfig, and RBAC to create events)")
 	zopts := zap.Options{}
@@ -122,10 +136,51 @@ func main() {
 		}
 		defer stop()
 	}
-	if err := webhook.Run(ctrl.SetupSignalHandler(), o); err != nil {
+	ctx := ctrl.SetupSignalHandler()
+	if rotSecret != "" {
+		ns, name, _ := strings.Cut(rotSecret, "/")
+		rot.Secret = types.NamespacedName{Namespace: ns, Name: name}
+		if len(rotNames) > 0 {
+			rot.DNSName, rot.ExtraDNSNames = rotNames[0], rotNames[1:]
+		}
+		rot.CertDir = o.CertDir
+		if err := rotateCerts(ctx, rot, log); err != nil {
+			log.Error(err, "certificate rotation")
+			os.Exit(1)
+		}
+	}
+	if err := webhook.Run(ctx, o); err != nil {
 		log.Error(err, "webhook stopped")
 		os.Exit(1)
 	}
+}
+
+// rotateCerts starts the certificate rotation and returns once the serving certificate is in place, or fails; a
+// rotation that stops later ends the process (its replica restarts and rotates again).
+func rotateCerts(ctx context.Context, c certrotation.Config, log logr.Logger) error {
+	rc, err := ctrl.GetConfig()
+	if err != nil {
+		return err
+	}
+	ready, failed, err := certrotation.Start(ctx, rc, c, log.WithName("cert-rotation"))
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ready:
+	case err := <-failed:
+		return fmt.Errorf("stopped before the certificate was ready: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	log.Info("serving certificate ready", "secret", c.Secret.String(), "dir", c.CertDir)
+	go func() {
+		if err := <-failed; err != nil {
+			log.Error(err, "certificate rotation stopped")
+			os.Exit(1)
+		}
+	}()
+	return nil
 }
 
 // checkCmd is `webhook check`: the webhook chart's helm test (webhook.Check).

@@ -93,6 +93,10 @@ func TestWebhookChartDefaults(t *testing.T) {
 	assert.Equal(t, "ALL", string(c.SecurityContext.Capabilities.Drop[0]))
 	require.NotNil(t, r.Find("PodDisruptionBudget", name))
 	require.NotNil(t, r.Find("Service", name))
+	checkRotatorDefaults(t, r, name)
+	// The rest with the chart's own certificate (tls.rotator.enabled=false).
+	noRotator := map[string]any{"tls": map[string]any{"rotator": map[string]any{"enabled": false}}}
+	r = renderWebhook(t, noRotator)
 	assert.Nil(t, r.Find("Role", ""), "no namespaced RBAC")
 	role := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-events"))
 	require.Len(t, role.Rules, 1, "Events only")
@@ -101,14 +105,15 @@ func TestWebhookChartDefaults(t *testing.T) {
 	binding := convert[rbacv1.ClusterRoleBinding](t, r.Find("ClusterRoleBinding", name+"-events"))
 	assert.Equal(t, name, binding.Subjects[0].Name)
 
-	// Without Events: no RBAC at all, no token.
-	r = renderWebhook(t, map[string]any{"events": map[string]any{"enabled": false}})
+	// Without Events and rotation: no RBAC at all, no token.
+	r = renderWebhook(t, merge(noRotator, map[string]any{"events": map[string]any{"enabled": false}}))
 	dep = convert[appsv1.Deployment](t, r.Find("Deployment", name))
 	assert.False(t, *dep.Spec.Template.Spec.AutomountServiceAccountToken, "no API access without events")
 	assert.NotContains(t, dep.Spec.Template.Spec.Containers[0].Args, "--events")
 	assert.Nil(t, r.Find("ClusterRole", name+"-events"), "no RBAC of the webhook's own without events")
 	assert.Nil(t, r.Find("ClusterRoleBinding", name+"-events"))
-	r = renderWebhook(t, nil)
+	assert.Nil(t, r.Find("ClusterRole", name+"-cert-rotation"))
+	r = renderWebhook(t, noRotator)
 
 	mwc := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, r.Find("MutatingWebhookConfiguration", name))
 	require.Len(t, mwc.Webhooks, 1)
@@ -137,6 +142,48 @@ func TestWebhookChartDefaults(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Contains(t, r.Notes, "rollout status deploy/"+name)
+}
+
+// checkRotatorDefaults: by default the webhook keeps its certificate itself: an empty Opaque Secret for the
+// rotator to fill, no caBundle rendered (the rotator injects it, and Helm keeps what neither manifest has), the
+// rotation's flags naming that Secret, this webhook configuration and the Service's names, the certificate written
+// to an emptyDir, and RBAC for that one Secret and that one webhook configuration, with the token to use it.
+func checkRotatorDefaults(t *testing.T, r *chartrender.Rendered, name string) {
+	t.Helper()
+	secret := r.Find("Secret", name+"-serving-cert")
+	require.NotNil(t, secret)
+	assert.Equal(t, "Opaque", secret.Object["type"])
+	assert.Nil(t, secret.Object["data"], "no key material rendered: stable across re-renders")
+	assert.Nil(t, r.Find("Secret", name+"-tls"))
+	wh := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, r.Find("MutatingWebhookConfiguration", name)).Webhooks[0]
+	assert.Empty(t, wh.ClientConfig.CABundle, "the rotator injects the CA")
+
+	dep := convert[appsv1.Deployment](t, r.Find("Deployment", name))
+	pod := dep.Spec.Template.Spec
+	assert.True(t, *pod.AutomountServiceAccountToken)
+	svc := name + "." + webhookNS + ".svc"
+	for _, want := range []string{"--cert-rotation-secret=" + webhookNS + "/" + name + "-serving-cert", "--cert-rotation-webhook=" + name,
+		"--cert-dns-names=" + svc + "," + svc + ".cluster.local," + name + "," + name + "." + webhookNS,
+		"--ca-validity=87600h", "--cert-validity=8760h", "--cert-lookahead=2160h", "--cert-check-interval=12h", "--cert-dir=/etc/elastic-training-webhook/tls"} {
+		assert.Contains(t, pod.Containers[0].Args, want)
+	}
+	require.Len(t, pod.Volumes, 1)
+	require.NotNil(t, pod.Volumes[0].EmptyDir, "the webhook writes the certificate itself")
+	assert.False(t, pod.Containers[0].VolumeMounts[0].ReadOnly)
+
+	role := convert[rbacv1.Role](t, r.Find("Role", name+"-cert-rotation"))
+	require.Len(t, role.Rules, 2)
+	assert.Equal(t, []string{"get", "list", "watch"}, role.Rules[0].Verbs)
+	assert.Equal(t, []string{name + "-serving-cert"}, role.Rules[1].ResourceNames, "it writes only its own Secret")
+	cr := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-cert-rotation"))
+	require.Len(t, cr.Rules, 2)
+	assert.Equal(t, []string{"mutatingwebhookconfigurations"}, cr.Rules[1].Resources)
+	assert.Equal(t, []string{name}, cr.Rules[1].ResourceNames, "it writes only its own webhook configuration")
+	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+		b := r.Find(kind, name+"-cert-rotation")
+		require.NotNil(t, b, kind)
+		assert.Equal(t, name, convert[rbacv1.RoleBinding](t, b).Subjects[0].Name)
+	}
 }
 
 func TestWebhookChartURLMode(t *testing.T) {
@@ -214,13 +261,14 @@ func TestWebhookChartSchemaRejects(t *testing.T) {
 }
 
 func TestWebhookChartCAKeptAcrossUpgrades(t *testing.T) {
-	first := renderWebhook(t, nil)
+	helmTLS := map[string]any{"tls": map[string]any{"rotator": map[string]any{"enabled": false}}}
+	first := renderWebhook(t, helmTLS)
 	secret := first.Find("Secret", "elastic-training-webhook-tls")
 	require.NotNil(t, secret)
-	again := renderWebhook(t, nil)
+	again := renderWebhook(t, helmTLS)
 	assert.NotEqual(t, secret.Object["data"], again.Find("Secret", "").Object["data"], "a fresh install generates a new CA")
 
-	up, err := renderWebhookChart(map[string]any{"replicaCount": 3}, []map[string]any{secret.Object})
+	up, err := renderWebhookChart(merge(helmTLS, map[string]any{"replicaCount": 3}), []map[string]any{secret.Object})
 	require.NoError(t, err)
 	assert.Equal(t, secret.Object["data"], up.Find("Secret", "").Object["data"], "an upgrade keeps the CA and certificate")
 	wh := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, up.Find("MutatingWebhookConfiguration", "")).Webhooks[0]
@@ -518,9 +566,10 @@ func TestWebhookChartLogLevels(t *testing.T) {
 
 // TestWebhookChartFullnameOverride: every object and every reference between them follows fullnameOverride.
 func TestWebhookChartFullnameOverride(t *testing.T) {
-	for _, certManager := range []bool{false, true} {
-		t.Run(fmt.Sprintf("certManager=%v", certManager), func(t *testing.T) {
-			base := []string{fmt.Sprintf("tls.certManager.enabled=%v", certManager), "metrics.serviceMonitor.enabled=true"}
+	for _, source := range []string{"helm", "rotator", "cert-manager"} {
+		certManager := source == "cert-manager"
+		t.Run(source, func(t *testing.T) {
+			base := []string{fmt.Sprintf("tls.certManager.enabled=%v", certManager), fmt.Sprintf("tls.rotator.enabled=%v", source == "rotator"), "metrics.serviceMonitor.enabled=true"}
 			def := renderWebhook(t, webhookSets(t, base...))
 			r := renderWebhook(t, webhookSets(t, append(base, "fullnameOverride=et-hook")...))
 
@@ -544,7 +593,15 @@ func TestWebhookChartFullnameOverride(t *testing.T) {
 			// References.
 			pod, _ := webhookPod(t, r)
 			assert.Equal(t, "et-hook", pod.ServiceAccountName)
-			assert.Equal(t, "et-hook-tls", pod.Volumes[0].Secret.SecretName)
+			if source == "rotator" {
+				assert.Contains(t, pod.Containers[0].Args, "--cert-rotation-secret="+webhookNS+"/et-hook-serving-cert")
+				assert.Contains(t, pod.Containers[0].Args, "--cert-rotation-webhook=et-hook")
+				assert.NotNil(t, r.Find("Secret", "et-hook-serving-cert"))
+				assert.Equal(t, []string{"et-hook-serving-cert"}, convert[rbacv1.Role](t, r.Find("Role", "et-hook-cert-rotation")).Rules[1].ResourceNames)
+				assert.Equal(t, []string{"et-hook"}, convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", "et-hook-cert-rotation")).Rules[1].ResourceNames)
+			} else {
+				assert.Equal(t, "et-hook-tls", pod.Volumes[0].Secret.SecretName)
+			}
 			wh := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, r.Find("MutatingWebhookConfiguration", "et-hook")).Webhooks[0]
 			assert.Equal(t, "et-hook", wh.ClientConfig.Service.Name)
 			assert.Contains(t, r.Notes, "deploy/et-hook")
@@ -556,7 +613,7 @@ func TestWebhookChartFullnameOverride(t *testing.T) {
 				names, _, _ := unstructured.NestedStringSlice(crt.Object, "spec", "dnsNames")
 				assert.Contains(t, names, "et-hook."+webhookNS+".svc")
 				assert.Equal(t, webhookNS+"/et-hook", r.Find("MutatingWebhookConfiguration", "").GetAnnotations()["cert-manager.io/inject-ca-from"])
-			} else {
+			} else if source == "helm" {
 				data := r.Find("Secret", "et-hook-tls").Object["data"].(map[string]any)
 				c := cert(t, data["tls.crt"].(string))
 				assert.Contains(t, c.DNSNames, "et-hook."+webhookNS+".svc")
@@ -734,7 +791,11 @@ func TestWebhookChartHelmTest(t *testing.T) {
 			assert.Equal(t, webhook.Image, c.Image)
 			assert.Equal(t, webhook.SecurityContext, c.SecurityContext)
 			require.Len(t, pod.Spec.Volumes, 1)
-			assert.Equal(t, "elastic-training-webhook-tls", pod.Spec.Volumes[0].Secret.SecretName)
+			secret := "elastic-training-webhook-tls"
+			if !certManager {
+				secret = "elastic-training-webhook-serving-cert" // the rotator's, by default
+			}
+			assert.Equal(t, secret, pod.Spec.Volumes[0].Secret.SecretName)
 			assert.Equal(t, []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}, pod.Spec.Volumes[0].Secret.Items)
 			assert.False(t, *pod.Spec.AutomountServiceAccountToken)
 		})

@@ -35,8 +35,17 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* Where the serving certificate comes from: cert-manager (tls.certManager.enabled), rotator (the webhook
+process, tls.rotator.enabled, the default) or helm (generated once by the chart; also with webhook.url, whose host
+may be an IP address, which the rotator's certificates cannot name). */}}
+{{- define "elastic-training-webhook.tlsSource" -}}
+{{- if .Values.tls.certManager.enabled }}cert-manager{{ else if and .Values.tls.rotator.enabled (not .Values.webhook.url) }}rotator{{ else }}helm{{ end }}
+{{- end }}
+
+{{/* The TLS Secret. The rotator's has a name of its own: its type is Opaque (a kubernetes.io/tls Secret must carry
+data, which the chart leaves to the rotator), and a Secret's type cannot change on upgrade. */}}
 {{- define "elastic-training-webhook.tlsSecret" -}}
-{{- printf "%s-tls" (include "elastic-training-webhook.fullname" .) }}
+{{- printf "%s-%s" (include "elastic-training-webhook.fullname" .) (ternary "serving-cert" "tls" (eq (include "elastic-training-webhook.tlsSource" .) "rotator")) }}
 {{- end }}
 
 {{/* The ServiceAccount the webhook runs as: the chart's own (create), or one that exists (name, else default). */}}
