@@ -24,7 +24,7 @@ func TestValidate(t *testing.T) {
 		{"no DNS name", func(c *Config) { c.DNSName = "" }, "DNS name"},
 		{"no directory", func(c *Config) { c.CertDir = "" }, "directory"},
 		{"lookahead past validity", func(c *Config) { c.CertValidity, c.Lookahead = time.Hour, time.Hour }, "renewed at once"},
-		{"certificate outlasts CA", func(c *Config) { c.CAValidity, c.CertValidity = time.Hour, 2 * time.Hour }, "cannot outlast"},
+		{"certificate outlasts CA", func(c *Config) { c.CAValidity, c.CertValidity = time.Hour, 2*time.Hour }, "cannot outlast"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
