@@ -1,9 +1,11 @@
 package helm_test
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,7 +68,7 @@ func TestExamplesRunAsWritten(t *testing.T) {
 						case strings.Contains(string(raw), "From the node: "+p) && underHostPath(spec.Spec, c, p):
 						default:
 							t.Errorf("%s container %s (image %s) runs %s: neither a script the chart mounts (%v) nor a file the example says its image has (a comment \"In the image %s: %s\" naming where the image gets it)",
-								key, c.Name, c.Image, p, keys(mounted), c.Image, p)
+								key, c.Name, c.Image, p, slices.Sorted(maps.Keys(mounted)), c.Image, p)
 						}
 					}
 				}
@@ -86,12 +88,4 @@ func underHostPath(spec corev1.PodSpec, c corev1.Container, p string) bool {
 		}
 	}
 	return false
-}
-
-func keys(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
@@ -51,7 +52,7 @@ func TestVersionsMatchChangelog(t *testing.T) {
 	require.NoError(t, err)
 	job := r.Find("Job", "rel-worker")
 	require.NotNil(t, job)
-	contract, _, _ := unstructuredString(job.Object, "spec", "template", "metadata", "annotations", constants.AnnotationContract)
+	contract, _, _ := unstructured.NestedString(job.Object, "spec", "template", "metadata", "annotations", constants.AnnotationContract)
 	assert.Equal(t, contract, newest[2], "CHANGELOG.md: the job chart contract of %s is what the chart renders", v)
 	assert.Equal(t, strconv.Itoa(constants.ContractVersion), contract)
 	var served []string
@@ -59,19 +60,6 @@ func TestVersionsMatchChangelog(t *testing.T) {
 		served = append(served, strconv.Itoa(c))
 	}
 	assert.Equal(t, strings.Join(served, ", "), newest[3], "CHANGELOG.md: the contracts the webhook of %s serves", v)
-}
-
-func unstructuredString(obj map[string]any, path ...string) (string, bool, error) {
-	var cur any = obj
-	for _, p := range path {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return "", false, fmt.Errorf("%s: not a map", p)
-		}
-		cur = m[p]
-	}
-	s, ok := cur.(string)
-	return s, ok, nil
 }
 
 // TestArtifactHubMetadata: what Artifact Hub shows of each chart is true of this tree: the license is LICENSE's,

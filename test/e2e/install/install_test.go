@@ -101,13 +101,14 @@ type certWatch struct {
 	denied   []string
 	certs    []*x509.Certificate // in the order seen
 	cas      map[string]bool
-	last     time.Time // of the last admitted pod
-	bundle   []byte    // the webhook configuration's CA bundle at the end
+	last     time.Time     // of the last admitted pod
+	outlived chan struct{} // closed once a pod is admitted 10 s past the first certificate's end
+	bundle   []byte        // the webhook configuration's CA bundle at the end
 }
 
 func watchCerts(t *testing.T, c *framework.Cluster, ns string) *certWatch {
 	ctx, stop := context.WithCancel(context.Background())
-	w := &certWatch{stop: stop, done: make(chan struct{}), cas: map[string]bool{}}
+	w := &certWatch{stop: stop, done: make(chan struct{}), outlived: make(chan struct{}), cas: map[string]bool{}}
 	secret := framework.WebhookRelease + "-serving-cert"
 	go func() {
 		defer close(w.done)
@@ -127,6 +128,13 @@ func watchCerts(t *testing.T, c *framework.Cluster, ns string) *certWatch {
 				} else {
 					w.admitted++
 					w.last = time.Now()
+					if len(w.certs) > 0 && w.last.After(w.certs[0].NotAfter.Add(10*time.Second)) {
+						select {
+						case <-w.outlived:
+						default:
+							close(w.outlived)
+						}
+					}
 				}
 			}
 			w.mu.Unlock()
@@ -163,13 +171,9 @@ func watchCerts(t *testing.T, c *framework.Cluster, ns string) *certWatch {
 func (w *certWatch) check(t *testing.T) {
 	t.Helper()
 	// Admitting goes on until 10 s past the first certificate's end, if the test was quicker.
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
-		w.mu.Lock()
-		past := len(w.certs) > 0 && w.last.After(w.certs[0].NotAfter.Add(10*time.Second))
-		w.mu.Unlock()
-		if past {
-			break
-		}
+	select {
+	case <-w.outlived:
+	case <-time.After(time.Minute):
 	}
 	w.stop()
 	<-w.done
