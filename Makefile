@@ -139,15 +139,15 @@ images:
 ## until it serves with etcd's default ticks vs ours.
 bench-sidecar: rootfs
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench 'V2Ops|RendezvousOnly|^BenchmarkTorchrun$$|HostfileLatency|C10dTorchrun|C10dLoad|C10dRSS' -benchtime 1x ./test/bench/sidecar
-	$(GO) test -count=1 -run '^$$' -bench StoreStart -benchtime 20x ./internal/rdzvetcd
+	$(GO) test -count=1 -run '^$$' -bench StoreStart -benchtime 20x ./internal/embedetcd
 
 ## bench-scale: the rendezvous at the scale of real jobs (docs/scale.md): N = 64, 256, 1,024 of torch's own rendezvous
 ## handlers through the sidecar vs torch's TCPStore server (c10d) and etcd 3.4 (etcd-v2), the chart's settings and
-## torch's; the job's own rendezvous vs torch's c10d handler on the sidecar at 64 to 4,096 nodes (OwnRendezvousScale,
-## which the pattern matches too); torch's join race with Go clients at 256 to 1,024 nodes; 500 members each kept by
-## its own join; 16,384 concurrent c10d clients. BENCH_SIDECAR_SCALE_* and _OWN_* choose.
+## torch's; the elastic-training backend vs torch's c10d handler on the sidecar at 64 to 4,096 nodes (BenchmarkElasticTrainingBackendScale;
+## BENCH_SIDECAR_BACKEND_* choose); torch's join race with Go clients at 256 to 1,024 nodes; 500 members each kept by
+## its own join; 16,384 concurrent c10d clients. BENCH_SIDECAR_SCALE_* and _BACKEND_* choose.
 bench-scale: rootfs
-	$(GO) test -count=1 -timeout 150m -run '^$$' -bench 'RendezvousScale|C10dJoinRace|^BenchmarkScale$$|C10dClients' -benchtime 1x ./test/bench/sidecar
+	$(GO) test -count=1 -timeout 150m -run '^$$' -bench 'RendezvousScale|BackendScale|C10dJoinRace|^BenchmarkScale$$|C10dClients' -benchtime 1x ./test/bench/sidecar
 
 ## bench-webhook: what users feel of the webhook (root): on the local cluster, seconds until the Job controller has
 ## created every pod of a 500-pod Indexed Job of the chart's PyTorch workers (scheduling-gated, nothing runs), with

@@ -26,10 +26,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/etcdclient"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/podcmd"
-	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
@@ -39,7 +39,7 @@ import (
 // against it).
 var commands = []command{
 	{"serve", "[flags]", "the job's rendezvous: embedded etcd (v3 API + v2 keys API: torch's etcd/etcd-v2 backends), " +
-		"torch's c10d TCPStore, the job's own rendezvous (--backend), the rounds' view on /rendezvous", serveCmd},
+		"torch's c10d TCPStore, the elastic-training backend (--backend), the rounds' view on /rendezvous", serveCmd},
 	{"join", "[flags]", "register this pod with a lease, keep hostfile and discover_hosts.sh current", joinCmd},
 	{"started", "[flags]", "wait until this sidecar's /startz answers (its postStart hook)", startedCmd},
 	{"wait", "[flags]", "wait until --members=N members are registered", waitCmd},
@@ -235,7 +235,7 @@ func setMemoryLimit(log *slog.Logger) {
 	}
 }
 
-func addClientFlags(fs *flag.FlagSet, c *rdzvclient.Config) {
+func addClientFlags(fs *flag.FlagSet, c *etcdclient.Config) {
 	fs.StringVar(&c.Endpoints, "endpoints", os.Getenv(constants.EnvRdzvEndpoint), "comma-separated client URLs of the rendezvous server (default $"+constants.EnvRdzvEndpoint+")")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", 5*time.Second, "timeout of one connection attempt")
 	fs.StringVar(&c.CAFile, "cacert", "", "CA bundle to verify the server's TLS certificate")
@@ -271,7 +271,7 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Etcd.LogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
-	fs.Func("backend", "the job's torchrun rendezvous backend ("+strings.Join(constants.Backends, ", ")+"): only its handlers see the stores' writes (the own rendezvous' rounds; torch's c10d state for the view and the survivors' restarter; torch's etcd state for the view); empty: every backend's", func(v string) error {
+	fs.Func("backend", "the job's torchrun rendezvous backend ("+strings.Join(constants.Backends, ", ")+"): only its handlers see the stores' writes (the elastic-training backend's rounds; torch's c10d state for the view and the survivors' restarter; torch's etcd state for the view); empty: every backend's", func(v string) error {
 		if v != "" && !slices.Contains(constants.Backends, v) {
 			return fmt.Errorf("%q is not one of %s", v, strings.Join(constants.Backends, ", "))
 		}

@@ -67,7 +67,7 @@ const (
 // their enums against these) all use them.
 var (
 	Frameworks      = []string{FrameworkCustom, FrameworkMPI, FrameworkMXNet, FrameworkPyTorch}
-	Backends        = []string{BackendEtcdV2, BackendEtcd, BackendC10d, BackendOwn}
+	Backends        = []string{BackendEtcdV2, BackendEtcd, BackendC10d, BackendElasticTraining}
 	MPIFlavours     = []string{FlavourOpenMPI, FlavourMPICH, FlavourIntelMPI}
 	HostfileFormats = append(MPIFlavours[:len(MPIFlavours):len(MPIFlavours)], FormatHorovod)
 	PullPolicies    = []string{"Always", "IfNotPresent", "Never"}
@@ -118,7 +118,7 @@ const (
 	// after it (PortsFrom).
 	AnnotationRdzvPorts = Domain + "/rdzv-ports"
 	// AnnotationRdzvStandbys is how many pods after the rdzv-host group's index 0 (indices 1..n) stand by to serve
-	// the rendezvous when the pod that serves it is lost (internal/rdzvlease); absent: none.
+	// the rendezvous when the pod that serves it is lost (internal/servinglease); absent: none.
 	AnnotationRdzvStandbys = Domain + "/rdzv-standbys"
 	// AnnotationForceDeleteLostPods names the job's member StatefulSets (comma-separated) whose pods the serving
 	// sidecar force-deletes once Kubernetes evicts them from a lost node (internal/lostpods; the chart sets it with
@@ -182,15 +182,17 @@ const (
 	BackendEtcdV2 = "etcd-v2" // the webhook's default for a pod that does not say (the chart's default is c10d)
 	BackendEtcd   = "etcd"
 	BackendC10d   = "c10d" // torch's TCPStore, served by the sidecar; needs no python-etcd
-	// BackendOwn: the job's own rendezvous (docs/own-rendezvous.md), a torchrun backend of torch >= 2.5's
+	// BackendElasticTraining: the elastic-training backend (docs/elastic-training-backend.md), a torchrun backend of torch >= 2.5's
 	// torchrun.handlers entry point that the sidecar installs, on the sidecar's c10d store.
-	BackendOwn = "elastic-training"
+	BackendElasticTraining = "elastic-training"
 )
 
 // OnSidecarStore says whether backend keeps the rendezvous in the serving
 // sidecar's c10d store, which every trainer reaches through its own pod's
-// sidecar (c10d and the own rendezvous), rather than in its etcd.
-func OnSidecarStore(backend string) bool { return backend == BackendC10d || backend == BackendOwn }
+// sidecar (c10d and the elastic-training backend), rather than in its etcd.
+func OnSidecarStore(backend string) bool {
+	return backend == BackendC10d || backend == BackendElasticTraining
+}
 
 // MPI flavours (values of AnnotationMPIFlavour and of the sidecar's --hostfile-flavour).
 const (
@@ -317,14 +319,14 @@ const (
 	EnvDiscoverHosts = "ET_DISCOVER_HOSTS"
 	// EnvDisableSharedStore is torch's opt-out of sharing the rendezvous TCPStore with the workers (torch >= 2.5).
 	EnvDisableSharedStore = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-	// EnvPythonPath: where a PyTorch trainer of the own rendezvous finds its backend (PythonDir), first.
+	// EnvPythonPath: where a PyTorch trainer of the elastic-training backend finds its backend (PythonDir), first.
 	EnvPythonPath = "PYTHONPATH"
-	// PythonDir: the own rendezvous' torchrun backend, as the sidecar installs it (internal/rdzvpy).
+	// PythonDir: the trainer's Python package elastic_training (the elastic-training backend's agent side), as the sidecar installs it (internal/trainerpy).
 	PythonDir       = FilesDir + "/" + PythonDirName
 	PythonDirName   = "python"
 	EnvRdzvEndpoint = "ET_RDZV_ENDPOINT"
 	EnvMemberHost   = "ET_MEMBER_HOST" // this pod's stable FQDN
-	// EnvMemberIP is this pod's IP (the downward API's status.podIP), in a trainer of the own rendezvous: the
+	// EnvMemberIP is this pod's IP (the downward API's status.podIP), in a trainer of the elastic-training backend: the
 	// address its round's rank 0 gives the workers as MASTER_ADDR. Not the FQDN: while a lost pod's replacement
 	// starts beside the old one, still Terminating on a node cut off, the headless Service's name resolves to both.
 	EnvMemberIP = "ET_POD_IP"

@@ -123,9 +123,9 @@ func TestDenied(t *testing.T) {
 			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
 			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendC10d
 		}, []string{"rdzv-tls-secret=\"certs\" with elastic-training.io/rdzv-backend=c10d: torch's c10d store has no TLS"}},
-		{"tls with the own rendezvous", func(p *corev1.Pod) {
+		{"tls with the elastic-training backend", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"
-			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendOwn
+			p.Annotations[constants.AnnotationRdzvBackend] = constants.BackendElasticTraining
 		}, []string{"rdzv-tls-secret=\"certs\" with elastic-training.io/rdzv-backend=elastic-training: torch's c10d store has no TLS"}},
 		{"tls volume name taken by another volume", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvTLSSecret] = "certs"

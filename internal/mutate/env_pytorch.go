@@ -22,7 +22,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 	case constants.BackendEtcd:
 		conf["timeout"] = strconv.Itoa(s.joinTimeout)
 		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
-	case constants.BackendOwn: // internal/rdzvpy reads these; membership replaces keep-alives
+	case constants.BackendElasticTraining: // internal/trainerpy reads these; membership replaces keep-alives
 		conf["join_timeout"] = strconv.Itoa(s.joinTimeout)
 		conf["last_call_timeout"] = strconv.Itoa(s.lastCall)
 		conf["close_timeout"] = strconv.Itoa(s.closeTimeout)
@@ -77,7 +77,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		// fresh store. Older torch does not read the variable.
 		{Name: constants.EnvDisableSharedStore, Value: "1"},
 	}
-	if s.backend == constants.BackendOwn {
+	if s.backend == constants.BackendElasticTraining {
 		// The own backend's rank 0 names its workers' store by this pod's IP (torch's handlers by
 		// PET_LOCAL_ADDR, the FQDN, which internal/torchbackends/survivors and the view read as the pod's name).
 		env = append(env, corev1.EnvVar{Name: constants.EnvMemberIP, ValueFrom: &corev1.EnvVarSource{

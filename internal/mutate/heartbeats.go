@@ -32,7 +32,7 @@ const (
 
 // maxWaitingChecksPerSecond bounds how often a job's agents ask the store
 // for waiting nodes. Every agent calls num_nodes_waiting once per monitor
-// interval while its workers run; with the own rendezvous and etcd each call
+// interval while its workers run; with the elastic-training backend and etcd each call
 // reads the store (torch's c10d caches its state for 1 s). 4,096 a second is
 // what a 4,096-node job asked at the chart's earlier 1 s, whose steady server
 // CPU `make bench-scale` measured at 0.35 cores.

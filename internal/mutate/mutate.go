@@ -151,8 +151,8 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	for _, v := range trainerEnv(s, fqdn, rdzvHost, rdzvURL, namespace, domain) {
 		setEnv(e, path, c, v)
 	}
-	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendOwn {
-		// torchrun finds the own rendezvous through its entry point, in the dist-info the sidecar installs there.
+	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining {
+		// torchrun finds the elastic-training backend through its entry point, in the dist-info the sidecar installs there.
 		prependPath(e, path, c, constants.EnvPythonPath, constants.PythonDir)
 	}
 	if err := setMount(e, path, c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {

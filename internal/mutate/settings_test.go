@@ -47,13 +47,13 @@ func TestDenialWording(t *testing.T) {
 }
 
 // The trainer starts with its sidecar only where its agent waits for the store and for its pod's registration
-// itself: the own rendezvous' backend. torch's c10d and etcd backends give up on a store that does not answer
+// itself: the elastic-training backend. torch's c10d and etcd backends give up on a store that does not answer
 // within their timeout, and the other frameworks read the job's files as they start.
 func TestStartPath(t *testing.T) {
 	for _, c := range []struct {
 		framework, backend, want string
 	}{
-		{constants.FrameworkPyTorch, constants.BackendOwn, "/startz"},
+		{constants.FrameworkPyTorch, constants.BackendElasticTraining, "/startz"},
 		{constants.FrameworkPyTorch, constants.BackendC10d, "/readyz"},
 		{constants.FrameworkPyTorch, constants.BackendEtcdV2, "/readyz"},
 		{constants.FrameworkPyTorch, constants.BackendEtcd, "/readyz"},

@@ -94,7 +94,7 @@ func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
 	if s.forceDeleteLostOf != "" {
 		args = append(args, "--force-delete-lost-pods-of="+s.forceDeleteLostOf)
 	}
-	// A candidate: it serves while it holds the Lease of the rendezvous Service's name (internal/rdzvlease).
+	// A candidate: it serves while it holds the Lease of the rendezvous Service's name (internal/servinglease).
 	args = append(args, "--lease="+s.rdzvService)
 	if s.index > 0 {
 		args = append(args, "--standby")
@@ -185,7 +185,7 @@ func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
 // give up on a store that does not answer within their timeout, and MPI's and MXNet's programs, which read the
 // job's files as they start.
 func (s *settings) startPath() string {
-	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendOwn {
+	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining {
 		return "/startz"
 	}
 	return "/readyz"

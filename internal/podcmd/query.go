@@ -14,16 +14,16 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/elastic-training/elastic-training/internal/etcdclient"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/membership/etcdmembers"
-	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 )
 
 // QueryConfig is what wait and hosts share: where the members are
 // registered, how long to try and how to print them.
 type QueryConfig struct {
-	Client  rdzvclient.Config
+	Client  etcdclient.Config
 	Prefix  string
 	Flavour hostfile.Flavour
 	Timeout time.Duration
@@ -34,7 +34,7 @@ func (q QueryConfig) connect() (*clientv3.Client, error) {
 	if _, err := hostfile.ParseFlavour(string(q.Flavour)); err != nil {
 		return nil, fmt.Errorf("--hostfile-flavour: %w", err)
 	}
-	return rdzvclient.New(q.Client)
+	return etcdclient.New(q.Client)
 }
 
 func (q QueryConfig) print(w io.Writer, ms []membership.Member) error {

@@ -21,7 +21,7 @@ concurrent change by an agent is never overwritten; a stale read is retried.
 It does not import torch (two seconds of a preStop budget on a small node): the pickled state is read and
 written with stand-ins for torch's classes that keep every attribute they do not know about.
 
-The job's own rendezvous (elastic-training, docs/own-rendezvous.md) needs none of that: one SET of this member's
+the elastic-training backend (docs/elastic-training-backend.md) needs none of that: one SET of this member's
 leave key tells the serving sidecar, which makes the others re-form at once. Its handler does not close the
 rendezvous on SIGTERM, so nothing is killed.
 """
@@ -402,7 +402,7 @@ OWN_BACKEND = "elastic-training"
 
 
 def leave_own(endpoint, run_id, host):
-    """The own rendezvous: SET et/rdzv/<run>/leave/<host> (torch's client puts the "/" in front)."""
+    """The elastic-training backend: SET et/rdzv/<run>/leave/<host> (torch's client puts the "/" in front)."""
     h, _, port = endpoint.rpartition(":")
     key = f"/et/rdzv/{run_id}/leave/{host}".encode()
     field = lambda b: struct.pack("<Q", len(b)) + b

@@ -1,5 +1,5 @@
 // Package rdzv decides the rounds of the job's own torchrun rendezvous
-// (docs/own-rendezvous.md): which members' agents form the next round, in
+// (docs/elastic-training-backend.md): which members' agents form the next round, in
 // which rank order, and how many nodes the agents of the current round are
 // told are waiting. It is pure: the serving sidecar hands it the job's
 // membership and the agents' readiness as they change

@@ -1,6 +1,6 @@
 package sidecar
 
-import "github.com/elastic-training/elastic-training/internal/rdzvlease"
+import "github.com/elastic-training/elastic-training/internal/servinglease"
 
 // MembershipListener is told of each change of the job's membership (the
 // sidecars' lease-bound registrations): the member hosts that joined and
@@ -12,7 +12,7 @@ type MembershipListener interface {
 // membershipFanOut tells every listener of a change, in its order. The
 // serving sidecar's order (serve) is the Lease candidate first, since
 // whether this pod still serves decides what the others do with a
-// departure; then the lost-pod reaper; then the own rendezvous' rounds and
+// departure; then the lost-pod reaper; then the elastic-training backend's rounds and
 // the survivors' restarter, behind whileServing.
 type membershipFanOut []MembershipListener
 
@@ -26,7 +26,7 @@ func (f membershipFanOut) MembersChanged(joined, left []string) {
 // rendezvous (always, without a Lease): a holder that steps down at this
 // departure must not start a round of its own first.
 type whileServing struct {
-	cand *rdzvlease.Candidate // nil: no Lease, this pod serves
+	cand *servinglease.Candidate // nil: no Lease, this pod serves
 	next MembershipListener
 }
 
@@ -44,7 +44,7 @@ type StoreWriteListener interface {
 }
 
 // storeWriteFanOut hands a write to every listener, in its order: the view
-// of torch's rounds first (it only reads), then the own rendezvous' rounds
+// of torch's rounds first (it only reads), then the elastic-training backend's rounds
 // (internal/rdzv/c10drounds) and the survivors' restarter, which write back.
 type storeWriteFanOut []StoreWriteListener
 

@@ -13,7 +13,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/prestop"
-	"github.com/elastic-training/elastic-training/internal/rdzvpy"
+	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
 // File modes of what we write into the shared volume.
@@ -24,7 +24,7 @@ const (
 )
 
 // installFiles prepares dir (when set): the PyTorch preStop script, the
-// torchrun rendezvous backend (internal/rdzvpy) and,
+// torchrun rendezvous backend (internal/trainerpy) and,
 // with helper, a copy of this binary.
 func installFiles(dir string, helper bool, log *slog.Logger) error {
 	if dir == "" {
@@ -36,7 +36,7 @@ func installFiles(dir string, helper bool, log *slog.Logger) error {
 	if err := prestop.Install(dir, constants.LeaveScriptName); err != nil {
 		return err
 	}
-	if err := rdzvpy.Install(dir); err != nil {
+	if err := trainerpy.Install(dir); err != nil {
 		return err
 	}
 	helperPath := ""
@@ -47,7 +47,7 @@ func installFiles(dir string, helper bool, log *slog.Logger) error {
 		helperPath = dir + "/" + constants.SidecarBinaryName
 	}
 	log.Info("installed preStop script and rendezvous backend", "prestop", dir+"/"+constants.LeaveScriptName,
-		"rendezvous_backend", dir+"/"+rdzvpy.Dir, "launcher_helper", helperPath)
+		"rendezvous_backend", dir+"/"+trainerpy.Dir, "launcher_helper", helperPath)
 	return nil
 }
 

@@ -21,7 +21,7 @@ import (
 // the sidecar installed its files and listens where the trainer's agent
 // connects (serve: its store; join: the proxy that holds the trainer's store
 // connections until this pod is registered). A trainer whose agent waits for
-// the store itself (the own rendezvous' backend) starts on it, and so imports
+// the store itself (the elastic-training backend) starts on it, and so imports
 // torch while the store starts and this pod registers (docs/contract.md).
 func healthMux(ready func() (bool, string), reg prometheus.Gatherer, extra map[string]http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()

@@ -9,14 +9,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/elastic-training/elastic-training/internal/rdzvclient"
+	"github.com/elastic-training/elastic-training/internal/etcdclient"
 	"github.com/elastic-training/elastic-training/internal/storeproxy"
 )
 
 // JoinConfig configures join mode.
 type JoinConfig struct {
 	Options
-	Client rdzvclient.Config
+	Client etcdclient.Config
 	C10d   C10dProxyConfig
 }
 
@@ -50,7 +50,7 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 	if err != nil {
 		return err
 	}
-	cli, err := rdzvclient.New(cfg.Client)
+	cli, err := etcdclient.New(cfg.Client)
 	if err != nil {
 		return err
 	}

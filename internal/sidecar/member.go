@@ -97,7 +97,7 @@ func (s *memberState) listed() []membership.Member {
 	return s.members
 }
 
-// member is the member at host, as last listed (the own rendezvous' ranks
+// member is the member at host, as last listed (the elastic-training backend's ranks
 // follow its group and index).
 func (s *memberState) member(host string) (membership.Member, bool) {
 	s.mu.Lock()

@@ -23,5 +23,5 @@ func TestMemberStateSlots(t *testing.T) {
 	require.False(t, ok)
 	m, ok := st.member("w-1")
 	require.True(t, ok)
-	require.Equal(t, 1, m.Index, "the own rendezvous ranks by index")
+	require.Equal(t, 1, m.Index, "the elastic-training backend ranks by index")
 }

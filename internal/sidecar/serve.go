@@ -25,12 +25,12 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/embedetcd"
+	"github.com/elastic-training/elastic-training/internal/etcdclient"
 	"github.com/elastic-training/elastic-training/internal/incluster"
 	"github.com/elastic-training/elastic-training/internal/lostpods"
 	"github.com/elastic-training/elastic-training/internal/rdzv/c10drounds"
-	"github.com/elastic-training/elastic-training/internal/rdzvclient"
-	"github.com/elastic-training/elastic-training/internal/rdzvetcd"
-	"github.com/elastic-training/elastic-training/internal/rdzvlease"
+	"github.com/elastic-training/elastic-training/internal/servinglease"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/survivors"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
@@ -46,7 +46,7 @@ const v2SnapshotFile = "v2-keys.json"
 type ServeConfig struct {
 	Options
 	// Etcd is the embedded etcd (its Log is Options.Log).
-	Etcd rdzvetcd.Config
+	Etcd embedetcd.Config
 	// MaxDirTTL caps v2 directory TTLs (see v2api's dirttl.go).
 	MaxDirTTL time.Duration
 	// V2Limits bound the v2 keys API's keys, values and store (zero fields: v2api's defaults).
@@ -67,7 +67,7 @@ type ServeConfig struct {
 	// Kubernetes evicts them from a lost node, are force-deleted so that they
 	// are replaced (internal/lostpods), with the in-cluster token.
 	ForceDeleteLostOf []string
-	// Lease makes this pod one of the job's candidates (internal/rdzvlease);
+	// Lease makes this pod one of the job's candidates (internal/servinglease);
 	// zero: it serves at once, alone.
 	Lease LeaseConfig
 }
@@ -110,7 +110,7 @@ func (c ServeConfig) checkTLS() error {
 // Serve runs the job's rendezvous until ctx ends (SIGTERM) or etcd fails.
 // With Member.Register or Member.FilesDir this process is a member too. With
 // a Lease it first follows the pod that serves until it holds the Lease, and
-// returns rdzvlease.ErrSteppedDown (wrapped) when it must stop serving: the
+// returns servinglease.ErrSteppedDown (wrapped) when it must stop serving: the
 // container restarts, and follows whoever serves then.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	if cfg.Log == nil {
@@ -144,7 +144,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 
 // serve runs the rendezvous; cand, if not nil, holds the Lease and points the
 // Service here (not before publish) while it does.
-func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publish time.Time) error {
+func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, publish time.Time) error {
 	mets, err := cfg.begin(false, cfg.checkTLS)
 	if err != nil {
 		return err
@@ -155,7 +155,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 	st := &memberState{}
 	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events, Slots: st.slots})
 	cfg.Etcd.Log = log
-	etcd := rdzvetcd.New(cfg.Etcd)
+	etcd := embedetcd.New(cfg.Etcd)
 	var onV2Write func(key, value string)
 	if cfg.legacyV2() {
 		onV2Write = view.V2Write
@@ -245,13 +245,13 @@ func serve(ctx context.Context, cfg ServeConfig, cand *rdzvlease.Candidate, publ
 
 // startC10d serves torch's c10d store at cfg.C10dAddr, after etcd is ready so
 // that a c10d client never meets a sidecar that answers but is not ready.
-// Every write goes to the job's backend's handlers: the own rendezvous'
+// Every write goes to the job's backend's handlers: the elastic-training backend's
 // rounds, or for torch's c10d backend the view of its pickled state and,
 // with RestartSurvivors, the survivors' restarter. Those that write to the
 // store join the fan-out once the store exists (before it serves: no write
 // comes earlier), and are returned to hear of the membership's changes while
 // this pod serves.
-func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *rdzvlease.Candidate, etcd *rdzvetcd.Server, st *memberState) ([]MembershipListener, error) {
+func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *servinglease.Candidate, etcd *embedetcd.Server, st *memberState) ([]MembershipListener, error) {
 	log := cfg.Log
 	var writes storeWriteFanOut
 	if cfg.uses(constants.BackendC10d) {
@@ -264,7 +264,7 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 		return nil, err
 	}
 	var listeners []MembershipListener
-	if cfg.uses(constants.BackendOwn) {
+	if cfg.uses(constants.BackendElasticTraining) {
 		rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 			OnState: func(run string, s c10drounds.State) {
 				view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
@@ -295,7 +295,7 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 
 // waitServing waits until ctx ends (nil, nil), etcd fails (its error as
 // err) or the Lease's holder must step down (the reason as stopErr).
-func waitServing(ctx context.Context, etcd *rdzvetcd.Server, stepDown <-chan error, log *slog.Logger) (stopErr, err error) {
+func waitServing(ctx context.Context, etcd *embedetcd.Server, stepDown <-chan error, log *slog.Logger) (stopErr, err error) {
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: deregistering, ending v2 waits, stopping etcd")
@@ -309,7 +309,7 @@ func waitServing(ctx context.Context, etcd *rdzvetcd.Server, stepDown <-chan err
 }
 
 // candidate is this pod's rendezvous candidate, with the in-cluster clients.
-func candidate(cfg ServeConfig) (*rdzvlease.Candidate, error) {
+func candidate(cfg ServeConfig) (*servinglease.Candidate, error) {
 	l := cfg.Lease
 	leases, err := incluster.CoordinationV1()
 	if err != nil {
@@ -319,13 +319,13 @@ func candidate(cfg ServeConfig) (*rdzvlease.Candidate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--lease %s needs the pod's API token: %w", l.Name, err)
 	}
-	return rdzvlease.New(rdzvlease.Config{API: rdzvlease.NewAPI(leases, slices, l.Name), Identity: l.Identity, Address: l.Address,
-		Duration: rdzvlease.DefaultDuration, Stale: rdzvlease.DefaultStale, Retry: rdzvlease.DefaultRetry,
+	return servinglease.New(servinglease.Config{API: servinglease.NewAPI(leases, slices, l.Name), Identity: l.Identity, Address: l.Address,
+		Duration: servinglease.DefaultDuration, Stale: servinglease.DefaultStale, Retry: servinglease.DefaultRetry,
 		Log: cfg.Log.With("component", "lease", "lease", l.Name)})
 }
 
 // joinFollower is the join a candidate runs while another pod serves
-// (rdzvlease.Candidate.Follow).
+// (servinglease.Candidate.Follow).
 type joinFollower JoinConfig
 
 func (f joinFollower) Follow(ctx context.Context, registered func(bool), abandon <-chan struct{}) error {
@@ -347,7 +347,7 @@ func followConfig(cfg ServeConfig) (JoinConfig, error) {
 	for _, u := range cfg.Etcd.AdvertiseClientURLs {
 		eps = append(eps, u.String())
 	}
-	jc.Client = rdzvclient.Config{Endpoints: strings.Join(eps, ","), CAFile: cfg.Etcd.TrustedCAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
+	jc.Client = etcdclient.Config{Endpoints: strings.Join(eps, ","), CAFile: cfg.Etcd.TrustedCAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
 	if cfg.C10dAddr != "" && len(cfg.Etcd.AdvertiseClientURLs) > 0 {
 		_, port, err := net.SplitHostPort(cfg.C10dAddr)
 		if err != nil {

@@ -68,7 +68,7 @@ func TestStoreQuotas(t *testing.T) {
 		require.True(t, full(do(&Request{Op: OpMultiSet, Keys: []string{"/torch.rendezvous.r", "junk-more"}, Values: [][]byte{nil, nil}})),
 			"a MULTI_SET with one key outside the rendezvous' is held to the smaller quota")
 		require.NoError(t, do(&Request{Op: OpSet, Key: "/torch.rendezvous.run-1", Value: []byte("state")}), "torch's state still goes in")
-		require.NoError(t, do(&Request{Op: OpSet, Key: OwnRendezvousPrefix + "run-1/ready/w-0", Value: nil}), "and the job's own rendezvous' keys")
+		require.NoError(t, do(&Request{Op: OpSet, Key: BackendKeyPrefix + "run-1/ready/w-0", Value: nil}), "and the elastic-training backend' keys")
 		require.True(t, full(do(&Request{Op: OpSet, Key: "/torch.rendezvous.run-1.0/x", Value: nil})), "all 16 taken")
 		require.Equal(t, 16, s.items)
 	})

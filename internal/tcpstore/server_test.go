@@ -640,7 +640,7 @@ func TestOnSet(t *testing.T) {
 	}
 }
 
-// TestInProcessWriter: the job's own rendezvous writes and deletes from the
+// TestInProcessWriter: the elastic-training backend writes and deletes from the
 // sidecar's process: a SET from there wakes a client's WAIT, a prefix's keys
 // go and give their room back, and neither reaches OnSet.
 func TestInProcessWriter(t *testing.T) {

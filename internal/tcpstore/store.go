@@ -104,13 +104,13 @@ func newStore(m *metrics, lim Limits, q Quotas) *store {
 // store at all is the NetworkPolicy's and the verifying sidecars' to decide.)
 const rendezvousPrefix = "/torch.rendezvous."
 
-// OwnRendezvousPrefix begins every key of the job's own rendezvous
+// BackendKeyPrefix begins every key of the elastic-training backend
 // (internal/rdzv/c10drounds): they share the reserve with torch's.
-const OwnRendezvousPrefix = "/et/rdzv/"
+const BackendKeyPrefix = "/et/rdzv/"
 
 // isRendezvousKey says whether key may use the reserve.
 func isRendezvousKey(key string) bool {
-	return strings.HasPrefix(key, rendezvousPrefix) || strings.HasPrefix(key, OwnRendezvousPrefix)
+	return strings.HasPrefix(key, rendezvousPrefix) || strings.HasPrefix(key, BackendKeyPrefix)
 }
 
 // reserve accounts for a write that adds items and bytes (either may be

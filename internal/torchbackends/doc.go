@@ -1,5 +1,5 @@
 // Package torchbackends is the boundary of what the rendezvous sidecar does only for torch's own rendezvous
-// backends (torchrun --rdzv-backend c10d, etcd, etcd-v2), which the job's own rendezvous (the default,
+// backends (torchrun --rdzv-backend c10d, etcd, etcd-v2), which the elastic-training backend (the default,
 // internal/rdzv) needs none of. Its packages are wired only when a job uses one of them (rdzv-sidecar serve
 // --backend):
 //

@@ -88,10 +88,10 @@ type run struct {
 	decodeErr error
 	logged    string // the last round logged
 	seq       uint64
-	own       *ownState // the own rendezvous' runs: their state as the sidecar decided it
+	own       *ownState // the elastic-training backend's runs: their state as the sidecar decided it
 }
 
-// ownState is a run of the own rendezvous as internal/rdzv/c10drounds last
+// ownState is a run of the elastic-training backend as internal/rdzv/c10drounds last
 // reported it: no pickle to decode.
 type ownState struct {
 	round   int
@@ -216,17 +216,17 @@ func (t *Tracker) stateLocked(k runKey) (st torchstate.State, ok bool, err error
 	return *r.decoded, true, r.decodeErr
 }
 
-// OwnState is a change of the own rendezvous' run (c10drounds.Config.OnState):
+// OwnState is a change of the elastic-training backend's run (c10drounds.Config.OnState):
 // its round by rank (hosts), the nodes waiting, the participants whose agents
 // ended, closed. The view shows it as it is; a new round is logged and
 // recorded as torch's are.
 func (t *Tracker) OwnState(run string, round int, hosts []string, waiting, ended int, closed bool) {
-	k := runKey{constants.BackendOwn, run}
+	k := runKey{constants.BackendElasticTraining, run}
 	t.mu.Lock()
 	t.runLocked(k).own = &ownState{round: round, hosts: hosts, waiting: waiting, ended: ended, closed: closed}
 	t.mu.Unlock()
 	if round > 0 {
-		t.record(Round{Backend: constants.BackendOwn, RunID: run, Round: strconv.Itoa(round), Participants: len(hosts)}, hosts)
+		t.record(Round{Backend: constants.BackendElasticTraining, RunID: run, Round: strconv.Itoa(round), Participants: len(hosts)}, hosts)
 	}
 }
 
@@ -351,10 +351,10 @@ type View struct {
 	WorldSize    int        `json:"worldSize"`
 	// Waiting are the nodes that asked to join the next round.
 	Waiting []string `json:"waiting,omitempty"`
-	// WaitingNodes is the own rendezvous' count of them (num_nodes_waiting),
+	// WaitingNodes is the elastic-training backend's count of them (num_nodes_waiting),
 	// which it keeps without naming them.
 	WaitingNodes int `json:"waitingNodes,omitempty"`
-	// Ended is, on the own rendezvous, how many agents of Round have ended
+	// Ended is, on the elastic-training backend, how many agents of Round have ended
 	// their run (torchrun exited: its workers failed past --max-restarts, or
 	// it was stopped) while their pods stay members: the round stays, but
 	// does not train with them.

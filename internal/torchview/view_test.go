@@ -259,7 +259,7 @@ func TestRoundEventProcesses(t *testing.T) {
 	}
 }
 
-// TestOwnStateView: the own rendezvous' rounds are logged and recorded as
+// TestOwnStateView: the elastic-training backend's rounds are logged and recorded as
 // torch's are, with their nodes and processes from the membership, and
 // /rendezvous shows the run as the sidecar decided it: complete while no
 // node waits.

@@ -10,7 +10,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
-// rendezvous.backend auto (the default) is the job's own rendezvous, unless the trainer image's tag names a torch
+// rendezvous.backend auto (the default) is the elastic-training backend, unless the trainer image's tag names a torch
 // older than 2.5 the way pytorch/pytorch's tags do: torchrun finds the own backend only through torch >= 2.5's
 // entry point. A backend the user names is kept as it is.
 func TestBackendAuto(t *testing.T) {
@@ -18,12 +18,12 @@ func TestBackendAuto(t *testing.T) {
 	for name, c := range map[string]struct {
 		tag, backend, want string
 	}{
-		"the default image (torch 2.5.1)":       {"", "", constants.BackendOwn},
+		"the default image (torch 2.5.1)":       {"", "", constants.BackendElasticTraining},
 		"pytorch/pytorch's tag of torch 2.4":    {"2.4.1-cuda12.1-cudnn9-runtime", "", constants.BackendC10d},
 		"torch 1.13":                            {"1.13.1-cuda11.6-cudnn8-runtime", "auto", constants.BackendC10d},
-		"torch 2.10: minor 10 is not below 5":   {"2.10.0-cuda12.8-cudnn9-runtime", "", constants.BackendOwn},
-		"a tag that names no torch (NGC 24.10)": {"24.10-py3", "", constants.BackendOwn},
-		"named by the user":                     {"2.4.1-cuda12.1-cudnn9-runtime", constants.BackendOwn, constants.BackendOwn},
+		"torch 2.10: minor 10 is not below 5":   {"2.10.0-cuda12.8-cudnn9-runtime", "", constants.BackendElasticTraining},
+		"a tag that names no torch (NGC 24.10)": {"24.10-py3", "", constants.BackendElasticTraining},
+		"named by the user":                     {"2.4.1-cuda12.1-cudnn9-runtime", constants.BackendElasticTraining, constants.BackendElasticTraining},
 		"c10d named by the user":                {"", constants.BackendC10d, constants.BackendC10d},
 	} {
 		t.Run(name, func(t *testing.T) {

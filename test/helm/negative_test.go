@@ -44,7 +44,7 @@ func TestRejected(t *testing.T) {
 		{"reserved group name", []string{"workerGroups.launcher.replicas=1"}, `workerGroups.launcher: the group name "launcher" is reserved`},
 		{"MPI without a launcher command", []string{"framework=mpi"}, "mpi.launcher.command is empty"},
 		{"c10d with TLS", []string{"rendezvous.backend=c10d", "rendezvous.tls.secretName=x"}, "rendezvous.tls works with backend etcd-v2 or etcd, not c10d"},
-		{"own rendezvous with TLS", []string{"rendezvous.backend=elastic-training", "rendezvous.tls.secretName=x"}, "rendezvous.tls works with backend etcd-v2 or etcd, not elastic-training"},
+		{"elastic-training backend with TLS", []string{"rendezvous.backend=elastic-training", "rendezvous.tls.secretName=x"}, "rendezvous.tls works with backend etcd-v2 or etcd, not elastic-training"},
 		{"no worker group", []string{"workers.enabled=false"}, "no worker group: enable workers or add one under workerGroups"},
 		{"job name not a DNS label", []string{"fullnameOverride=Bert"}, `job name "Bert" (the release name or fullnameOverride) must be a DNS label`},
 		{"job name too long for pod hostnames", []string{"fullnameOverride=a-very-long-training-job-name-for-bert-a", "workerGroups.a-long-burst-group-x.replicas=1", "workerGroups.a-long-burst-group-x.maxReplicas=12"}, "is longer than 63 characters"},

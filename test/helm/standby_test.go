@@ -17,7 +17,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
-// Who serves the rendezvous (internal/rdzvlease): every job renders the selector-less Service <job>-rdzv, its
+// Who serves the rendezvous (internal/servinglease): every job renders the selector-less Service <job>-rdzv, its
 // EndpointSlice with the same ports, the Lease, and a Role that may get and patch those two by name, bound to the
 // serving pod's service account. A PyTorch c10d job with placement auto has rendezvous.standbys standbys: the
 // first worker group's pods carry the annotation, and the webhook makes indices 1..n candidates too.
@@ -31,12 +31,12 @@ func TestRendezvousLeaseAndStandbys(t *testing.T) {
 		values   map[string]any
 		standbys string // the annotation on the first worker group's pods; "": none
 	}{
-		"pytorch defaults":       {pytorch(nil), "1"},
-		"pytorch 2 standbys":     {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 2}}), "2"},
-		"pytorch 0 standbys":     {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 0}}), ""},
-		"pytorch etcd-v2":        {pytorch(map[string]any{"rendezvous": map[string]any{"backend": "etcd-v2"}}), ""},
-		"pytorch own rendezvous": {pytorch(map[string]any{"rendezvous": map[string]any{"backend": constants.BackendOwn}}), "1"},
-		"pytorch dedicated":      {pytorch(map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), ""},
+		"pytorch defaults":                 {pytorch(nil), "1"},
+		"pytorch 2 standbys":               {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 2}}), "2"},
+		"pytorch 0 standbys":               {pytorch(map[string]any{"rendezvous": map[string]any{"standbys": 0}}), ""},
+		"pytorch etcd-v2":                  {pytorch(map[string]any{"rendezvous": map[string]any{"backend": "etcd-v2"}}), ""},
+		"pytorch elastic-training backend": {pytorch(map[string]any{"rendezvous": map[string]any{"backend": constants.BackendElasticTraining}}), "1"},
+		"pytorch dedicated":                {pytorch(map[string]any{"rendezvous": map[string]any{"placement": "dedicated"}}), ""},
 		"mpi": {merge(pinned(t), map[string]any{"framework": constants.FrameworkMPI,
 			"mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}), ""},
 	} {

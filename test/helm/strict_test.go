@@ -22,7 +22,7 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 		"NetworkPolicy": true, "PodDisruptionBudget": true, "PersistentVolumeClaim": true,
 		"Role": true, "RoleBinding": true, // the serving sidecar's rights, in the namespace
 		"ServiceAccount": true, // the job's own (serviceAccount.create), which alone holds those rights
-		// Who serves the rendezvous (internal/rdzvlease): the chart makes them, the sidecars write them.
+		// Who serves the rendezvous (internal/servinglease): the chart makes them, the sidecars write them.
 		"Lease": true, "EndpointSlice": true,
 		"PodGroup": true, // queue.volcano: Volcano's gang of the job
 	}

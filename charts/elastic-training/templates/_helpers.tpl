@@ -86,7 +86,7 @@ random suffix. Computed once per render (cached in .Values) so every template se
 
 {{/*
 The rendezvous backend: rendezvous.backend, and for auto the job's own (elastic-training: torchrun finds it through
-torch >= 2.5's torchrun.handlers entry point, docs/own-rendezvous.md), unless the trainer image's tag names an older
+torch >= 2.5's torchrun.handlers entry point, docs/elastic-training-backend.md), unless the trainer image's tag names an older
 torch the way pytorch/pytorch's tags do ("2.4.1-cuda12.1-cudnn9-runtime"): c10d there.
 */}}
 {{- define "elastic-training.backend" -}}

@@ -1,9 +1,9 @@
 // Package c10drounds serves the job's own torchrun rendezvous
-// (docs/own-rendezvous.md) from the serving sidecar's c10d store: it reads
+// (docs/elastic-training-backend.md) from the serving sidecar's c10d store: it reads
 // the agents' readiness from their writes and the membership from the
 // sidecar's watch, lets internal/rdzv decide the rounds, and writes each
 // round's ranks and the run's state back into the store, where the agents'
-// handler (internal/rdzvpy) waits for them. Every key is one member's or one
+// handler (internal/trainerpy) waits for them. Every key is one member's or one
 // run's: no agent rewrites what another wrote.
 //
 // The keys, as stored (torch's client puts the "/" in front of what the
@@ -39,8 +39,8 @@ import (
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 )
 
-// Prefix begins every key of the own rendezvous.
-const Prefix = tcpstore.OwnRendezvousPrefix
+// Prefix begins every key of the elastic-training backend.
+const Prefix = tcpstore.BackendKeyPrefix
 
 // Bounds on what an agent may ask for: one job has one run id, and a ready
 // value is a few numbers.
@@ -136,7 +136,7 @@ type Config struct {
 	Now     func() time.Time // nil: time.Now
 }
 
-// Rounds follows the runs of the own rendezvous. It is a
+// Rounds follows the runs of the elastic-training backend. It is a
 // sidecar.StoreWriteListener and a sidecar.MembershipListener.
 type Rounds struct {
 	cfg     Config
@@ -192,7 +192,7 @@ func (rs *Rounds) C10dWrite(key string, value []byte) {
 		return
 	}
 	if err := rs.write(rest, value); err != nil && !errors.Is(err, errIgnored) && rs.refused.Allow() {
-		rs.cfg.Log.Warn("own rendezvous: ignoring a write", "key", truncate(key), "err", err)
+		rs.cfg.Log.Warn("elastic-training backend: ignoring a write", "key", truncate(key), "err", err)
 	}
 }
 
@@ -225,7 +225,7 @@ func (rs *Rounds) closedLocked(id, _ string, _ []byte) error {
 		for _, h := range r.core.Close() {
 			rs.tellClosedLocked(r, h)
 		}
-		rs.cfg.Log.Info("own rendezvous: run closed", "run_id", id, "round", r.core.Current().Number)
+		rs.cfg.Log.Info("elastic-training backend: run closed", "run_id", id, "round", r.core.Current().Number)
 		rs.decideLocked(r)
 	}
 	return nil
@@ -235,7 +235,7 @@ func (rs *Rounds) closedLocked(id, _ string, _ []byte) error {
 // agents must read what the sidecar decided: it is written back.
 func (rs *Rounds) stateLocked(id, _ string, _ []byte) error {
 	if r := rs.runs[id]; r != nil && rs.writeStateLocked(r, r.reported) && rs.refused.Allow() {
-		rs.cfg.Log.Warn("own rendezvous: a client wrote the state key, which is the sidecar's: written back", "run_id", id, "state", r.reported.value())
+		rs.cfg.Log.Warn("elastic-training backend: a client wrote the state key, which is the sidecar's: written back", "run_id", id, "state", r.reported.value())
 	}
 	return nil
 }
@@ -243,7 +243,7 @@ func (rs *Rounds) stateLocked(id, _ string, _ []byte) error {
 // leaveLocked: the pod's preStop hook says its member leaves now (a scale-down), before its registration ends.
 func (rs *Rounds) leaveLocked(id, host string, _ []byte) error {
 	if r := rs.runs[id]; r != nil && r.core.Leave(host) {
-		rs.cfg.Log.Info("own rendezvous: a member leaves before its pod stops", "run_id", id, "host", host)
+		rs.cfg.Log.Info("elastic-training backend: a member leaves before its pod stops", "run_id", id, "host", host)
 		rs.decideLocked(r)
 	}
 	return nil
@@ -254,7 +254,7 @@ func (rs *Rounds) leaveLocked(id, host string, _ []byte) error {
 func (rs *Rounds) doneLocked(id, host string, _ []byte) error {
 	if r := rs.runs[id]; r != nil {
 		r.core.Done(host)
-		rs.cfg.Log.Debug("own rendezvous: an agent is done", "run_id", id, "host", host)
+		rs.cfg.Log.Debug("elastic-training backend: an agent is done", "run_id", id, "host", host)
 		rs.decideLocked(r)
 	}
 	return nil
@@ -292,16 +292,16 @@ func (rs *Rounds) readyLocked(id, host string, value []byte) error {
 	}
 	switch a := r.core.Ask(host, s, ask, now); {
 	case a.Leaving:
-		rs.cfg.Log.Debug("own rendezvous: not taking a leaving member's agent into a round", "run_id", id, "host", host)
+		rs.cfg.Log.Debug("elastic-training backend: not taking a leaving member's agent into a round", "run_id", id, "host", host)
 	case a.Again:
 		// It lost the connection it asked on, and may have deleted its rank.
 		round := r.core.Current()
-		rs.cfg.Log.Debug("own rendezvous: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
+		rs.cfg.Log.Debug("elastic-training backend: an agent asked again for the round it has", "run_id", id, "host", host, "round", round.Number)
 		rs.writeRankLocked(r, round, round.Rank(host), ask)
 	default:
 		rs.decideLocked(r)
 		if a.Forgotten != "" && rs.refused.Allow() {
-			rs.cfg.Log.Warn(fmt.Sprintf("own rendezvous: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
+			rs.cfg.Log.Warn(fmt.Sprintf("elastic-training backend: %d agents of hosts that are not members wait: forgot the one of %s, which asked first",
 				rdzv.MaxUnregistered, truncate(a.Forgotten)), "run_id", id)
 		}
 	}
@@ -328,7 +328,7 @@ func (rs *Rounds) runLocked(id string, s rdzv.Settings) (*run, error) {
 	}
 	r := &run{id: id, core: core, idleSince: rs.cfg.Now()}
 	rs.runs[id] = r
-	rs.cfg.Log.Info("own rendezvous: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
+	rs.cfg.Log.Info("elastic-training backend: run begun", "run_id", id, "min", s.Min, "max", s.Max, "last_call", s.LastCall)
 	return r, nil
 }
 
@@ -345,7 +345,7 @@ func (rs *Rounds) forgetIdleLocked() {
 		}
 		delete(rs.runs, id)
 		n := rs.cfg.Store.DeletePrefix(Prefix + id + "/")
-		rs.cfg.Log.Info("own rendezvous: forgot a run no member took part in", "run_id", id, "idle", now.Sub(r.idleSince).Round(time.Second).String(), "keys_dropped", n)
+		rs.cfg.Log.Info("elastic-training backend: forgot a run no member took part in", "run_id", id, "idle", now.Sub(r.idleSince).Round(time.Second).String(), "keys_dropped", n)
 	}
 }
 
@@ -416,7 +416,7 @@ func (rs *Rounds) decideLocked(r *run) {
 // writeStateLocked writes r's state key (num_nodes_waiting); false: it could not.
 func (rs *Rounds) writeStateLocked(r *run, st State) bool {
 	if err := rs.cfg.Store.Set(StateKey(r.id), []byte(st.value())); err != nil {
-		rs.cfg.Log.Error("own rendezvous: cannot write the state", "run_id", r.id, "state", st.value(), "err", err)
+		rs.cfg.Log.Error("elastic-training backend: cannot write the state", "run_id", r.id, "state", st.value(), "err", err)
 		return false
 	}
 	return true
@@ -435,7 +435,7 @@ func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 		dropped = rs.cfg.Store.DeletePrefix(RoundPrefix(r.id, round.Number-1))
 	}
 	// Debug: the view logs each round for every backend (OnState).
-	rs.cfg.Log.Debug(fmt.Sprintf("own rendezvous: round %d of run %s: %d nodes", round.Number, r.id, world),
+	rs.cfg.Log.Debug(fmt.Sprintf("elastic-training backend: round %d of run %s: %d nodes", round.Number, r.id, world),
 		"run_id", r.id, "round", round.Number, "world_size", world, "participants", summary(round.Participants), "keys_dropped", dropped)
 }
 
@@ -448,7 +448,7 @@ func (rs *Rounds) writeRankLocked(r *run, round rdzv.Round, rank int, ask string
 		v += " " + ask
 	}
 	if err := rs.cfg.Store.Set(RankKey(r.id, h), []byte(v)); err != nil {
-		rs.cfg.Log.Error("own rendezvous: cannot write a rank", "run_id", r.id, "round", round.Number, "host", h, "err", err)
+		rs.cfg.Log.Error("elastic-training backend: cannot write a rank", "run_id", r.id, "round", round.Number, "host", h, "err", err)
 	}
 }
 
@@ -459,7 +459,7 @@ const closed = "closed"
 // none.
 func (rs *Rounds) tellClosedLocked(r *run, host string) {
 	if err := rs.cfg.Store.Set(RankKey(r.id, host), []byte(closed)); err != nil {
-		rs.cfg.Log.Error("own rendezvous: cannot tell an agent the run is closed", "run_id", r.id, "host", host, "err", err)
+		rs.cfg.Log.Error("elastic-training backend: cannot tell an agent the run is closed", "run_id", r.id, "host", host, "err", err)
 	}
 }
 

@@ -113,7 +113,7 @@ func TestRounds(t *testing.T) {
 	require.Equal(t, "3 0 2", f.get(RankKey("r", host(0))))
 	require.Equal(t, "3 1 2", f.get(RankKey("r", host(2))))
 	require.Len(t, f.rounds, 3)
-	require.Contains(t, f.log.String(), "own rendezvous: round 3 of run r: 2 nodes", "at debug level")
+	require.Contains(t, f.log.String(), "elastic-training backend: round 3 of run r: 2 nodes", "at debug level")
 
 	// A scale-down: the leaving pod's preStop hook says so before its registration ends.
 	f.join(1)

@@ -17,9 +17,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/etcdclient"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
-	"github.com/elastic-training/elastic-training/internal/rdzvclient"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
@@ -165,7 +165,7 @@ func startJoin(b *testing.B, endpoints string, m membership.Member) *joiner {
 			Options: sidecar.Options{Log: slog.New(slog.DiscardHandler), Member: sidecar.MemberConfig{
 				Prefix: constants.MembersPrefix, Register: true, Member: m, LeaseTTL: 5 * time.Second,
 				FilesDir: dir, Flavour: hostfile.OpenMPI}},
-			Client: rdzvclient.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second},
+			Client: etcdclient.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second},
 		})
 	}()
 	stop := sync.OnceFunc(func() {

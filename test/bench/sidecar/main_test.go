@@ -34,7 +34,7 @@
 //     node joining, the same node leaving through the preStop script, and
 //     the steady keep-alives' operations, CPU and RSS; with the chart's
 //     settings as the webhook renders them for N, and with torch's;
-//   - BenchmarkOwnRendezvousScale (own_test.go): the job's own rendezvous
+//   - BenchmarkElasticTrainingBackendScale (backend_test.go): the elastic-training backend
 //     (elastic-training) vs torch's c10d handler, both on the sidecar's
 //     store, N = 64 to 4,096 participants of scale_agents.py, N+1 members
 //     registered first: the same steps and figures as RendezvousScale, and
@@ -80,8 +80,8 @@
 //	BENCH_SIDECAR_SCALE_PER_PROC  RendezvousScale: participants per Python process (128)
 //	BENCH_SIDECAR_SCALE_WINDOW    RendezvousScale: steady keep-alives measured for (20s)
 //	BENCH_SIDECAR_SCALE_TIMEOUT   RendezvousScale: a first round not formed by then is reported as such (5m)
-//	BENCH_SIDECAR_OWN_NODES       OwnRendezvousScale: sizes, comma-separated (64,256,1024,4096)
-//	BENCH_SIDECAR_OWN_BASELINE_TIMEOUT  OwnRendezvousScale: c10d's rounds not formed by then are reported as such (2m)
+//	BENCH_SIDECAR_BACKEND_NODES       ElasticTrainingBackendScale: sizes, comma-separated (64,256,1024,4096)
+//	BENCH_SIDECAR_BACKEND_BASELINE_TIMEOUT  ElasticTrainingBackendScale: c10d's rounds not formed by then are reported as such (2m)
 //	BENCH_SIDECAR_C10D_CLIENTS    C10dClients: concurrent clients (16384)
 //	BENCH_SIDECAR_RACE_NODES      C10dJoinRace: sizes, comma-separated (256,512,1024)
 //	BENCH_SIDECAR_RACE_TIMEOUT    C10dJoinRace: a race not done by then is reported as such (3m)

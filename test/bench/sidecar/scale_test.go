@@ -151,11 +151,11 @@ func (r scaleResult) String() string {
 
 // scaleServer starts the server kind for backend and returns its process,
 // the endpoint torch is given (host:port) and the participants' environment.
-// The own rendezvous' server is the sidecar with n+1 members registered
-// (own_test.go), and its participants find the backend where it installed it.
+// The elastic-training backend's server is the sidecar with n+1 members registered
+// (backend_test.go), and its participants find the backend where it installed it.
 func scaleServer(b *testing.B, backend, kind string, n int) (*testenv.Proc, string, []string) {
 	switch {
-	case backend == constants.BackendOwn:
+	case backend == constants.BackendElasticTraining:
 		s, pythonPath := startOwnSidecar(b, n+1)
 		return s.Proc, s.c10d, []string{"PYTHONPATH=" + pythonPath}
 	case backend == "c10d":
@@ -352,13 +352,13 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 	}
 
 	// It leaves as a pod does: the preStop script, then SIGKILL; the
-	// survivors' workers fail and the agents restart. (The own rendezvous
+	// survivors' workers fail and the agents restart. (The elastic-training backend
 	// tells them to restart at the preStop script's word: their workers'
 	// failure would come after.)
 	t2 := time.Now()
 	leave := leaveRendezvous(b, backend, endpoint, runID, nnodes, fmt.Sprintf("node-%d", n), st, joiner)
 	joiner.Kill()
-	if backend != constants.BackendOwn {
+	if backend != constants.BackendElasticTraining {
 		touch(b, ctrl, "restart-1")
 	}
 	if r.leave, r.leftBy, r.left = waitRound(b, ps, n, n, t2, timeout); !r.left {

@@ -137,7 +137,7 @@ func tail(s string, n int) string {
 	return "..." + s[len(s)-n:]
 }
 
-// RdzvServer is the pod that serves job's rendezvous now: the holder of the Lease <job>-rdzv (internal/rdzvlease),
+// RdzvServer is the pod that serves job's rendezvous now: the holder of the Lease <job>-rdzv (internal/servinglease),
 // which points the rendezvous Service at it.
 func (c *Cluster) RdzvServer(ctx context.Context, ns, job string) (*corev1.Pod, error) {
 	l, err := c.Client.CoordinationV1().Leases(ns).Get(ctx, naming.RendezvousService(job), metav1.GetOptions{})

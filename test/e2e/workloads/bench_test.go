@@ -55,7 +55,7 @@ func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) sca
 
 // BenchmarkScaling measures, on the real cluster and in one run, how long an elastic PyTorch job takes from
 // `helm install` to its first step, and from `helm upgrade` (one worker more, one fewer) until every worker
-// trains at the new world size, with the chart's rendezvous defaults (the own rendezvous), with torch's c10d
+// trains at the new world size, with the chart's rendezvous defaults (the elastic-training backend), with torch's c10d
 // rendezvous at the chart's settings, and with torch's own defaults (c10d, last_call_timeout 30 s, close_timeout
 // 30 s; all three at torch's monitor_interval of 0.1 s, the webhook's for a job this small), on the default trainer
 // image (torch 2.14). Goal: the chart's defaults <= 10 s and <= 0.5x torch's. BENCH_SCALING_REPS
@@ -169,7 +169,7 @@ func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since
 // BenchmarkNodeLoss measures, on the two-node cluster and in one run, what a crashed worker node costs an elastic
 // PyTorch job (3 workers, worker 0 serving the rendezvous on the node that stays, the others spread): the time from
 // the crash until every survivor trains at the smaller world size, and until every worker trains at the full size
-// again (Kubernetes replaced the lost pods). Once with the chart's defaults (the own rendezvous), once with torch's
+// again (Kubernetes replaced the lost pods). Once with the chart's defaults (the elastic-training backend), once with torch's
 // c10d rendezvous at the chart's settings (the survivors' restarter), once with torch's own behaviour (c10d,
 // rendezvous.restartSurvivors false, last_call and close timeouts 30 s): its survivors wait for the collective
 // timeout (gloo: 30 min), so the wait for them stops at 180 s and reports "> 180". On the default trainer image

@@ -30,7 +30,7 @@ const (
 	partition nodeFault = "partition"
 )
 
-// TestNodeLossPyTorch: elastic PyTorch jobs with the chart's defaults (the own rendezvous, served by worker 0's
+// TestNodeLossPyTorch: elastic PyTorch jobs with the chart's defaults (the elastic-training backend, served by worker 0's
 // sidecar) lose the node of some of their pods. The survivors train again at the smaller world size, Kubernetes
 // replaces the lost pods on the node that is left and the job grows back to its replicas by itself, and the lost
 // node's old pods never take part in a round again once it is back. Each fault strikes several jobs at once, each
@@ -361,8 +361,8 @@ func placeStoreLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The survivors re-joined at the next store (waitTrainingAgain) with their agents up: the own rendezvous
-		// stops the workers and waits for the next store instead of exiting (docs/own-rendezvous.md).
+		// The survivors re-joined at the next store (waitTrainingAgain) with their agents up: the elastic-training backend
+		// stops the workers and waits for the next store instead of exiting (docs/elastic-training-backend.md).
 		for _, p := range live {
 			if r, ok := restarts[p.Name]; ok && trainerRestarts(p) != r {
 				t.Errorf("%s's trainer restarted (%d -> %d): its agent exited when the store was lost", p.Name, r, trainerRestarts(p))

@@ -31,7 +31,7 @@ const (
 // them to 3, then 4, then back to 2, every live worker trains at each new world size, the Job ends Complete,
 // and `helm uninstall` leaves nothing behind. Every torch of the trainer images (2.14 and 2.6), every rendezvous
 // backend the chart offers (etcd-v2 on the default torch only); and the chart's default backend (the own
-// rendezvous) in an image without python-etcd, as stock torch images are, which is torch 2.14's own-rendezvous case.
+// rendezvous) in an image without python-etcd, as stock torch images are, which is torch 2.14's elastic-training backend case.
 func TestElasticPyTorch(t *testing.T) {
 	// Each backend once on the cluster, where what it proves is the webhook's wiring of that backend, the chart's
 	// helm test and the Events: none of it differs between torch versions. torch 2.14 on every backend, scaling and
@@ -42,7 +42,7 @@ func TestElasticPyTorch(t *testing.T) {
 	for _, tc := range []struct {
 		img     framework.Trainer
 		backend string
-	}{{def, constants.BackendEtcdV2}, {other, constants.BackendEtcd}, {other, constants.BackendC10d}, {other, constants.BackendOwn}} {
+	}{{def, constants.BackendEtcdV2}, {other, constants.BackendEtcd}, {other, constants.BackendC10d}, {other, constants.BackendElasticTraining}} {
 		t.Run("torch-"+tc.img.Torch+"/"+tc.backend, func(t *testing.T) {
 			testElasticPyTorch(t, tc.img, tc.backend)
 		})
@@ -288,7 +288,7 @@ func TestHelmTestFailsOnCrashLoop(t *testing.T) {
 		t.Errorf("the test pod does not say it saw no progress")
 	}
 	// It read the rounds: the failure is the trainers', not an unreachable rendezvous.
-	if !regexp.MustCompile(`round \d+ of run \S+ \(` + constants.BackendOwn + `\)`).MatchString(logs) {
+	if !regexp.MustCompile(`round \d+ of run \S+ \(` + constants.BackendElasticTraining + `\)`).MatchString(logs) {
 		t.Errorf("the test pod never saw a torch round")
 	}
 	c.HelmUninstall(t, ns, job, 2*time.Minute)

@@ -23,7 +23,7 @@ import (
 // and again, at a store of their own in the job's namespace: a real rdzv-sidecar serve, outside the job. A worker
 // that joins meanwhile registers with that store, but its sidecar refuses to carry its agent's connections there
 // (the store names no pod of the job): the store never sees a byte of c10d, the sidecar says so, and the job trains
-// on at its size. Once the redirection stops, the new worker joins the job's own rendezvous and the job trains at
+// on at its size. Once the redirection stops, the new worker joins the elastic-training backend and the job trains at
 // the new size.
 func TestRendezvousRedirectedOutsideTheJob(t *testing.T) {
 	c, ns := startTest(t)
@@ -135,7 +135,7 @@ func TestRendezvousRedirectedOutsideTheJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.WaitWorld(t, ns, sel, trainer, 3, 1, 4*time.Minute)
-	t.Logf("after the redirection ended, %s joined the job's own rendezvous", newPod)
+	t.Logf("after the redirection ended, %s joined the elastic-training backend", newPod)
 	uninstallJob(t, c, ns, job)
 }
 

@@ -19,7 +19,7 @@ import (
 
 // startGates are the ways a native sidecar can hold the containers after it, as the webhook could render them
 // (internal/mutate startHook): the startup probe every 1 s (the gate before), the postStart hook that waits for the
-// same answer (the own rendezvous' gate now), and none (the kubelet's floor: the next container starts once the
+// same answer (the elastic-training backend's gate now), and none (the kubelet's floor: the next container starts once the
 // sidecar runs, before it answers).
 var startGates = []string{"startup probe", "postStart hook", "none"}
 

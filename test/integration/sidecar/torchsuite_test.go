@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastic-training/elastic-training/internal/rdzvpy"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
 // torch's own LocalElasticAgent tests (its
@@ -34,12 +34,12 @@ func TestTorchAgentTests(t *testing.T) {
 			file := filepath.Join(t.TempDir(), filepath.Base(src))
 			require.NoError(t, os.WriteFile(file, text, 0o644))
 			files := t.TempDir()
-			require.NoError(t, rdzvpy.Install(files))
+			require.NoError(t, trainerpy.Install(files))
 			runner, err := filepath.Abs("testdata/torch_agent_suite.py")
 			require.NoError(t, err)
 			cmd := tr.command("/usr/bin/python3", runner)
 			cmd.Env = torchrunEnv("ET_TORCH_AGENT_TEST="+file, "ET_SIDECAR="+sidecarBin, "ET_WORK="+t.TempDir(),
-				"PYTHONPATH="+filepath.Join(files, rdzvpy.Dir))
+				"PYTHONPATH="+filepath.Join(files, trainerpy.Dir))
 			p := testenv.Start(t, "torch's agent tests", cmd)
 			err = p.Wait(t, 20*time.Minute)
 			out := p.Output()

@@ -1,7 +1,7 @@
 # Many torch elastic agents in one process, for the rendezvous at scale (scale_test.go).
 #
 # Each participant is torch's own DynamicRendezvousHandler (the c10d or etcd-v2 backend, is_host=false on c10d), or
-# the job's own (elastic-training: internal/rdzvpy, found through its entry point on PYTHONPATH), driven as
+# the job's own (elastic-training: internal/trainerpy, found through its entry point on PYTHONPATH), driven as
 # torchrun's agent drives it: next_rendezvous(), then every monitor interval num_nodes_waiting(), and a new
 # next_rendezvous() when a node waits (a scale-up) or when its workers fail (a scale-down: the restart file). Only the
 # workers are left out. Each participant has its own address (local_addr) and so its own node in torch's state;

@@ -1,4 +1,4 @@
-"""Two agents of the own rendezvous (et_rdzv, as torchrun's handler drives it) against a real serving sidecar, where
+"""Two agents of the elastic-training backend (elastic_training.rendezvous, as torchrun's handler drives it) against a real serving sidecar, where
 agent B loses the connection it asked on after a round took it: what the cluster showed when the rendezvous pod was
 replaced (B's first ask reached the next store before B's pod registered there, the round formed with it when it did,
 then B's pod's sidecar closed the connection and B asked again). B asks again over a new connection for the same
@@ -14,7 +14,7 @@ import threading
 import time
 from datetime import timedelta
 
-import et_rdzv
+from elastic_training import rendezvous
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import api
 
@@ -57,8 +57,8 @@ def connect_b(deadline):
     return LostAfterTheRound(client()) if connections == 1 else client()
 
 
-a = et_rdzv.Rendezvous(lambda deadline: client(), run_id, host_a, settings, 20, errors)
-b = et_rdzv.Rendezvous(connect_b, run_id, host_b, settings, 20, errors)
+a = rendezvous.Rendezvous(lambda deadline: client(), run_id, host_a, settings, 20, errors)
+b = rendezvous.Rendezvous(connect_b, run_id, host_b, settings, 20, errors)
 got = {}
 thread = threading.Thread(target=lambda: got.setdefault("A", a.next()))
 thread.start()

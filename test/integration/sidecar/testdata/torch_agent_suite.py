@@ -187,7 +187,7 @@ def scenarios():
     return sorted(chosen.values())
 
 
-class OwnRendezvousAgentTest(upstream.LocalElasticAgentTest):
+class ElasticTrainingBackendAgentTest(upstream.LocalElasticAgentTest):
     """torch's tests, each on a serving sidecar of its own through the elastic-training backend."""
 
     @classmethod
@@ -237,7 +237,7 @@ class OwnRendezvousAgentTest(upstream.LocalElasticAgentTest):
 
 def load_tests(loader, tests, pattern):
     names = sys.argv[1:] or scenarios()
-    return unittest.TestSuite(OwnRendezvousAgentTest(n) for n in names)
+    return unittest.TestSuite(ElasticTrainingBackendAgentTest(n) for n in names)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
-	"github.com/elastic-training/elastic-training/internal/rdzvpy"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/torchview"
+	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
 // ownRdzv is a serving sidecar that installs the backend and follows the
@@ -39,14 +39,14 @@ func newOwnRdzv(t *testing.T, tr trainer, runID, nnodes string, env ...string) *
 	files := t.TempDir()
 	o := &ownRdzv{tr: tr, files: files}
 	o.s = startServe(t, "--register=false", ownBackend, "--files-dir="+files)
-	o.args = testenv.TorchrunArgs(rdzvpy.Backend, o.s.C10d, runID, nnodes, "--max_restarts=5", "--rdzv_conf=last_call_timeout=1")
-	o.env = torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, rdzvpy.Dir)}, env...)...)
+	o.args = testenv.TorchrunArgs(trainerpy.Backend, o.s.C10d, runID, nnodes, "--max_restarts=5", "--rdzv_conf=last_call_timeout=1")
+	o.env = torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, trainerpy.Dir)}, env...)...)
 	return o
 }
 
-// ownBackend is what the webhook tells a serving sidecar of a job on the own rendezvous: torch's own backends'
+// ownBackend is what the webhook tells a serving sidecar of a job on the elastic-training backend: torch's own backends'
 // handlers (the view of their pickled state, the survivors' restarter) stay off.
-var ownBackend = "--backend=" + constants.BackendOwn
+var ownBackend = "--backend=" + constants.BackendElasticTraining
 
 // node is agent i with its joining sidecar.
 type node struct {
@@ -70,7 +70,7 @@ func (o *ownRdzv) startAs(t *testing.T, i int, host string, env ...string) node 
 
 // Two agents of torch 2.14 and 2.6 form a round through the sidecar's own
 // rendezvous (the entry point found on PYTHONPATH), all_reduce, and exit 0.
-func TestOwnRendezvousTwoAgents(t *testing.T) {
+func TestElasticTrainingBackendTwoAgents(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		o := newOwnRdzv(t, tr, "own-two", "2")
 		a, b := o.start(t, 0), o.start(t, 1)
@@ -93,7 +93,7 @@ func TestOwnRendezvousTwoAgents(t *testing.T) {
 // Here the hosts resolve to nothing at all (.invalid): workers told one as
 // MASTER_ADDR never reach their store (they retry the name until the test
 // gives up).
-func TestOwnRendezvousMasterAddrIsThePodIP(t *testing.T) {
+func TestElasticTrainingBackendMasterAddrIsThePodIP(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		o := newOwnRdzv(t, tr, "own-ip", "2")
 		var n [2]node
@@ -108,10 +108,10 @@ func TestOwnRendezvousMasterAddrIsThePodIP(t *testing.T) {
 	})
 }
 
-// An elastic run --nnodes=2:3 on the own rendezvous: a third agent joins
+// An elastic run --nnodes=2:3 on the elastic-training backend: a third agent joins
 // (world 3), then its node vanishes (agent and sidecar killed: its
 // registration ends with its lease) and the survivors train on at world 2.
-func TestOwnRendezvousGrowAndLoseANode(t *testing.T) {
+func TestElasticTrainingBackendGrowAndLoseANode(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		o := newOwnRdzv(t, tr, "own-elastic", "2:3", "TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
 		a, b := o.start(t, 0), o.start(t, 1)
@@ -121,14 +121,14 @@ func TestOwnRendezvousGrowAndLoseANode(t *testing.T) {
 		start := time.Now()
 		c := o.start(t, 2)
 		at3 := waitWorldAfter(t, a.agent, "world 3 after a third agent started", "3", 0)
-		t.Logf("torch %s own rendezvous: scale-up 2→3 took %s (from the new agent's start)", tr.version, time.Since(start).Round(100*time.Millisecond))
+		t.Logf("torch %s elastic-training backend: scale-up 2→3 took %s (from the new agent's start)", tr.version, time.Since(start).Round(100*time.Millisecond))
 		waitWorldAfter(t, c.agent, "world 3 on the new agent", "3", 0)
 
 		start = time.Now()
 		c.join.Kill()
 		c.agent.Kill()
 		waitWorldAfter(t, a.agent, "world 2 after the third node vanished", "2", at3)
-		t.Logf("torch %s own rendezvous: node lost 3→2 took %s (lease TTL 2 s)", tr.version, time.Since(start).Round(100*time.Millisecond))
+		t.Logf("torch %s elastic-training backend: node lost 3→2 took %s (lease TTL 2 s)", tr.version, time.Since(start).Round(100*time.Millisecond))
 		require.Regexp(t, `torch rendezvous round 3 of run own-elastic complete: 2 nodes" .*backend=elastic-training`, o.s.Output())
 		for _, n := range []node{a, b} {
 			n.agent.Signal(syscall.SIGKILL)
@@ -136,11 +136,11 @@ func TestOwnRendezvousGrowAndLoseANode(t *testing.T) {
 	})
 }
 
-// A scale-down on the own rendezvous: the stopping pod's preStop script sets
+// A scale-down on the elastic-training backend: the stopping pod's preStop script sets
 // its member's leave key, the survivors re-form at once, and the agent's
 // SIGTERM closes nothing, on torch 2.6 too (whose own handler closes the
 // whole rendezvous then): no SIGKILL.
-func TestOwnRendezvousLeaveBeforeStop(t *testing.T) {
+func TestElasticTrainingBackendLeaveBeforeStop(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		o := newOwnRdzv(t, tr, "own-leave", "2:3", "TRAIN_STEPS=100000", "STEP_SLEEP=0.3")
 		a, b, c := o.start(t, 0), o.start(t, 1), o.start(t, 2)
@@ -152,14 +152,14 @@ func TestOwnRendezvousLeaveBeforeStop(t *testing.T) {
 			}
 		}
 		start := time.Now()
-		out := runLeave(t, tr, o.files, "PET_RDZV_BACKEND="+rdzvpy.Backend, "PET_RDZV_ENDPOINT="+o.s.C10d, "PET_RDZV_ID=own-leave",
+		out := runLeave(t, tr, o.files, "PET_RDZV_BACKEND="+trainerpy.Backend, "PET_RDZV_ENDPOINT="+o.s.C10d, "PET_RDZV_ID=own-leave",
 			"PET_NNODES=2:3", "PET_LOCAL_ADDR="+c.host, "ET_LEAVE_AGENT_PID="+strconv.Itoa(c.agent.Cmd.Process.Pid))
 		t.Logf("preStop script took %s: %s", time.Since(start).Round(10*time.Millisecond), strings.TrimSpace(out))
 		require.Contains(t, out, `msg="left the rendezvous before stopping"`)
 		require.NotContains(t, out, "SIGKILL")
 		c.agent.Signal(syscall.SIGTERM)
 		waitWorldAfter(t, a.agent, "world 2 after the preStop and SIGTERM", "2", at3)
-		t.Logf("torch %s own rendezvous: preStop + SIGTERM -> survivors at world 2: %s", tr.version, time.Since(start).Round(100*time.Millisecond))
+		t.Logf("torch %s elastic-training backend: preStop + SIGTERM -> survivors at world 2: %s", tr.version, time.Since(start).Round(100*time.Millisecond))
 		c.agent.Wait(t, 60*time.Second) // torchrun exits 1 on SIGTERM (torch's SignalException), whatever the backend
 		rounds := strings.Count(o.s.Output(), "torch rendezvous round")
 		c.join.Signal(syscall.SIGTERM) // then its pod's sidecar, as Kubernetes stops a native sidecar last
@@ -207,7 +207,7 @@ func waitWorldAfter(t *testing.T, p interface{ Output() string }, phase, want st
 // --c10d-wait), torch's store client connects again until read_timeout, the backend starts over until the join
 // timeout (3 s each here, a minute each in a pod), and the first round takes both agents once the store serves and
 // both pods registered. On torch 2.14 and 2.6.
-func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
+func TestElasticTrainingBackendAgentsStartBeforeTheStore(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		s := newServe(t, "--register=false", ownBackend, "--files-dir="+t.TempDir()) // not started yet
 		var agents []*testenv.Proc
@@ -221,9 +221,9 @@ func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
 			// What the kubelet asks before it starts the trainer; /readyz says no until the pod is a member.
 			testenv.WaitHTTP(t, join, "http://"+health+"/startz", http.StatusOK, 30*time.Second)
 			require.NoError(t, testenv.CheckHTTP(t.Context(), "http://"+health+"/readyz", http.StatusServiceUnavailable))
-			args := append(testenv.TorchrunArgs(rdzvpy.Backend, proxy, "own-early", "2", "--rdzv_conf=last_call_timeout=1,read_timeout=3",
+			args := append(testenv.TorchrunArgs(trainerpy.Backend, proxy, "own-early", "2", "--rdzv_conf=last_call_timeout=1,read_timeout=3",
 				"--local_addr="+host), trainScript(t))
-			agents = append(agents, tr.startAgent(t, fmt.Sprintf("agent-%d", i), torchrunEnv("PYTHONPATH="+filepath.Join(files, rdzvpy.Dir)), args...))
+			agents = append(agents, tr.startAgent(t, fmt.Sprintf("agent-%d", i), torchrunEnv("PYTHONPATH="+filepath.Join(files, trainerpy.Dir)), args...))
 		}
 		for _, a := range agents {
 			testenv.WaitOutput(t, a, "did not answer (", 90*time.Second)
@@ -239,7 +239,7 @@ func TestOwnRendezvousAgentsStartBeforeTheStore(t *testing.T) {
 // sidecars, which close them once their registrations end): the agents stay up, stop their workers, wait for the
 // next store and train on in its first round. An agent that exited there failed its pod (restartPolicy Never, a
 // preemptible group), which the Job replaced only after its back-off. On torch 2.14 and 2.6.
-func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
+func TestElasticTrainingBackendOutlivesTheStore(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		files := t.TempDir()
 		s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
@@ -248,9 +248,9 @@ func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
 			host := fmt.Sprintf("127.0.0.%d", i+1)
 			proxy := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 			startJoin(t, s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i), "--c10d-addr="+proxy, "--c10d-upstream="+s.C10d)
-			args := append(testenv.TorchrunArgs(rdzvpy.Backend, proxy, "own-outlives", "2", "--max_restarts=0",
+			args := append(testenv.TorchrunArgs(trainerpy.Backend, proxy, "own-outlives", "2", "--max_restarts=0",
 				"--rdzv_conf=last_call_timeout=1", "--local_addr="+host), trainScript(t))
-			agents = append(agents, tr.startAgent(t, fmt.Sprintf("agent-%d", i), torchrunEnv("PYTHONPATH="+filepath.Join(files, rdzvpy.Dir),
+			agents = append(agents, tr.startAgent(t, fmt.Sprintf("agent-%d", i), torchrunEnv("PYTHONPATH="+filepath.Join(files, trainerpy.Dir),
 				"TRAIN_STEPS=100000", "STEP_SLEEP=0.3"), args...))
 		}
 		for _, a := range agents {
@@ -276,7 +276,7 @@ func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
 			}
 			require.Contains(t, a.Output()[offsets[i]:], "lost the store")
 		}
-		t.Logf("torch %s own rendezvous: the store replaced -> both agents' workers train again in %s", tr.version, time.Since(start).Round(100*time.Millisecond))
+		t.Logf("torch %s elastic-training backend: the store replaced -> both agents' workers train again in %s", tr.version, time.Since(start).Round(100*time.Millisecond))
 		require.Regexp(t, `torch rendezvous round 1 of run own-outlives complete: 2 nodes" .*backend=elastic-training`, s.Output())
 		// max_restarts=0: the round after the store's loss cost no restart (a membership change, not a failure).
 		waitWorldAfter(t, agents[0], "world 2 steps in the new round", "2", offsets[0])
@@ -289,7 +289,7 @@ func TestOwnRendezvousOutlivesTheStore(t *testing.T) {
 // the second ask was a request for round 2, and the agents of round 1 waited for each other until the store's timeout
 // (seen on the cluster when the rendezvous pod was replaced: TestRolesAndPriorities, about one run in four). On
 // torch 2.14 and 2.6.
-func TestOwnRendezvousAskAgain(t *testing.T) {
+func TestElasticTrainingBackendAskAgain(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		files := t.TempDir()
 		s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
@@ -298,7 +298,7 @@ func TestOwnRendezvousAskAgain(t *testing.T) {
 		script, err := filepath.Abs("testdata/ask_again.py")
 		require.NoError(t, err)
 		cmd := tr.python(script, s.C10d, "own-ask-again", a, b)
-		cmd.Env = torchrunEnv("PYTHONPATH=" + filepath.Join(files, rdzvpy.Dir))
+		cmd.Env = torchrunEnv("PYTHONPATH=" + filepath.Join(files, trainerpy.Dir))
 		p := testenv.Start(t, "ask_again", cmd)
 		testenv.WaitOutput(t, p, "asked", 60*time.Second)
 		startJoin(t, s.URL, b, 1, "", "--member-index=1") // B's pod registers: round 1 forms with it

@@ -1,8 +1,8 @@
-// Package rdzvclient connects to a job's rendezvous server (the serving
+// Package etcdclient connects to a job's rendezvous server (the serving
 // sidecar's etcd v3 API) as every pod's sidecar and the commands a pod runs
 // do: endpoints as flags give them, TLS with etcdctl's file flags, and a
 // reconnect backoff short enough to follow the rendezvous when it moves.
-package rdzvclient
+package etcdclient
 
 import (
 	"crypto/tls"

@@ -12,31 +12,31 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/membership"
-	"github.com/elastic-training/elastic-training/internal/rdzvpy"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
-// BenchmarkOwnRendezvousScale: the job's own rendezvous (elastic-training,
-// docs/own-rendezvous.md) against torch's c10d handler, both on the
+// BenchmarkElasticTrainingBackendScale: the elastic-training backend (elastic-training,
+// docs/elastic-training-backend.md) against torch's c10d handler, both on the
 // sidecar's store, side by side in one run: N participants (scale_agents.py,
 // many to a process, driven as torchrun's agent drives them), the first
 // round, one node joining, the same node leaving through the preStop script,
-// and the steady state's server CPU and RSS. The own rendezvous needs the
+// and the steady state's server CPU and RSS. The elastic-training backend needs the
 // job's membership: N+1 members are registered in the sidecar's etcd first,
 // as the pods' sidecars register them. Goals on this 2-core machine (issue
 // 37): 1,024 nodes' first round ≤ 10 s, 4,096 ≤ 30 s, a join or leave at 256
 // ≤ 5 s, server RSS at 4,096 ≤ 256 MiB.
 //
-//	BENCH_SIDECAR_OWN_NODES             sizes (64,256,1024,4096)
-//	BENCH_SIDECAR_OWN_BASELINE_TIMEOUT  c10d's rounds not formed by then are reported as such (2m)
-func BenchmarkOwnRendezvousScale(b *testing.B) {
+//	BENCH_SIDECAR_BACKEND_NODES             sizes (64,256,1024,4096)
+//	BENCH_SIDECAR_BACKEND_BASELINE_TIMEOUT  c10d's rounds not formed by then are reported as such (2m)
+func BenchmarkElasticTrainingBackendScale(b *testing.B) {
 	raiseNoFile(b)
 	sizes := knob(b, "OWN_NODES", []int{64, 256, 1024, 4096}, counts)
 	window := knob(b, "SCALE_WINDOW", 20*time.Second, time.ParseDuration)
 	timeout := knob(b, "SCALE_TIMEOUT", 5*time.Minute, time.ParseDuration)
 	baseTimeout := knob(b, "OWN_BASELINE_TIMEOUT", 2*time.Minute, time.ParseDuration)
-	fmt.Printf("== the own rendezvous (%s) vs torch's c10d handler, both on the sidecar's store, the chart's settings; "+
-		"steady state measured for %s\n", constants.BackendOwn, window)
+	fmt.Printf("== the elastic-training backend (%s) vs torch's c10d handler, both on the sidecar's store, the chart's settings; "+
+		"steady state measured for %s\n", constants.BackendElasticTraining, window)
 	fmt.Printf("   first: go → every participant done with round 1 (nnodes N:N+1, so it includes last_call); join: one " +
 		"more node's start → all N+1 in a new round; leave: the preStop script, SIGKILL → all N in a new round\n")
 	findTorch(b)
@@ -45,7 +45,7 @@ func BenchmarkOwnRendezvousScale(b *testing.B) {
 		perProc := max(128, n/8) // fewer torch imports at 4,096: 8 processes of 512 threads
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			res := map[string]scaleResult{}
-			for _, backend := range alternate(i, constants.BackendOwn, "c10d") {
+			for _, backend := range alternate(i, constants.BackendElasticTraining, "c10d") {
 				to := timeout
 				if backend == "c10d" {
 					to = baseTimeout
@@ -53,7 +53,7 @@ func BenchmarkOwnRendezvousScale(b *testing.B) {
 				res[backend] = scaleRun(b, backend, "sidecar", st, n, perProc, window, to)
 				fmt.Printf("   %-16s N=%-5d | %s\n", backend, n, res[backend])
 			}
-			reportOwn(b, n, res[constants.BackendOwn], res["c10d"])
+			reportOwn(b, n, res[constants.BackendElasticTraining], res["c10d"])
 		})
 	}
 	fmt.Println()
@@ -125,5 +125,5 @@ func startOwnSidecar(b *testing.B, members int) (*server, string) {
 		}
 	}
 	testenv.WaitOutput(b, s.Proc, fmt.Sprintf(`summary="%d members`, members), 2*time.Minute)
-	return s, filepath.Join(files, rdzvpy.Dir)
+	return s, filepath.Join(files, trainerpy.Dir)
 }

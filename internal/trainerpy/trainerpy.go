@@ -1,10 +1,12 @@
-// Package rdzvpy is the trainer's half of the job's own torchrun rendezvous:
-// the Python package et_rdzv and its dist-info, which registers it as the
-// torchrun.handlers entry point "elastic-training" (docs/own-rendezvous.md).
+// Package trainerpy is the Python package every PyTorch trainer gets,
+// elastic_training, and its dist-info: elastic_training.rendezvous is the
+// trainer's half of the elastic-training rendezvous backend, registered as the
+// torchrun.handlers entry point "elastic-training"
+// (docs/elastic-training-backend.md).
 // The sidecar installs both into the files directory it shares with the
 // trainer, and the webhook puts Dir on the trainer's PYTHONPATH: torch finds
 // the backend with no pip and no change to the image.
-package rdzvpy
+package trainerpy
 
 import (
 	"bytes"
@@ -20,7 +22,7 @@ import (
 )
 
 // Backend is the name torchrun's --rdzv-backend gives it.
-const Backend = constants.BackendOwn
+const Backend = constants.BackendElasticTraining
 
 // Dir is where, under the files directory, the package is installed: the
 // PYTHONPATH entry.

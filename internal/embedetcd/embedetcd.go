@@ -1,7 +1,7 @@
-// Package rdzvetcd is the job's embedded etcd: one member whose client port
+// Package embedetcd is the job's embedded etcd: one member whose client port
 // also serves the handlers it is given (the v2 keys API that torch's etcd
 // backends use), with etcd's own logs in the sidecar's slog stream.
-package rdzvetcd
+package embedetcd
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package rdzvetcd
+package embedetcd
 
 import (
 	"context"

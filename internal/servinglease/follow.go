@@ -1,4 +1,4 @@
-package rdzvlease
+package servinglease
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package rdzvlease decides which pod serves a job's rendezvous and points
+// Package servinglease decides which pod serves a job's rendezvous and points
 // the job's rendezvous Service at it.
 //
 // Why: the rendezvous (torch's c10d store and the membership's etcd) lives in
@@ -36,7 +36,7 @@
 // client-go's leaderelection speaks the same Lease protocol, but its
 // resourcelock package links client-go's whole clientset into the sidecar
 // (50 to 70 MB), and its leader steps down on the first failed renewal.
-package rdzvlease
+package servinglease
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package rdzvetcd
+package embedetcd
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ import (
 // one member elected itself and published itself), with etcd's default ticks (100 ms, election after 10) as the
 // baseline and with ours, alternately in the same run: the time every pod of a job waits at install and at a
 // standby's takeover. Run with `make bench-sidecar`, or `go test -run '^$' -bench StoreStart -benchtime 20x
-// ./internal/rdzvetcd`.
+// ./internal/embedetcd`.
 func BenchmarkStoreStart(b *testing.B) {
 	var took [2][]time.Duration
 	for i := 0; i < b.N; i++ {

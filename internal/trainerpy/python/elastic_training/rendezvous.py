@@ -1,4 +1,4 @@
-"""elastic-training's torchrun rendezvous backend (docs/own-rendezvous.md).
+"""The elastic-training torchrun rendezvous backend (docs/elastic-training-backend.md).
 
 torchrun (torch >= 2.5) loads it through the ``torchrun.handlers`` entry point: the rendezvous sidecar installs this
 package and its dist-info into the files directory it shares with the trainer, and the webhook puts that directory on
