@@ -402,9 +402,9 @@ OWN_BACKEND = "elastic-training"
 
 
 def leave_own(endpoint, run_id, host):
-    """The elastic-training backend: SET et/rdzv/<run>/leave/<host> (torch's client puts the "/" in front)."""
+    """The elastic-training backend: SET elastic-training/<run>/leave/<host> (torch's client puts the "/" in front)."""
     h, _, port = endpoint.rpartition(":")
-    key = f"/et/rdzv/{run_id}/leave/{host}".encode()
+    key = f"/elastic-training/{run_id}/leave/{host}".encode()
     field = lambda b: struct.pack("<Q", len(b)) + b
     with socket.create_connection((h, int(port)), timeout=3) as sock:
         sock.sendall(struct.pack("<BI", 0, StateOverC10d.MAGIC) + b"\x01" + field(key) + field(b"1"))

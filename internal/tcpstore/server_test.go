@@ -647,19 +647,19 @@ func TestInProcessWriter(t *testing.T) {
 	var sets atomic.Int32
 	ts := startServerWith(t, Config{OnSet: func(string, []byte) { sets.Add(1) }})
 	c := dial(t, ts.Addr)
-	c.send(&Request{Op: OpWait, Keys: []string{"/et/rdzv/r/round/1/w-0"}})
+	c.send(&Request{Op: OpWait, Keys: []string{"/elastic-training/r/round/1/w-0"}})
 	ts.waitRegistered(t, 1)
-	require.NoError(t, ts.Set("/et/rdzv/r/round/1/w-0", []byte("0 2")))
-	require.NoError(t, ts.Set("/et/rdzv/r/round/1/w-1", []byte("1 2")))
-	require.NoError(t, ts.Set("/et/rdzv/r/round/10/w-0", []byte("0 1")))
+	require.NoError(t, ts.Set("/elastic-training/r/round/1/w-0", []byte("0 2")))
+	require.NoError(t, ts.Set("/elastic-training/r/round/1/w-1", []byte("1 2")))
+	require.NoError(t, ts.Set("/elastic-training/r/round/10/w-0", []byte("0 1")))
 	if got := c.byte1(); got != StopWaiting {
 		t.Fatalf("waiter read 0x%02x, want STOP_WAITING", got)
 	}
-	require.Equal(t, "0 2", string(c.get("/et/rdzv/r/round/1/w-0")))
+	require.Equal(t, "0 2", string(c.get("/elastic-training/r/round/1/w-0")))
 	require.Equal(t, 3, ts.gauge(ts.m.Keys))
-	require.Equal(t, 2, ts.DeletePrefix("/et/rdzv/r/round/1/"))
+	require.Equal(t, 2, ts.DeletePrefix("/elastic-training/r/round/1/"))
 	require.Equal(t, 1, ts.gauge(ts.m.Keys))
-	_, ok := ts.Get("/et/rdzv/r/round/10/w-0")
+	_, ok := ts.Get("/elastic-training/r/round/10/w-0")
 	require.True(t, ok, "round 10 is not round 1")
 	require.Zero(t, sets.Load(), "the writer knows what it wrote")
 }

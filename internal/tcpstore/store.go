@@ -106,7 +106,7 @@ const rendezvousPrefix = "/torch.rendezvous."
 
 // BackendKeyPrefix begins every key of the elastic-training backend
 // (internal/rdzv/c10drounds): they share the reserve with torch's.
-const BackendKeyPrefix = "/et/rdzv/"
+const BackendKeyPrefix = "/elastic-training/"
 
 // isRendezvousKey says whether key may use the reserve.
 func isRendezvousKey(key string) bool {

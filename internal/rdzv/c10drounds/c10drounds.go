@@ -9,17 +9,17 @@
 // The keys, as stored (torch's client puts the "/" in front of what the
 // handler names), with R the run id and N a round:
 //
-//	/et/rdzv/R/ready/<host>      an agent asks for the next round: {"min","max","last_call","ask"}
-//	/et/rdzv/R/rank/<host>       the sidecar: "<round> <rank> <world size> <ask>" once a round takes the
-//	                             agent (the agent deletes it before it asks again, then waits for it), or
-//	                             "closed" once the run is closed: one wait, woken either way
-//	/et/rdzv/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
-//	/et/rdzv/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting); anyone else's write of
-//	                             it is written back
-//	/et/rdzv/R/closed            an agent closed the run (set_closed)
-//	/et/rdzv/R/leave/<host>      the pod's preStop hook: this member leaves now (a scale-down), before its
-//	                             registration ends with the pod
-//	/et/rdzv/R/done/<host>       the agent's shutdown: its run ended; it leaves its round without a re-form
+//	/elastic-training/R/ready/<host>      an agent asks for the next round: {"min","max","last_call","ask"}
+//	/elastic-training/R/rank/<host>       the sidecar: "<round> <rank> <world size> <ask>" once a round takes the
+//	                                      agent (the agent deletes it before it asks again, then waits for it), or
+//	                                      "closed" once the run is closed: one wait, woken either way
+//	/elastic-training/R/round/N/store/    round N's store (PrefixStore), deleted when round N+1 forms
+//	/elastic-training/R/state             the sidecar: "round=N waiting=K" (num_nodes_waiting); anyone else's write of
+//	                                      it is written back
+//	/elastic-training/R/closed            an agent closed the run (set_closed)
+//	/elastic-training/R/leave/<host>      the pod's preStop hook: this member leaves now (a scale-down), before its
+//	                                      registration ends with the pod
+//	/elastic-training/R/done/<host>       the agent's shutdown: its run ended; it leaves its round without a re-form
 package c10drounds
 
 import (
@@ -213,7 +213,7 @@ func (rs *Rounds) write(rest string, value []byte) error {
 	return handle(rs, id, host, value)
 }
 
-// operations handle the keys /et/rdzv/<run>/<op>[/<host>] (the package comment).
+// operations handle the keys /elastic-training/<run>/<op>[/<host>] (the package comment).
 var operations = map[string]func(rs *Rounds, id, host string, value []byte) error{
 	"ready": (*Rounds).readyLocked, "leave": (*Rounds).leaveLocked, "done": (*Rounds).doneLocked,
 	"closed": (*Rounds).closedLocked, "state": (*Rounds).stateLocked,

@@ -8,17 +8,17 @@ agent wrote, so a round of N agents costs O(N) store operations, not torch's O(N
 pickle. Standard library and torch only.
 
 The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
-    et/rdzv/<run>/ready/<host>     this agent asks for the next round: {"min", "max", "last_call", "ask"}, ask the
-                                   id of this request, the same each time the agent asks again for it after it lost the
-                                   store's connection
-    et/rdzv/<run>/rank/<host>      the sidecar: "<round> <rank> <world size> <ask>" once a round takes this agent for
-                                   request ask, or "closed"; the agent deletes it before it asks, so it waits for one key
-                                   of its own with no round number
-    et/rdzv/<run>/round/<N>/store  round N's store (a PrefixStore)
-    et/rdzv/<run>/state            the sidecar: "round=<N> waiting=<K>"
-    et/rdzv/<run>/closed           set_closed
-    et/rdzv/<run>/done/<host>      shutdown: this agent's run ended; it leaves its round without making the others
-                                   re-form (the sidecar takes a node that vanishes without it as lost)
+    elastic-training/<run>/ready/<host>     this agent asks for the next round: {"min", "max", "last_call", "ask"}, ask the
+                                            id of this request, the same each time the agent asks again for it after it lost the
+                                            store's connection
+    elastic-training/<run>/rank/<host>      the sidecar: "<round> <rank> <world size> <ask>" once a round takes this agent for
+                                            request ask, or "closed"; the agent deletes it before it asks, so it waits for one key
+                                            of its own with no round number
+    elastic-training/<run>/round/<N>/store  round N's store (a PrefixStore)
+    elastic-training/<run>/state            the sidecar: "round=<N> waiting=<K>"
+    elastic-training/<run>/closed           set_closed
+    elastic-training/<run>/done/<host>      shutdown: this agent's run ended; it leaves its round without making the others
+                                            re-form (the sidecar takes a node that vanishes without it as lost)
 """
 
 import json
@@ -29,7 +29,7 @@ import time
 from datetime import timedelta
 
 BACKEND = "elastic-training"
-PREFIX = "et/rdzv"
+PREFIX = "elastic-training"
 
 log = logging.getLogger(__name__)
 
