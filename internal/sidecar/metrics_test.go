@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchrounds"
 	"github.com/elastic-training/elastic-training/internal/torchview"
 )
 
@@ -20,7 +21,7 @@ func TestMetricsInTheCallersRegistry(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		m := newMetrics(reg)
 		m.members.Set(3)
-		torchview.New(torchview.Config{Metrics: reg}).V2Write("/torch/elastic/store/"+
+		torchrounds.New(torchview.New(torchview.Config{Metrics: reg})).V2Write("/torch/elastic/store/"+
 			base64.StdEncoding.EncodeToString([]byte("torch.rendezvous.r.0/MASTER_ADDR")), "")
 		m.v2.ActiveWaits.Set(0)
 

@@ -33,6 +33,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/servinglease"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/survivors"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchrounds"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
 	"github.com/elastic-training/elastic-training/internal/torchview"
 	"github.com/elastic-training/elastic-training/internal/torchview/jobevents"
@@ -154,11 +155,13 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 	defer stopEvents()
 	st := &memberState{}
 	view := torchview.New(torchview.Config{Log: log, Metrics: cfg.Metrics, Events: events, Slots: st.slots})
+	// torch's own backends' rounds, read from their stores' writes; the elastic-training backend tells the view itself.
+	torch := torchrounds.New(view)
 	cfg.Etcd.Log = log
 	etcd := embedetcd.New(cfg.Etcd)
 	var onV2Write func(key, value string)
 	if cfg.legacyV2() {
-		onV2Write = view.V2Write
+		onV2Write = torch.V2Write
 	}
 	v2 := v2api.New(v2api.Config{ClusterID: etcd.ClusterID, ClientURLs: etcd.ClientURLs, Raft: etcd.Raft,
 		MaxDirTTL: cfg.MaxDirTTL, Metrics: mets.v2, OnWrite: onV2Write, Logger: log, Limits: cfg.V2Limits})
@@ -189,7 +192,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 	}
 	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
-		listeners, err := startC10d(rctx, &wg, cfg, view, cand, etcd, st)
+		listeners, err := startC10d(rctx, &wg, cfg, view, torch, cand, etcd, st)
 		if err != nil {
 			return err
 		}
@@ -251,11 +254,11 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 // store join the fan-out once the store exists (before it serves: no write
 // comes earlier), and are returned to hear of the membership's changes while
 // this pod serves.
-func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, cand *servinglease.Candidate, etcd *embedetcd.Server, st *memberState) ([]MembershipListener, error) {
+func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, torch *torchrounds.Follower, cand *servinglease.Candidate, etcd *embedetcd.Server, st *memberState) ([]MembershipListener, error) {
 	log := cfg.Log
 	var writes storeWriteFanOut
 	if cfg.uses(constants.BackendC10d) {
-		writes = append(writes, view)
+		writes = append(writes, torch)
 	}
 	c10d := tcpstore.Config{Log: log.With("component", "c10d"), Metrics: cfg.Metrics, Quotas: cfg.C10dQuotas,
 		OnSet: writes.C10dWrite, OnCompareSet: writes.C10dWrite}
@@ -267,7 +270,7 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 	if cfg.uses(constants.BackendElasticTraining) {
 		rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 			OnState: func(run string, s c10drounds.State) {
-				view.OwnState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
+				view.ElasticTrainingState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
 			}})
 		wg.Go(func() { <-ctx.Done(); rounds.Stop() })
 		writes = append(writes, rounds)

@@ -5,10 +5,10 @@
 //
 //   - torchstate: torch's pickled dynamic-rendezvous state, read for the view and written back with a node more or
 //     less on the wait list;
+//   - torchrounds: their rounds and state for the view (internal/torchview), from their stores' writes;
 //   - survivors: the restart of torch's survivors when a participant's pod leaves the membership (c10d);
 //   - v2api: the etcd v2 keys API over etcd's v2 store, which python-etcd speaks (etcd-v2, and torch 2.4/2.5's
 //     quirks).
 //
-// The view of the rounds (internal/torchview) serves every backend and parses torch's state through torchstate;
-// the preStop hook's script (internal/prestop) leaves both kinds of rendezvous.
+// The view of the rounds (internal/torchview) serves every backend and parses no backend's keys.
 package torchbackends

@@ -1,9 +1,8 @@
-// Package torchview is the serving sidecar's view of torch's rendezvous. The
-// stores that torch's backends use (the etcd v2 keys API, the c10d TCPStore)
-// hand it every write; it logs each round that completes and records it as an
-// Event, keeps torch's pickled state of the runs it saw, and serves the
-// decoded state of the last run on GET /rendezvous. It reads no store itself,
-// so it depends on none of them.
+// Package torchview is the serving sidecar's view of torchrun's rendezvous, whichever the backend: it logs each
+// round that completes and records it as an Event, and serves the state of the last run on GET /rendezvous. The
+// backends tell it: the elastic-training backend's rounds (internal/rdzv/c10drounds, through ElasticTrainingState)
+// and torch's own backends' (internal/torchbackends/torchrounds, which follows their stores' writes and decodes
+// their pickled state). It reads no store and parses no backend's keys, so it depends on none of them.
 package torchview
 
 import (
@@ -21,7 +20,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
-	"github.com/elastic-training/elastic-training/internal/torchbackends/torchstate"
 )
 
 // Recorder records a round's message where kubectl shows it (jobevents:
@@ -52,16 +50,41 @@ const (
 )
 
 // maxRuns bounds the runs a Tracker remembers: a job has one run at a time,
-// a few more when it is reinstalled with the same sidecar. maxStateBytes bounds
-// their states together: a state is the store's value, held by reference, so
-// a run remembered keeps a value the store has replaced alive outside the
-// store's quota (16 runs of the largest value were 128 MiB).
-const (
-	maxRuns       = 16
-	maxStateBytes = 32 << 20
-)
+// a few more when it is reinstalled with the same sidecar.
+const maxRuns = 16
 
-// Tracker follows torch's rendezvous through the writes it is handed.
+// Round is one completed round, as its backend tells it.
+type Round struct {
+	Backend      string // "elastic-training", "c10d", "etcd-v2" or "etcd"
+	RunID        string
+	Round        string
+	Participants int    // -1 when the backend does not say
+	Master       string // etcd-v2 and c10d: the round's MASTER_ADDR
+	// StateErr: the backend could not read the round's state (torch's pickle); logged with the round.
+	StateErr error
+}
+
+// RunState is a backend's state of one run, read when /rendezvous is asked for: torch's pickle is decoded then,
+// not on every write.
+type RunState interface {
+	// Current is the run now; ok false when the backend keeps none (torch's legacy etcd backend, or a state it forgot).
+	Current() (c Current, ok bool, err error)
+}
+
+// Current is a run as its backend has it now.
+type Current struct {
+	Round            int
+	Complete, Closed bool
+	Participants     []ViewNode // by rank
+	Waiting          []string
+	WaitingNodes     int
+	Ended            int
+}
+
+// Current is c itself: a state that is a value (the elastic-training backend's).
+func (c Current) Current() (Current, bool, error) { return c, true, nil }
+
+// Tracker is the view of the rounds its backends tell it.
 type Tracker struct {
 	log        *slog.Logger
 	rounds     *prometheus.CounterVec
@@ -80,25 +103,11 @@ type Tracker struct {
 
 type runKey struct{ backend, id string }
 
-// run is what the Tracker keeps of one run: torch's state as stored (base64
-// of the pickle) and its decoding, made once per change and only when asked.
+// run is what the Tracker keeps of one run.
 type run struct {
-	state     []byte
-	decoded   *torchstate.State
-	decodeErr error
-	logged    string // the last round logged
-	seq       uint64
-	own       *ownState // the elastic-training backend's runs: their state as the sidecar decided it
-}
-
-// ownState is a run of the elastic-training backend as internal/rdzv/c10drounds last
-// reported it: no pickle to decode.
-type ownState struct {
-	round   int
-	hosts   []string // by rank; the core's, never changed once made
-	waiting int
-	ended   int
-	closed  bool
+	state  RunState // nil: its backend told none
+	logged string   // the last round logged
+	seq    uint64
 }
 
 type seenRound struct {
@@ -126,47 +135,11 @@ func New(cfg Config) *Tracker {
 	return t
 }
 
-// V2Write is the v2 keys API's v2api.Config.OnWrite: the etcd and etcd-v2
-// backends' writes, keys as clients name them.
-func (t *Tracker) V2Write(key, value string) {
-	if run, ok := torchstate.StateRun(constants.BackendEtcdV2, key); ok {
-		t.setState(runKey{constants.BackendEtcdV2, run}, []byte(value))
-		return
-	}
-	if r, ok := roundFromEvent(key, value); ok {
-		t.round(r)
-	}
-}
-
-// C10dWrite is the c10d store's tcpstore.Config.OnSet and OnCompareSet.
-// torch's TCPStore client puts "/" in front of every key.
-func (t *Tracker) C10dWrite(key string, value []byte) {
-	key = strings.TrimPrefix(key, "/")
-	if run, ok := torchstate.StateRun(constants.BackendC10d, key); ok {
-		t.setState(runKey{constants.BackendC10d, run}, value)
-		return
-	}
-	if r, ok := roundFromStoreKey(constants.BackendC10d, key, string(value)); ok {
-		t.round(r)
-	}
-}
-
-func (t *Tracker) setState(k runKey, state []byte) {
+// SetState: the backend's state of run changed.
+func (t *Tracker) SetState(backend, run string, st RunState) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := t.runLocked(k)
-	r.state, r.decoded, r.decodeErr = state, nil, nil
-	for t.stateBytesLocked() > maxStateBytes && t.evictLocked(k) {
-	}
-}
-
-// stateBytesLocked is the size of the states the Tracker keeps.
-func (t *Tracker) stateBytesLocked() int {
-	n := 0
-	for _, r := range t.runs {
-		n += len(r.state)
-	}
-	return n
+	t.runLocked(runKey{backend, run}).state = st
+	t.mu.Unlock()
 }
 
 // runLocked returns k's run, making room for a new one by forgetting the run
@@ -185,9 +158,8 @@ func (t *Tracker) runLocked(k runKey) *run {
 	return r
 }
 
-// evictLocked forgets the run written to least recently, but the one /rendezvous shows and keep; false when there
-// is none to forget.
-func (t *Tracker) evictLocked(keep runKey) bool {
+// evictLocked forgets the run written to least recently, but the one /rendezvous shows and keep.
+func (t *Tracker) evictLocked(keep runKey) {
 	var oldest runKey
 	var min uint64
 	for rk, r := range t.runs {
@@ -195,48 +167,28 @@ func (t *Tracker) evictLocked(keep runKey) bool {
 			oldest, min = rk, r.seq
 		}
 	}
-	if min == 0 {
-		return false
+	if min != 0 {
+		delete(t.runs, oldest)
 	}
-	delete(t.runs, oldest)
-	return true
 }
 
-// stateLocked decodes k's state, once per change; ok is false when the run
-// has none (the legacy etcd backend keeps none).
-func (t *Tracker) stateLocked(k runKey) (st torchstate.State, ok bool, err error) {
-	r := t.runs[k]
-	if r == nil || r.state == nil {
-		return torchstate.State{}, false, nil
+// ElasticTrainingState is a change of the elastic-training backend's run (c10drounds.Config.OnState): its round
+// by rank (hosts), the nodes waiting, the participants whose agents ended, closed. The view shows it as it is
+// (complete while no node waits: a waiting node makes every agent of the round restart into the next); a new round
+// is logged and recorded as torch's are.
+func (t *Tracker) ElasticTrainingState(run string, round int, hosts []string, waiting, ended int, closed bool) {
+	c := Current{Round: round, Complete: waiting == 0 && !closed, Closed: closed, WaitingNodes: waiting, Ended: ended}
+	for rank, h := range hosts {
+		c.Participants = append(c.Participants, ViewNode{Node: h, Addr: h, Rank: rank})
 	}
-	if r.decoded == nil && r.decodeErr == nil {
-		s, err := torchstate.DecodeBase64(r.state)
-		r.decoded, r.decodeErr = &s, err
-	}
-	return *r.decoded, true, r.decodeErr
-}
-
-// OwnState is a change of the elastic-training backend's run (c10drounds.Config.OnState):
-// its round by rank (hosts), the nodes waiting, the participants whose agents
-// ended, closed. The view shows it as it is; a new round is logged and
-// recorded as torch's are.
-func (t *Tracker) OwnState(run string, round int, hosts []string, waiting, ended int, closed bool) {
-	k := runKey{constants.BackendElasticTraining, run}
-	t.mu.Lock()
-	t.runLocked(k).own = &ownState{round: round, hosts: hosts, waiting: waiting, ended: ended, closed: closed}
-	t.mu.Unlock()
+	t.SetState(constants.BackendElasticTraining, run, c)
 	if round > 0 {
-		t.record(Round{Backend: constants.BackendElasticTraining, RunID: run, Round: strconv.Itoa(round), Participants: len(hosts)}, hosts)
+		t.Round(Round{Backend: constants.BackendElasticTraining, RunID: run, Round: strconv.Itoa(round), Participants: len(hosts)}, hosts)
 	}
 }
 
-// round is a round of torch's own backends: its nodes come from torch's
-// state, when the Tracker has the state of that round.
-func (t *Tracker) round(r Round) { t.record(r, nil) }
-
-// record logs r and records its Event, once per round; nodes nil: from
-// torch's state.
-func (t *Tracker) record(r Round, nodes []string) {
+// Round logs r and records its Event, once per round; nodes by rank, nil when the backend does not know them.
+func (t *Tracker) Round(r Round, nodes []string) {
 	k := runKey{r.Backend, r.RunID}
 	t.mu.Lock()
 	run := t.runLocked(k)
@@ -245,18 +197,6 @@ func (t *Tracker) record(r Round, nodes []string) {
 		return
 	}
 	run.logged = r.Round
-	var err error
-	if nodes == nil {
-		var st torchstate.State
-		var ok bool
-		st, ok, err = t.stateLocked(k)
-		if ok && err == nil && strconv.Itoa(st.Round) == r.Round {
-			r.Participants = len(st.Participants)
-			for _, p := range st.Participants {
-				nodes = append(nodes, p.Addr)
-			}
-		}
-	}
 	t.last = &seenRound{Round: r, at: t.now()}
 	report, unreported := t.report.AllowN(t.now(), 1), t.unreported
 	if report {
@@ -270,8 +210,8 @@ func (t *Tracker) record(r Round, nodes []string) {
 		t.suppressed.Inc()
 		return
 	}
-	if err != nil {
-		t.log.Warn("cannot read torch's rendezvous state", "backend", r.Backend, "run_id", r.RunID, "err", err)
+	if r.StateErr != nil {
+		t.log.Warn("cannot read torch's rendezvous state", "backend", r.Backend, "run_id", r.RunID, "err", r.StateErr)
 	}
 	attrs := []any{"backend", r.Backend, "run_id", r.RunID, "round", r.Round}
 	if unreported > 0 {
@@ -384,32 +324,17 @@ func (t *Tracker) view() (View, bool, error) {
 	n, _ := strconv.Atoi(last.Round.Round)
 	v := View{Backend: last.Backend, RunID: last.RunID, Round: n, Complete: true, WorldSize: last.Participants,
 		LastCompletedRound: n, LastCompletedAt: last.at.UTC(), Now: t.now().UTC()}
-	if r := t.runs[runKey{last.Backend, last.RunID}]; r != nil && r.own != nil {
-		// Complete while no node waits: a waiting node makes every agent of the round restart into the next.
-		o := r.own
-		v.Round, v.Complete, v.Closed, v.WorldSize, v.WaitingNodes, v.Ended = o.round, o.waiting == 0 && !o.closed, o.closed, len(o.hosts), o.waiting, o.ended
-		for rank, h := range o.hosts {
-			v.Participants = append(v.Participants, ViewNode{Node: h, Addr: h, Rank: rank})
-		}
+	r := t.runs[runKey{last.Backend, last.RunID}]
+	if r == nil || r.state == nil {
 		return v, true, nil
 	}
-	st, ok, err := t.stateLocked(runKey{last.Backend, last.RunID})
-	if !ok {
-		return v, true, nil
-	}
+	c, ok, err := r.state.Current()
 	if err != nil {
 		return View{}, true, err
 	}
-	v.Round, v.Complete, v.Closed, v.WorldSize = st.Round, st.Complete, st.Closed, len(st.Participants)
-	for _, p := range st.Participants {
-		vn := ViewNode{Node: p.String(), Addr: p.Addr, Rank: p.Rank}
-		if hb, ok := st.Heartbeats[p.Node]; ok {
-			vn.LastHeartbeat = &hb
-		}
-		v.Participants = append(v.Participants, vn)
-	}
-	for _, w := range st.Waiting {
-		v.Waiting = append(v.Waiting, w.String())
+	if ok {
+		v.Round, v.Complete, v.Closed, v.WorldSize = c.Round, c.Complete, c.Closed, len(c.Participants)
+		v.Participants, v.Waiting, v.WaitingNodes, v.Ended = c.Participants, c.Waiting, c.WaitingNodes, c.Ended
 	}
 	return v, true, nil
 }

@@ -1,4 +1,4 @@
-package torchview
+package torchrounds
 
 import (
 	"encoding/base64"
@@ -8,16 +8,8 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/torchstate"
+	"github.com/elastic-training/elastic-training/internal/torchview"
 )
-
-// Round is one completed torch rendezvous round, as seen in the v2 or c10d store.
-type Round struct {
-	Backend      string // "etcd", "etcd-v2" or "c10d"
-	RunID        string
-	Round        string
-	Participants int    // -1 when the backend does not say
-	Master       string // etcd-v2 and c10d: the round's MASTER_ADDR
-}
 
 var activeVersionRe = regexp.MustCompile(`/run_([^/]+)/rdzv/active_version$`)
 
@@ -31,7 +23,7 @@ const v2StorePrefix = "/torch/elastic/store/"
 //     store, key /torch/elastic/store/base64("torch.rendezvous.<id>.<round>/MASTER_ADDR").
 //
 // It is pure, so the parsing is unit-tested without torch.
-func roundFromEvent(key string, value string) (Round, bool) {
+func roundFromEvent(key string, value string) (torchview.Round, bool) {
 	if m := activeVersionRe.FindStringSubmatch(key); m != nil {
 		var st struct {
 			Status       string `json:"status"`
@@ -39,14 +31,14 @@ func roundFromEvent(key string, value string) (Round, bool) {
 			Participants []any  `json:"participants"`
 		}
 		if json.Unmarshal([]byte(value), &st) != nil || st.Status != "final" {
-			return Round{}, false
+			return torchview.Round{}, false
 		}
-		return Round{Backend: constants.BackendEtcd, RunID: m[1], Round: st.Version, Participants: len(st.Participants)}, true
+		return torchview.Round{Backend: constants.BackendEtcd, RunID: m[1], Round: st.Version, Participants: len(st.Participants)}, true
 	}
 	if strings.HasPrefix(key, v2StorePrefix) {
 		raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(key, v2StorePrefix))
 		if err != nil {
-			return Round{}, false
+			return torchview.Round{}, false
 		}
 		master := ""
 		if v, err := base64.StdEncoding.DecodeString(value); err == nil {
@@ -54,21 +46,21 @@ func roundFromEvent(key string, value string) (Round, bool) {
 		}
 		return roundFromStoreKey(constants.BackendEtcdV2, string(raw), master)
 	}
-	return Round{}, false
+	return torchview.Round{}, false
 }
 
 // roundFromStoreKey recognises the key torch's dynamic rendezvous (etcd-v2
 // and c10d) writes once per round, in the rendezvous store: the rank-0
 // agent's MASTER_ADDR under the round's prefix "torch.rendezvous.<id>.<round>/".
-func roundFromStoreKey(backend, key, master string) (Round, bool) {
+func roundFromStoreKey(backend, key, master string) (torchview.Round, bool) {
 	rest, ok := strings.CutPrefix(key, torchstate.C10dKeyPrefix)
 	if !ok || !strings.HasSuffix(rest, "/MASTER_ADDR") {
-		return Round{}, false
+		return torchview.Round{}, false
 	}
 	rest = strings.TrimSuffix(rest, "/MASTER_ADDR")
 	i := strings.LastIndexByte(rest, '.')
 	if i < 0 {
-		return Round{}, false
+		return torchview.Round{}, false
 	}
-	return Round{Backend: backend, RunID: rest[:i], Round: rest[i+1:], Participants: -1, Master: master}, true
+	return torchview.Round{Backend: backend, RunID: rest[:i], Round: rest[i+1:], Participants: -1, Master: master}, true
 }
