@@ -1,9 +1,11 @@
 // Package prestop is the PyTorch trainer's preStop hook, leave_rendezvous.py
 // (see its docstring): it takes the stopping pod's torchrun agent out of the
-// c10d, etcd-v2 or legacy etcd rendezvous so that a scale-down does not wait
-// for torch's dead-node timeout. The sidecar installs it into the files
-// directory it shares with the trainer. It is Python because only the
-// trainer's image is sure to have what reads torch's pickled state.
+// rendezvous so that a scale-down does not wait for a dead-node timeout. On the
+// elastic-training backend that is one SET of a key; torch's own backends need
+// internal/torchbackends/torchleave, which it imports for them alone. The
+// sidecar installs both into the files directory it shares with the trainer.
+// It is Python because only the trainer's image is sure to have what reads
+// torch's pickled state.
 package prestop
 
 import (

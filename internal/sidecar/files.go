@@ -13,6 +13,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/hostfile"
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/prestop"
+	"github.com/elastic-training/elastic-training/internal/torchbackends/torchleave"
 	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
@@ -34,6 +35,9 @@ func installFiles(dir string, helper bool, log *slog.Logger) error {
 		return fmt.Errorf("--files-dir: %w", err)
 	}
 	if err := prestop.Install(dir, constants.LeaveScriptName); err != nil {
+		return err
+	}
+	if err := torchleave.Install(dir); err != nil { // imported by the script for torch's own backends alone
 		return err
 	}
 	if err := trainerpy.Install(dir); err != nil {

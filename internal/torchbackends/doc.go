@@ -6,6 +6,7 @@
 //   - torchstate: torch's pickled dynamic-rendezvous state, read for the view and written back with a node more or
 //     less on the wait list;
 //   - torchrounds: their rounds and state for the view (internal/torchview), from their stores' writes;
+//   - torchleave: the preStop hook's half that takes a stopping agent out of their rendezvous (leave_torch.py);
 //   - survivors: the restart of torch's survivors when a participant's pod leaves the membership (c10d);
 //   - v2api: the etcd v2 keys API over etcd's v2 store, which python-etcd speaks (etcd-v2, and torch 2.4/2.5's
 //     quirks).

@@ -374,12 +374,12 @@ func scaleRun(b *testing.B, backend, kind string, st scaleSettings, n, perProc i
 // the joiner's agent, with the environment the webhook gives a trainer.
 func leaveRendezvous(b *testing.B, backend, endpoint, runID, nnodes, addr string, st scaleSettings, p *participants) string {
 	b.Helper()
-	dir := filepath.Join(testenv.RepoRoot(), "internal/prestop")
+	dir, torchHalf := filepath.Join(testenv.RepoRoot(), "internal/prestop"), filepath.Join(testenv.RepoRoot(), "internal/torchbackends/torchleave")
 	conf := st.conf
 	if backend == "c10d" {
 		conf += ",is_host=false"
 	}
-	code := fmt.Sprintf("import sys; sys.path.insert(0, %q); import leave_rendezvous as l; l.leave_rendezvous({%d})", dir, p.Cmd.Process.Pid)
+	code := fmt.Sprintf("import sys; sys.path[:0] = [%q, %q]; import leave_rendezvous as l; l.leave_rendezvous({%d})", dir, torchHalf, p.Cmd.Process.Pid)
 	cmd := torchCmd(b, "/usr/bin/python3", "-c", code)
 	cmd.Env = testenv.TorchEnv("PET_RDZV_BACKEND="+backend, "PET_RDZV_ENDPOINT="+endpoint, "PET_RDZV_ID="+runID,
 		"PET_NNODES="+nnodes, "PET_LOCAL_ADDR="+addr,
