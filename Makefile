@@ -1,6 +1,10 @@
 # elastic-training: see README.md.
 SHELL := /bin/bash
 GO ?= go
+# The test targets pipe `go test -json` through hack/testtimes: the tests' output as usual, then each package's and
+# its slowest tests' wall time (CI is a budget: the log says where it goes). pipefail: a failed test fails the target.
+TESTTIMES = set -o pipefail; $(GO) test -json
+TIMES = | $(GO) run ./hack/testtimes
 
 .PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss demo cluster-build cluster-up cluster-down cluster-status images
 
@@ -49,24 +53,24 @@ lint:
 ## unit: the tests of every package outside test/ (cmd/..., internal/...): no root, no root filesystems, no cluster.
 ## internal/torchbackends/v2api's conformance test runs Debian's etcd 3.4 (/usr/bin/etcd, package etcd-server) as its reference.
 unit:
-	$(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/)
+	$(TESTTIMES) -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/) $(TIMES)
 
 ## helm: the charts through the Helm SDK (test/helm): rendering, golden files, schema, lint, chart READMEs, and
 ## actionlint on the release workflow (shellcheck). No root, no cluster.
 helm:
-	$(GO) test -count=1 -timeout 30m ./test/helm/...
+	$(TESTTIMES) -count=1 -timeout 30m ./test/helm/... $(TIMES)
 
 ## integration: the sidecar and the c10d store with the real programs (test/integration/...): torchrun of torch 2.14
 ## and 2.6 chrooted into the trainer root filesystems, etcd 3.4 and etcdctl, Open MPI and MPICH. Root.
 integration: rootfs torch-tests
-	$(GO) test -count=1 -timeout 30m ./test/integration/...
+	$(TESTTIMES) -count=1 -timeout 30m ./test/integration/... $(TIMES)
 
 ## e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
 ## stops it again afterwards; a cluster that was already running is left running. The stop waits for
 ## the lock of the e2e test binaries (E2E_LOCK in test/e2e/cluster/env.sh): another run may still use the cluster.
 e2e:
 	@set -e; started=0; $(CLUSTER)/status.sh >/dev/null || { started=1; $(CLUSTER)/up.sh; }; \
-	rc=0; $(GO) test -p 1 -parallel 4 -count=1 -timeout 55m ./test/e2e/... || rc=$$?; \
+	rc=0; ( $(TESTTIMES) -p 1 -parallel 4 -count=1 -timeout 55m ./test/e2e/... $(TIMES) ) || rc=$$?; \
 	if [ $$started = 1 ]; then (. $(CLUSTER)/env.sh; flock "$$E2E_LOCK" $(CLUSTER)/down.sh); fi; exit $$rc
 
 ## demo: an elastic PyTorch job on the local cluster, scaled 2 -> 3 -> 4 -> 2 with helm upgrade (root; the first
