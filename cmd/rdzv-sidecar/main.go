@@ -191,6 +191,7 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 	fs.IntVar(&m.Member.Slots, "member-slots", 1, "slots (processes/accelerators) of this member")
 	fs.StringVar(&m.Member.Group, "member-group", "worker", "worker group of this member")
 	fs.IntVar(&m.Member.Index, "member-index", 0, "index of this member within its group")
+	fs.StringVar(&m.Member.Node, "member-node", os.Getenv(constants.EnvNodeName), "the node this pod runs on (default $"+constants.EnvNodeName+"): copies of in-memory checkpoints go to other nodes first")
 	fs.StringVar(&m.Prefix, "members-prefix", constants.MembersPrefix, "etcd v3 key prefix of the membership")
 	fs.DurationVar(&m.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
 	return d

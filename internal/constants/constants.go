@@ -332,6 +332,20 @@ const (
 	EnvMemberIP = "ET_POD_IP"
 )
 
+// In-memory checkpoints (docs/checkpoints.md): the trainer's elastic_training.checkpoint saves into EnvCheckpointDir,
+// a memory-backed volume it shares with its sidecar, and asks the sidecar at EnvCheckpointURL (loopback) what to load;
+// the sidecars replicate the pieces among themselves on CheckpointPort and record who holds what under
+// CheckpointsPrefix in the job's store.
+const (
+	EnvCheckpointDir  = "ET_CHECKPOINT_DIR"
+	EnvCheckpointURL  = "ET_CHECKPOINT_URL"
+	CheckpointPort    = 2382
+	CheckpointsPrefix = "/elastic-training/checkpoints/"
+	// EnvNodeName is the node a pod runs on (the downward API's spec.nodeName), in its sidecar: copies of a piece go
+	// to other nodes first.
+	EnvNodeName = "NODE_NAME"
+)
+
 // Env vars the webhook sets in a candidate's sidecar (AnnotationRdzvStandbys), from the downward API: the Lease's
 // holder and the rendezvous Service's endpoint while it holds the Lease.
 const (

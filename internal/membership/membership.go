@@ -15,6 +15,9 @@ type Member struct {
 	Slots int    `json:"slots"` // processes/accelerators on this host, ≥ 1
 	Group string `json:"group"` // worker group
 	Index int    `json:"index"` // index within the group
+	// Node is the node the member's pod runs on, where its sidecar knows it (in-memory checkpoints place copies
+	// on other nodes first); members registered by an earlier sidecar have none.
+	Node string `json:"node,omitempty"`
 }
 
 // Validate refuses a member that real launchers choke on: slots ≤ 0 (Hydra

@@ -3,47 +3,19 @@ package etcdmembers
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
-	"go.uber.org/zap"
 
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
 )
 
-// startEtcd runs an embedded etcd on free loopback ports, as Kubernetes'
-// etcd test server does, and returns an in-process client.
-func startEtcd(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = filepath.Join(t.TempDir(), "etcd")
-	cu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
-	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.UnsafeNoFsync = true
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	cli := v3client.New(e.Server)
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
+func startEtcd(t *testing.T) *clientv3.Client { return etcdtest.Embedded(t) }
 
 type recorder struct {
 	mu   sync.Mutex

@@ -1,0 +1,186 @@
+package holder
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/elastic-training/elastic-training/internal/checkpoint"
+)
+
+// MaxConcurrent is how many requests the holder's server answers at once; more
+// are answered 503 at once.
+const MaxConcurrent = 64
+
+// Handler serves
+//
+//	GET  /checkpoint/peer/{save}/{file}   a file of a piece this pod holds and has announced, to a peer (Range too)
+//	GET  /checkpoint/newest               the newest complete save, as its rank 0's manifest (404: none)    loopback
+//	GET  /checkpoint/files/{save}/{file}  a file of any held piece: from this pod, or through it from a peer  loopback
+//	POST /checkpoint/saved                the trainer finished a save: look now                          loopback
+//
+// Who reaches the peer route is the job's NetworkPolicy's to say (its pods
+// only); what it serves is only the files of announced pieces, by name.
+func (h *Holder) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /checkpoint/peer/{save}/{file}", h.servePeer)
+	mux.HandleFunc("GET /checkpoint/newest", loopback(h.serveNewest))
+	mux.HandleFunc("GET /checkpoint/files/{save}/{file}", loopback(h.serveFile))
+	mux.HandleFunc("POST /checkpoint/saved", loopback(func(w http.ResponseWriter, _ *http.Request) {
+		h.Wake()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	sem := make(chan struct{}, MaxConcurrent)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case sem <- struct{}{}:
+			defer func() { <-sem }()
+		default:
+			http.Error(w, "busy: "+strconv.Itoa(MaxConcurrent)+" requests at once", http.StatusServiceUnavailable)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// Serve serves Handler at addr until ctx ends.
+func (h *Holder) Serve(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return h.ServeListener(ctx, ln)
+}
+
+// ServeListener serves Handler on ln until ctx ends.
+func (h *Holder) ServeListener(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 8 << 10,
+		// A reader that stops reading holds its request's slot at most this long: 1 GiB at 2 MiB/s.
+		WriteTimeout: 10 * time.Minute, IdleTimeout: time.Minute}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func loopback(f http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			http.Error(w, "only this pod's trainer may ask this", http.StatusForbidden)
+			return
+		}
+		f(w, r)
+	}
+}
+
+func (h *Holder) servePeer(w http.ResponseWriter, r *http.Request) {
+	save, name := r.PathValue("save"), r.PathValue("file")
+	h.mu.Lock()
+	f, ok := h.localFile(save, name)
+	announced := ok && h.announcedFile(save, name)
+	h.mu.Unlock()
+	if !announced {
+		http.Error(w, "no such piece here", http.StatusNotFound)
+		return
+	}
+	h.serveLocal(w, r, save, f)
+}
+
+// announcedFile: a piece this holder announced has the file. h.mu is held.
+func (h *Holder) announcedFile(save, name string) bool {
+	for p := range h.announced {
+		if p.Save != save {
+			continue
+		}
+		for _, f := range h.local[p].manifest.Files {
+			if f.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (h *Holder) serveLocal(w http.ResponseWriter, r *http.Request, save string, f checkpoint.File) {
+	file, err := os.Open(filepath.Join(h.cfg.Dir, save, f.Name))
+	if err != nil {
+		http.Error(w, "gone: dropped a moment ago", http.StatusNotFound)
+		return
+	}
+	defer file.Close()
+	http.ServeContent(w, r, f.Name, time.Time{}, file)
+}
+
+func (h *Holder) serveNewest(w http.ResponseWriter, _ *http.Request) {
+	h.mu.Lock()
+	m, ok := h.ix.Newest()
+	h.mu.Unlock()
+	if !ok {
+		http.Error(w, "no complete checkpoint in the job", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(m)
+}
+
+// serveFile serves a file of a save to the trainer: from this pod's directory
+// when a piece here has it, else from a peer that holds it, passing the range on.
+func (h *Holder) serveFile(w http.ResponseWriter, r *http.Request) {
+	save, name := r.PathValue("save"), r.PathValue("file")
+	if _, err := checkpoint.ParseSaveName(save); err != nil || checkpoint.ValidFileName(name) != nil {
+		http.Error(w, "not a file of a save", http.StatusBadRequest)
+		return
+	}
+	h.mu.Lock()
+	f, here := h.localFile(save, name)
+	p, _, known := h.ix.File(save, name)
+	holders := h.ix.Holders(p)
+	h.mu.Unlock()
+	if here {
+		h.serveLocal(w, r, save, f)
+		return
+	}
+	if !known {
+		http.Error(w, "no pod of the job holds it", http.StatusNotFound)
+		return
+	}
+	var last error
+	for _, from := range preferMembers(holders, h.cfg.Members()) {
+		if from == h.cfg.Self {
+			continue
+		}
+		resp, err := h.get(r.Context(), from, save, name, r.Header.Get("Range"))
+		if err != nil {
+			last = err
+			continue
+		}
+		for _, k := range []string{"Content-Length", "Content-Range", "Content-Type"} {
+			if v := resp.Header.Get(k); v != "" {
+				w.Header().Set(k, v)
+			}
+		}
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+		resp.Body.Close()
+		return
+	}
+	msg := "no holder answered"
+	if last != nil {
+		msg += ": " + last.Error()
+	}
+	http.Error(w, msg, http.StatusBadGateway)
+}
