@@ -24,6 +24,7 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/etcdclient"
@@ -193,6 +194,19 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 	fs.IntVar(&m.Member.Index, "member-index", 0, "index of this member within its group")
 	fs.StringVar(&m.Member.Node, "member-node", os.Getenv(constants.EnvNodeName), "the node this pod runs on (default $"+constants.EnvNodeName+"): copies of in-memory checkpoints go to other nodes first")
 	fs.StringVar(&m.Prefix, "members-prefix", constants.MembersPrefix, "etcd v3 key prefix of the membership")
+	cp := &o.Checkpoint
+	fs.StringVar(&cp.Dir, "checkpoint-dir", "", "the memory-backed directory this pod's trainer saves in-memory checkpoints into (elastic_training.checkpoint, $"+constants.EnvCheckpointDir+"): announce its saves in the job's store, keep copies of other pods' and serve them (empty: off; needs --register)")
+	fs.StringVar(&cp.Addr, "checkpoint-addr", fmt.Sprintf(":%d", constants.CheckpointPort), "address of the checkpoint server: the peers' copies, and on loopback the trainer's loads ($"+constants.EnvCheckpointURL+")")
+	fs.IntVar(&cp.Replicas, "checkpoint-replicas", 1, "copies of each piece of a save on other pods, on other nodes first")
+	cp.Memory = 1 << 30
+	fs.Func("checkpoint-memory", "bytes --checkpoint-dir may hold, this pod's saves and the copies together (a quantity: 1Gi, 512Mi; default 1Gi)", func(v string) error {
+		q, err := resource.ParseQuantity(v)
+		if err != nil || q.Sign() <= 0 {
+			return fmt.Errorf("%q is not a positive quantity of bytes (1Gi, 512Mi)", v)
+		}
+		cp.Memory = q.Value()
+		return nil
+	})
 	fs.DurationVar(&m.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
 	return d
 }

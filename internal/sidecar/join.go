@@ -87,6 +87,9 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		}()
 	}
 	st := &memberState{}
+	if err := startCheckpoints(ctx, &wg, cfg.Checkpoint, cli, cfg.Member.Member.Host, st, cfg.Log); err != nil {
+		return err
+	}
 	// Only now that the files are installed and the proxy listens: /startz starts the trainer (health.go).
 	stopHealth, err := startHealth(cfg.HealthAddr, func() (bool, string) { return st.ready(cfg.Member.Register) }, cfg.Metrics, nil, cfg.Log)
 	if err != nil {

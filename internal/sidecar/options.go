@@ -16,6 +16,8 @@ type Options struct {
 	// Metrics is where the sidecar registers its metrics; /metrics serves
 	// them with etcd's (prometheus' default registry). nil: a new registry.
 	Metrics *prometheus.Registry
+	// Checkpoint: this pod's part of the job's in-memory checkpoints (checkpoints.go).
+	Checkpoint CheckpointConfig
 }
 
 // begin does what serve and join do before they start: check the member
@@ -26,6 +28,9 @@ func (o *Options) begin(requireHost bool, check func() error) (*metrics, error) 
 		return nil, err
 	}
 	if err := check(); err != nil {
+		return nil, err
+	}
+	if err := o.Checkpoint.check(o.Member); err != nil {
 		return nil, err
 	}
 	if o.Log == nil {

@@ -199,6 +199,13 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 		members = append(members, listeners...)
 	}
 	cfg.Member.Listener = members
+	if cfg.Checkpoint.Dir != "" {
+		cli := etcd.Client()
+		defer cli.Close()
+		if err := startCheckpoints(rctx, &wg, cfg.Checkpoint, cli, cfg.Member.Member.Host, st, log); err != nil {
+			return err
+		}
+	}
 	if cfg.Member.active() {
 		cli := etcd.Client()
 		wg.Go(func() { defer cli.Close(); runMember(rctx, cli, cfg.Member, log, st, mets) })

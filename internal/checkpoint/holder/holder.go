@@ -422,7 +422,7 @@ func (h *Holder) fetchFrom(ctx context.Context, from, dir string, m checkpoint.M
 		if h.hasFile(m.Save, f.Name) {
 			continue // .metadata of a save whose rank 0 this pod holds already, say
 		}
-		resp, err := h.get(ctx, from, m.Save, f.Name, "")
+		resp, err := h.get(ctx, http.MethodGet, from, m.Save, f.Name, "")
 		if err != nil {
 			return err
 		}
@@ -435,10 +435,10 @@ func (h *Holder) fetchFrom(ctx context.Context, from, dir string, m checkpoint.M
 	return nil
 }
 
-// get asks a peer's holder for a file of a save (rng: an HTTP Range, or "").
-func (h *Holder) get(ctx context.Context, from, save, name, rng string) (*http.Response, error) {
+// get asks a peer's holder for a file of a save (method GET or HEAD; rng: an HTTP Range, or "").
+func (h *Holder) get(ctx context.Context, method, from, save, name, rng string) (*http.Response, error) {
 	u := "http://" + net.JoinHostPort(from, strconv.Itoa(h.cfg.PeerPort)) + "/checkpoint/peer/" + save + "/" + name
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -163,7 +163,7 @@ func (h *Holder) serveFile(w http.ResponseWriter, r *http.Request) {
 		if from == h.cfg.Self {
 			continue
 		}
-		resp, err := h.get(r.Context(), from, save, name, r.Header.Get("Range"))
+		resp, err := h.get(r.Context(), r.Method, from, save, name, r.Header.Get("Range"))
 		if err != nil {
 			last = err
 			continue
@@ -174,7 +174,9 @@ func (h *Holder) serveFile(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		w.WriteHeader(resp.StatusCode)
-		io.Copy(w, resp.Body)
+		if r.Method != http.MethodHead {
+			io.Copy(w, resp.Body)
+		}
 		resp.Body.Close()
 		return
 	}

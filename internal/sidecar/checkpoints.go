@@ -1,0 +1,74 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/elastic-training/elastic-training/internal/checkpoint"
+	"github.com/elastic-training/elastic-training/internal/checkpoint/holder"
+	"github.com/elastic-training/elastic-training/internal/constants"
+)
+
+// CheckpointConfig: this pod's part of the job's in-memory checkpoints
+// (docs/checkpoints.md); off without Dir.
+type CheckpointConfig struct {
+	Dir      string // the memory-backed directory the trainer saves into ($ET_CHECKPOINT_DIR)
+	Addr     string // the holder's server: peers and, on loopback, the trainer ($ET_CHECKPOINT_URL)
+	Replicas int
+	Memory   int64 // bytes
+}
+
+func (c CheckpointConfig) check(m MemberConfig) error {
+	if c.Dir == "" {
+		return nil
+	}
+	if !m.Register {
+		return errors.New("--checkpoint-dir needs --register=true: the pieces are announced under this member's name")
+	}
+	if c.Replicas < 0 {
+		return fmt.Errorf("--checkpoint-replicas: %d is negative", c.Replicas)
+	}
+	if c.Memory <= 0 {
+		return fmt.Errorf("--checkpoint-memory: %d bytes", c.Memory)
+	}
+	return nil
+}
+
+// startCheckpoints runs the holder and its server until ctx ends.
+func startCheckpoints(ctx context.Context, wg *sync.WaitGroup, c CheckpointConfig, cli *clientv3.Client, self string, st *memberState, log *slog.Logger) error {
+	if c.Dir == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("--checkpoint-addr: %w", err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	peerPort, _ := strconv.Atoi(port)
+	log = log.With("component", "checkpoints")
+	h := holder.New(holder.Config{Dir: c.Dir, Self: self, Replicas: c.Replicas, Memory: c.Memory, Client: cli,
+		Prefix: constants.CheckpointsPrefix, PeerPort: peerPort, Log: log,
+		Members: func() []checkpoint.Holder {
+			ms := st.listed()
+			out := make([]checkpoint.Holder, len(ms))
+			for i, m := range ms {
+				out[i] = checkpoint.Holder{Host: m.Host, Node: m.Node}
+			}
+			return out
+		}})
+	wg.Go(func() {
+		if err := h.ServeListener(ctx, ln); err != nil {
+			log.Error("checkpoint server stopped", "err", err)
+		}
+	})
+	wg.Go(func() { h.Run(ctx) })
+	log.Info("in-memory checkpoints", "dir", c.Dir, "addr", ln.Addr().String(), "replicas", c.Replicas, "memory_bytes", c.Memory)
+	return nil
+}

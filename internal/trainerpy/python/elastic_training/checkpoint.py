@@ -1,0 +1,415 @@
+"""In-memory checkpoints of a training job, replicated across its nodes by the sidecars (docs/checkpoints.md).
+
+    import elastic_training.checkpoint as ckpt
+
+    step = ckpt.load(state)          # None: nothing to restore; else the step restored, into state
+    for step in range(step or 0, steps):
+        train_one_step()
+        ckpt.save(state, step + 1)   # returns once the state is copied out of the loop's way
+
+`state` is what torch.distributed.checkpoint (DCP) takes: a dict of state dicts and Stateful objects (a DDP or
+FSDP2 model's state_dict, an optimizer's through torch.distributed.checkpoint.state_dict, a data loader's
+position). Every rank calls both, as with DCP. A save is DCP's async_save into the pod's memory-backed checkpoint
+directory ($ET_CHECKPOINT_DIR) on a gloo group of its own, so the training loop waits only for the copy; the sidecar
+then replicates each rank's piece to another pod, on another node where there is one. A load restores the newest step
+whose every rank's piece still exists somewhere in the job, at any world size (DCP reshards), reading from this pod
+or, through its sidecar ($ET_CHECKPOINT_URL), from the peers that hold the rest.
+
+Without a sidecar ($ET_CHECKPOINT_URL unset) it keeps the newest complete save in the directory and loads from
+there: a one-node job, or a test. Standard library and torch only; importing this module imports neither.
+"""
+
+import io
+import json
+import os
+import secrets
+import shutil
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+__all__ = ["save", "load", "wait", "CheckpointError"]
+
+ENV_DIR = "ET_CHECKPOINT_DIR"
+ENV_URL = "ET_CHECKPOINT_URL"
+
+# A remote file is read in ranges of this many bytes: DCP reads each item (a tensor's bytes) with a seek and a read.
+_RANGE = 16 << 20
+# Room kept free beyond the state's own bytes (DCP's headers, pickled objects).
+_SLACK = 1.1
+
+_lock = threading.Lock()
+_pending = None  # the save in flight: an Event set once its manifest is written (or it failed)
+_error = None  # what the last background save raised, for the next call to raise
+_group = None
+
+
+class CheckpointError(RuntimeError):
+    """A save or a load that cannot be done: the message says why, with the figures."""
+
+
+def _log(msg):
+    print("elastic_training.checkpoint: " + msg, file=sys.stderr, flush=True)
+
+
+def _dir(override):
+    d = override or os.environ.get(ENV_DIR)
+    if not d:
+        raise CheckpointError("no checkpoint directory: $%s is unset (the webhook sets it in a job's pods) and no dir= given" % ENV_DIR)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _world():
+    """(rank, world size, the checkpoints' own gloo group or None without torch.distributed)."""
+    global _group
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1, None
+    if _group is None:
+        # Its own group: the background save's collectives must not meet the training loop's on one communicator.
+        _group = dist.new_group(backend="gloo")
+    return dist.get_rank(), dist.get_world_size(), _group
+
+
+def _agree(group, value, ok):
+    """Rank 0's value, and whether every rank is ok: one broadcast and one all-reduce on group."""
+    import torch
+    import torch.distributed as dist
+
+    if group is None:
+        return value, ok
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return box[0], bool(flag.item())
+
+
+def _state_bytes(state):
+    """The bytes of the tensors in state (this rank's shards of sharded ones)."""
+    import torch
+
+    seen, total, todo = set(), 0, [state]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            local = x.to_local() if hasattr(x, "to_local") else x
+            total += local.numel() * local.element_size()
+        elif isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+        elif hasattr(x, "state_dict") and callable(x.state_dict):
+            todo.append(x.state_dict())
+    return total
+
+
+def wait():
+    """Wait for the save in flight, if any; raise what it raised."""
+    global _pending, _error
+    with _lock:
+        done = _pending
+    if done is not None:
+        done.wait()
+    with _lock:
+        _pending = None
+        err, _error = _error, None
+    if err is not None:
+        raise CheckpointError("the previous save failed: %s" % err) from err
+
+
+def _saves(root):
+    """The save directories in root: [(step, name)], newest first."""
+    out = []
+    for name in os.listdir(root):
+        parts = name.split("-")
+        if len(parts) == 3 and parts[0] == "step" and len(parts[1]) == 12 and parts[1].isdigit():
+            out.append((int(parts[1]), os.path.getmtime(os.path.join(root, name)), name))
+    out.sort(reverse=True)
+    return [(step, name) for step, _, name in out]
+
+
+def _complete_here(root, name):
+    """The save's step if every rank's manifest is in root (one node holds the whole job), else None."""
+    d = os.path.join(root, name)
+    manifests = [f for f in os.listdir(d) if (f.startswith("rank-") or f.startswith("copy-")) and f.endswith(".json")]
+    if not manifests:
+        return None
+    with open(os.path.join(d, manifests[0])) as f:
+        m = json.load(f)
+    ranks = {int(f.split("-")[1].split(".")[0]) for f in manifests}
+    return m["step"] if ranks == set(range(m["world"])) else None
+
+
+def _newest(root):
+    """(save name, step) of the newest complete save, or None."""
+    url = os.environ.get(ENV_URL)
+    if url:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/checkpoint/newest", timeout=30) as resp:
+                m = json.load(resp)
+            return m["save"], m["step"]
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise CheckpointError("asking the sidecar for the newest checkpoint: %s" % e) from e
+        except (OSError, ValueError, KeyError) as e:
+            raise CheckpointError("asking the sidecar for the newest checkpoint at %s: %s" % (url, e)) from e
+    for _, name in _saves(root):
+        step = _complete_here(root, name)
+        if step is not None:
+            return name, step
+    return None
+
+
+def _prune_local(root):
+    """Without a sidecar: every save older than the newest complete one goes."""
+    newest = _newest(root)
+    if newest is None:
+        return
+    for step, name in _saves(root):
+        if step < newest[1]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _finished(fut, done, root, name, step, rank, world):
+    """After a rank's save: its manifest (written last: the sidecar takes the piece only with it), then the sidecar told."""
+    global _error
+    try:
+        fut.result()
+        d = os.path.join(root, name)
+        prefix = "__%d_" % rank
+        files = sorted(f for f in os.listdir(d) if f.startswith(prefix) or (rank == 0 and f == ".metadata"))
+        m = {"save": name, "step": step, "rank": rank, "world": world,
+             "files": [{"name": f, "size": os.path.getsize(os.path.join(d, f))} for f in files]}
+        tmp = os.path.join(d, ".rank-%d.json" % rank)
+        with open(tmp, "w") as f:
+            json.dump(m, f)
+        os.rename(tmp, os.path.join(d, "rank-%d.json" % rank))
+        url = os.environ.get(ENV_URL)
+        if url:
+            try:
+                urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/checkpoint/saved", data=b"", method="POST"), timeout=2).close()
+            except OSError as e:  # the sidecar looks every second anyway
+                _log("telling the sidecar of step %d: %s" % (step, e))
+    except Exception as e:  # noqa: BLE001 - raised by the next save or wait
+        _log("saving step %d failed: %s" % (step, e))
+        with _lock:
+            _error = e
+    finally:
+        done.set()
+
+
+def save(state, step, dir=None):
+    """Save state as step: returns once the state is copied; the write and the replication go on in the background.
+
+    Collective: every rank calls it with the same step. Raises CheckpointError, on every rank, when the state does
+    not fit in the checkpoint directory (the figures in the message), or when the previous save failed."""
+    global _pending
+    import torch.distributed.checkpoint as dcp
+
+    if not isinstance(step, int) or step < 0:
+        raise CheckpointError("step must be a non-negative int, got %r" % (step,))
+    wait()
+    root = _dir(dir)
+    rank, world, group = _world()
+    if not os.environ.get(ENV_URL):
+        # Once every rank has waited for its last save (so every manifest of it is written): older saves go.
+        _agree(group, None, True)
+        _prune_local(root)
+    need = int(_state_bytes(state) * _SLACK)
+    free = shutil.disk_usage(root).free
+    sid, ok = _agree(group, secrets.token_hex(4), need <= free)
+    if not ok:
+        msg = "step %d does not fit: this rank needs about %d bytes, %d are free in %s; some rank lacks room (raise checkpoint.memory, or save less)" % (step, need, free, root)
+        _log(msg)
+        raise CheckpointError(msg)
+    name = "step-%012d-%s" % (step, sid)
+    writer = dcp.FileSystemWriter(os.path.join(root, name), sync_files=False)
+    if group is None:
+        from concurrent.futures import Future
+
+        fut = Future()
+        try:
+            dcp.save(state, storage_writer=writer)
+            fut.set_result(None)
+        except Exception as e:  # noqa: BLE001 - raised below through _finished
+            fut.set_exception(e)
+        _finished(fut, threading.Event(), root, name, step, rank, world)
+        wait()
+        return
+    fut = dcp.async_save(state, storage_writer=writer, process_group=group)
+    done = threading.Event()
+    with _lock:
+        _pending = done
+    fut.add_done_callback(lambda f: _finished(f, done, root, name, step, rank, world))
+
+
+def load(state, dir=None):
+    """Restore the newest complete step into state and return it; None when the job has none (state untouched).
+
+    Collective: every rank calls it. Rank 0 picks the step; every rank reads what its part needs, from this pod or
+    through the sidecar from the peers that hold it, at any world size."""
+    import torch.distributed.checkpoint as dcp
+
+    wait()
+    root = _dir(dir)
+    _, _, group = _world()
+    err, choice = None, None
+    try:
+        choice = _newest(root)
+    except CheckpointError as e:
+        err = e
+    choice, ok = _agree(group, choice, err is None)
+    if not ok:
+        raise err or CheckpointError("another rank could not find the newest checkpoint (its log says why)")
+    if choice is None:
+        return None
+    name, step = choice
+    dcp.load(state, storage_reader=_reader(root, name), process_group=group)
+    return step
+
+
+def _reader(root, name):
+    """DCP's FileSystemReader of root/name, whose files not in this pod are read through the sidecar."""
+    _Reader, _PeerFileSystem = _reader_classes()
+    reader = _Reader(os.path.join(root, name))
+    url = os.environ.get(ENV_URL)
+    if url:
+        reader.fs = _PeerFileSystem(url.rstrip("/") + "/checkpoint/files/" + name + "/")
+    return reader
+
+
+def _reader_classes():
+    """The reader's classes, made once torch is imported, at module level: DCP pickles the reader's plans, and
+    pickle finds a class by its module and name."""
+    global _Reader, _PeerFileSystem
+    if "_Reader" in globals():
+        return _Reader, _PeerFileSystem
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class _PeerFileSystem(FileSystem):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def create_stream(self, path, mode):
+            if "r" not in mode or os.path.exists(str(path)):
+                return super().create_stream(path, mode)
+            return _remote(self.base + os.path.basename(str(path)))
+
+    class _Reader(FileSystemReader):
+        def _slice_file(self, file, sinfo):
+            return _Slice(file, sinfo.offset, sinfo.length)
+
+    for c in (_PeerFileSystem, _Reader):
+        c.__qualname__ = c.__name__
+    return _Reader, _PeerFileSystem
+
+
+def _remote(url):
+    """A buffered, seekable reader of a file the sidecar serves (a context manager, as DCP's create_stream is)."""
+    return io.BufferedReader(_RangeReader(url), buffer_size=_RANGE)
+
+
+class _RangeReader(io.RawIOBase):
+    """A raw, seekable reader of url: each readinto is one ranged GET."""
+
+    def __init__(self, url):
+        super().__init__()
+        self.url, self.pos, self.size = url, 0, None
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def _length(self):
+        if self.size is None:
+            with urllib.request.urlopen(urllib.request.Request(self.url, method="HEAD"), timeout=60) as resp:
+                self.size = int(resp.headers["Content-Length"])
+        return self.size
+
+    def seek(self, offset, whence=0):
+        if whence == 0:
+            self.pos = offset
+        elif whence == 1:
+            self.pos += offset
+        else:
+            self.pos = self._length() + offset
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def readinto(self, b):
+        n = len(b)
+        if n == 0:
+            return 0
+        req = urllib.request.Request(self.url, headers={"Range": "bytes=%d-%d" % (self.pos, self.pos + n - 1)})
+        try:
+            resp = urllib.request.urlopen(req, timeout=60)
+        except urllib.error.HTTPError as e:
+            if e.code == 416:  # at or past the end
+                return 0
+            raise CheckpointError("reading %s: %s" % (self.url, e)) from e
+        except OSError as e:
+            raise CheckpointError("reading %s: %s" % (self.url, e)) from e
+        with resp:
+            view, got = memoryview(b), 0
+            while got < n:
+                k = resp.readinto(view[got:])
+                if not k:
+                    break
+                got += k
+        self.pos += got
+        return got
+
+
+class _Slice:
+    """DCP's view of one item of a file, whose reads end at the item's end (DCP's own reads a BYTE_IO item to the
+    end of the file: through the sidecar that would fetch the rest of the file)."""
+
+    def __init__(self, f, offset, length):
+        self.f, self.offset, self.length = f, offset, length
+        f.seek(offset)
+
+    def _left(self):
+        return self.offset + self.length - self.f.tell()
+
+    def read(self, size=-1):
+        left = max(0, self._left())
+        return self.f.read(left if size is None or size < 0 else min(size, left))
+
+    def readinto(self, b):
+        left = max(0, self._left())
+        view = memoryview(b)[:left]
+        return self.f.readinto(view)
+
+    def seek(self, offset, whence=0):
+        if whence == 0:
+            return self.f.seek(self.offset + offset) - self.offset
+        if whence == 2:
+            return self.f.seek(self.offset + self.length + offset) - self.offset
+        return self.f.seek(offset, 1) - self.offset
+
+    def tell(self):
+        return self.f.tell() - self.offset
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readline(self, size=-1):
+        left = max(0, self._left())
+        return self.f.readline(left if size is None or size < 0 else min(size, left))
