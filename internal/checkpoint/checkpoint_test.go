@@ -220,3 +220,22 @@ func TestPlan(t *testing.T) {
 	assert.Empty(t, plan.Fetch)
 	assert.Equal(t, []string{s1}, plan.Drop)
 }
+
+// A pod lost with its node keeps its announcements until their lease ends: a save only it held a piece of is not
+// complete among the members that are left.
+func TestNewestAmongMembers(t *testing.T) {
+	ix := NewIndex()
+	for step := int64(1); step <= 2; step++ {
+		require.NoError(t, ix.Announce("a", true, manifest(step, "aaaaaaaa", 0, 2)))
+		require.NoError(t, ix.Announce("lost", true, manifest(step, "aaaaaaaa", 1, 2)))
+	}
+	require.NoError(t, ix.Announce("a", false, manifest(1, "aaaaaaaa", 1, 2))) // only step 1's copy made it
+	newest, _ := ix.Newest()
+	assert.Equal(t, int64(2), newest.Step)
+	members := []Holder{{"a", "n1"}}
+	newest, ok := ix.NewestAmong(MemberOf(members))
+	require.True(t, ok)
+	assert.Equal(t, int64(1), newest.Step)
+	plan := ix.Plan("a", members, 1, []string{SaveName(1, "aaaaaaaa"), SaveName(2, "aaaaaaaa")})
+	assert.Empty(t, plan.Drop, "step 2 is newer than the newest complete: kept, it may still complete")
+}

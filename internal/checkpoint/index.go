@@ -133,9 +133,33 @@ func (ix *Index) Manifest(p Piece) (Manifest, bool) {
 }
 
 // Complete: every rank of the save's world has a piece held somewhere.
-func (ix *Index) Complete(save string) bool {
+func (ix *Index) Complete(save string) bool { return ix.CompleteAmong(save, nil) }
+
+// CompleteAmong: every rank of the save's world has a piece held by a holder
+// alive says is there (nil: any). A pod lost with its node still has its
+// announcements until their lease ends; its membership ends sooner, and a load
+// must not count on what only it held.
+func (ix *Index) CompleteAmong(save string, alive func(host string) bool) bool {
 	s := ix.saves[save]
-	return s != nil && len(s.pieces) == s.world
+	if s == nil || len(s.pieces) != s.world {
+		return false
+	}
+	if alive == nil {
+		return true
+	}
+	for _, p := range s.pieces {
+		held := false
+		for h := range p.holders {
+			if alive(h) {
+				held = true
+				break
+			}
+		}
+		if !held {
+			return false
+		}
+	}
+	return true
 }
 
 // Saves, newest first (by step, then by the later announced).
@@ -158,9 +182,12 @@ func (ix *Index) Saves() []string {
 }
 
 // Newest is the newest complete save: what a load restores.
-func (ix *Index) Newest() (Manifest, bool) {
+func (ix *Index) Newest() (Manifest, bool) { return ix.NewestAmong(nil) }
+
+// NewestAmong is the newest save complete among the holders alive says are there (nil: any).
+func (ix *Index) NewestAmong(alive func(host string) bool) (Manifest, bool) {
 	for _, name := range ix.Saves() {
-		if ix.Complete(name) {
+		if ix.CompleteAmong(name, alive) {
 			m, _ := ix.Manifest(Piece{name, 0})
 			return m, true
 		}

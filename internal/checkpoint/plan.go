@@ -75,7 +75,7 @@ type Plan struct {
 }
 
 // Plan says what self should fetch and drop: the saves to keep are the newest
-// complete one and any newer (saves in progress), and the complete one before
+// one complete among the members and any newer (saves in progress), and the complete one before
 // it while the newest has fewer holders per piece than it should (a node lost
 // now would otherwise lose both); self fetches the pieces of those saves that
 // Desired gives it; it drops every other save it holds (held: the saves in its
@@ -86,7 +86,7 @@ func (ix *Index) Plan(self string, members []Holder, replicas int, held []string
 	copies := replicas + 1
 	keep := map[string]bool{}
 	saves := ix.Saves()
-	newest, complete := ix.Newest()
+	newest, complete := ix.NewestAmong(MemberOf(members))
 	for _, name := range saves {
 		keep[name] = true
 		if complete && name == newest.Save {
@@ -95,7 +95,7 @@ func (ix *Index) Plan(self string, members []Holder, replicas int, held []string
 	}
 	if complete && !ix.replicated(newest.Save, min(copies, len(members))) {
 		for _, name := range saves {
-			if !keep[name] && ix.Complete(name) {
+			if !keep[name] && ix.CompleteAmong(name, MemberOf(members)) {
 				keep[name] = true
 				break
 			}
@@ -132,6 +132,15 @@ func (ix *Index) Plan(self string, members []Holder, replicas int, held []string
 		plan.Drop = append(plan.Drop, name)
 	}
 	return plan
+}
+
+// MemberOf says whether a host is one of members.
+func MemberOf(members []Holder) func(string) bool {
+	set := make(map[string]bool, len(members))
+	for _, m := range members {
+		set[m.Host] = true
+	}
+	return func(host string) bool { return set[host] }
 }
 
 // replicated: every piece of save has at least n holders.

@@ -284,13 +284,23 @@ func (h *Holder) pass(ctx context.Context, lease clientv3.LeaseID) {
 				continue
 			}
 		}
-		value, _ := json.Marshal(announcement{Origin: l.origin, Manifest: m})
-		if _, err := h.cfg.Client.Put(ctx, h.key(p, h.cfg.Self), string(value), clientv3.WithLease(lease)); err != nil {
-			return
-		}
+		// Served before it is announced: a peer may ask the moment the announcement is in the store.
 		h.mu.Lock()
 		h.announced[p] = true
 		h.local[p] = local{manifest: m, origin: l.origin}
+		h.mu.Unlock()
+		value, _ := json.Marshal(announcement{Origin: l.origin, Manifest: m})
+		if _, err := h.cfg.Client.Put(ctx, h.key(p, h.cfg.Self), string(value), clientv3.WithLease(lease)); err != nil {
+			h.mu.Lock()
+			delete(h.announced, p)
+			h.mu.Unlock()
+			return
+		}
+		h.mu.Lock()
+		// Now, not when the watch brings it back: the plan must not give this holder what it holds.
+		if err := h.ix.Announce(h.cfg.Self, l.origin, m); err != nil {
+			h.cfg.Log.Warn("checkpoint holder: its own piece is refused", "err", err)
+		}
 		h.mu.Unlock()
 		if l.origin {
 			h.cfg.Log.Info("checkpoint saved", "save", m.Save, "step", m.Step, "rank", m.Rank, "bytes", m.Bytes())

@@ -126,8 +126,11 @@ func (h *Holder) serveLocal(w http.ResponseWriter, r *http.Request, save string,
 }
 
 func (h *Holder) serveNewest(w http.ResponseWriter, _ *http.Request) {
+	members := h.cfg.Members()
 	h.mu.Lock()
-	m, ok := h.ix.Newest()
+	// Among the members: the rounds that lead to a load begin when a lost pod leaves them, while its
+	// announcements live on until their lease ends.
+	m, ok := h.ix.NewestAmong(checkpoint.MemberOf(members))
 	h.mu.Unlock()
 	if !ok {
 		http.Error(w, "no complete checkpoint in the job", http.StatusNotFound)
