@@ -341,6 +341,11 @@ const (
 	EnvCheckpointURL  = "ET_CHECKPOINT_URL"
 	CheckpointPort    = 2382
 	CheckpointsPrefix = "/elastic-training/checkpoints/"
+	// CheckpointVolumeName is the emptyDir (medium Memory, sizeLimit: what the pod's checkpoints may hold) that a
+	// PyTorch worker's pod brings (the job chart's checkpoint.memory renders it): the webhook mounts it at
+	// CheckpointDir in the trainer and the sidecar and turns the sidecar's checkpoints on. A pod without it gets none.
+	CheckpointVolumeName = "elastic-training-checkpoints"
+	CheckpointDir        = "/run/elastic-training/checkpoints"
 	// EnvNodeName is the node a pod runs on (the downward API's spec.nodeName), in its sidecar: copies of a piece go
 	// to other nodes first.
 	EnvNodeName = "NODE_NAME"

@@ -10,10 +10,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	kjson "sigs.k8s.io/json"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 )
+
+func checkpointVolume() corev1.Volume {
+	return corev1.Volume{Name: constants.CheckpointVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+		Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(1<<30, resource.BinarySI)}}}
+}
 
 // base is a valid pytorch member; each bad case breaks one thing.
 func base(t testing.TB) *corev1.Pod {
@@ -164,6 +170,26 @@ func TestDenied(t *testing.T) {
 		}, []string{fmt.Sprintf(`annotation elastic-training.io/contract="%d": this pod's job chart needs contract %d, and this webhook (elastic-training-webhook 0.1.0) serves contracts up to %d`,
 			constants.ContractVersion+1, constants.ContractVersion+1, constants.ContractVersion),
 			"upgrade the elastic-training-webhook chart first", "CHANGELOG.md"}},
+		{"checkpoint volume without a sizeLimit", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: constants.CheckpointVolumeName,
+				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}})
+		}, []string{"spec.volumes[0]", "must be an emptyDir with a sizeLimit"}},
+		{"checkpoint volume not an emptyDir", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: constants.CheckpointVolumeName,
+				VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp"}}})
+		}, []string{"must be an emptyDir with a sizeLimit"}},
+		{"checkpoint volume on host networking", func(p *corev1.Pod) {
+			p.Spec.HostNetwork = true
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+		}, []string{"in-memory checkpoints do not run on host networking yet"}},
+		{"checkpoint port declared by the trainer", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: constants.CheckpointPort})
+		}, []string{"spec.containers[0].ports[0]", "port 2382 is the checkpoint server's"}},
+		{"checkpoint volume in an MPI pod", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationFramework] = constants.FrameworkMPI
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+		}, []string{"in-memory checkpoints are for a PyTorch job's workers"}},
 		{"several problems reported at once", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationMinNodes] = "x"
 			p.Annotations[constants.AnnotationSlots] = "y"

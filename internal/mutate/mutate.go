@@ -162,6 +162,14 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 		setLeaveHook(e, path, c)
 		shareProcesses(e)
 	}
+	if s.checkpointBytes > 0 {
+		// elastic_training.checkpoint saves here and asks its own pod's sidecar what to load (docs/checkpoints.md).
+		if err := setMount(e, path, c, constants.CheckpointVolumeName, constants.CheckpointDir, false); err != nil {
+			return err
+		}
+		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointDir, Value: constants.CheckpointDir})
+		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointURL, Value: "http://127.0.0.1:" + strconv.Itoa(constants.CheckpointPort)})
+	}
 	if s.tlsSecret != "" {
 		// The trainer's own rendezvous client (torchrun, or a launcher's
 		// `rdzv-sidecar wait`) needs the CA and the client certificate too.

@@ -210,8 +210,17 @@ func (s *settings) sidecarResources(mode string) corev1.ResourceRequirements {
 	if mode == modeServe {
 		r = s.sidecarRes.Serve
 	}
+	r = *r.DeepCopy()
+	if s.checkpointBytes > 0 {
+		// The copies of other pods' checkpoints that the sidecar writes into the memory-backed volume are charged to
+		// its memory: its limit grows by what the volume may hold, or its first copies would get it OOM-killed.
+		if l, ok := r.Limits[corev1.ResourceMemory]; ok {
+			l.Add(*resource.NewQuantity(s.checkpointBytes, resource.BinarySI))
+			r.Limits[corev1.ResourceMemory] = l
+		}
+	}
 	if s.guaranteed {
 		return guaranteedResources(r)
 	}
-	return *r.DeepCopy()
+	return r
 }

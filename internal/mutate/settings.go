@@ -65,6 +65,8 @@ type settings struct {
 	contract                    int // the job chart's (AnnotationContract; 1 when absent)
 	warnings                    []string
 
+	checkpointBytes int64 // the checkpoint volume's sizeLimit; 0: no in-memory checkpoints (parseCheckpoint)
+
 	sidecarRes SidecarResources // per mode: AnnotationSidecarResources over the webhook's defaults
 	guaranteed bool             // the trainer is Guaranteed-shaped, so the sidecar is made so too (sidecarResources)
 }
@@ -145,6 +147,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	errs = append(errs, s.parseMPI(ann, d)...)
 	errs = append(errs, s.parsePyTorch(ann)...)
 	errs = append(errs, s.parseMXNet(ann)...)
+	errs = append(errs, s.parseCheckpoint(pod)...)
 	return s, denial(errs)
 }
 
@@ -592,4 +595,38 @@ func truncate(v string, n int) string {
 		return v
 	}
 	return v[:n] + "..."
+}
+
+// parseCheckpoint reads the pod's checkpoint volume (constants.CheckpointVolumeName), if it has one: an emptyDir
+// with a sizeLimit, in a PyTorch worker's pod on the pod network (docs/checkpoints.md).
+func (s *settings) parseCheckpoint(pod *corev1.Pod) (errs field.ErrorList) {
+	i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == constants.CheckpointVolumeName })
+	if i < 0 {
+		return nil
+	}
+	path := field.NewPath("spec", "volumes").Index(i)
+	v := pod.Spec.Volumes[i]
+	switch {
+	case s.framework != constants.FrameworkPyTorch || s.role != constants.RoleWorker:
+		return append(errs, field.Forbidden(path, fmt.Sprintf("%s (volume %s): in-memory checkpoints are for a PyTorch job's workers (elastic_training.checkpoint), not %s=%s %s=%s",
+			path, constants.CheckpointVolumeName, constants.AnnotationFramework, s.framework, constants.LabelRole, s.role)))
+	case v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Sign() <= 0:
+		return append(errs, field.Invalid(path, constants.CheckpointVolumeName, fmt.Sprintf(
+			"%s (volume %s) must be an emptyDir with a sizeLimit (medium: Memory): the bytes the pod's checkpoints may hold, its saves and its copies of other pods' together",
+			path, constants.CheckpointVolumeName)))
+	case pod.Spec.HostNetwork:
+		return append(errs, field.Forbidden(path, fmt.Sprintf("%s (volume %s): in-memory checkpoints do not run on host networking yet (their port %d would be the node's)",
+			path, constants.CheckpointVolumeName, constants.CheckpointPort)))
+	}
+	for ci, c := range pod.Spec.Containers {
+		for pi, p := range c.Ports {
+			if p.ContainerPort == constants.CheckpointPort {
+				pp := containersPath.Index(ci).Child("ports").Index(pi)
+				errs = append(errs, field.Forbidden(pp, fmt.Sprintf("%s: port %d is the checkpoint server's (volume %s turns it on): use another",
+					pp, constants.CheckpointPort, constants.CheckpointVolumeName)))
+			}
+		}
+	}
+	s.checkpointBytes = v.EmptyDir.SizeLimit.Value()
+	return errs
 }

@@ -47,7 +47,7 @@ func sidecar(cfg Config, s *settings, mode string, register bool, fqdn, rdzvHost
 		Image:           cfg.SidecarImage,
 		ImagePullPolicy: cfg.SidecarImagePullPolicy,
 		Args:            sidecarArgs(s, mode, register, fqdn, rdzvHost, rdzvURL),
-		Env:             sidecarEnv(mode),
+		Env:             sidecarEnv(s, mode),
 		Ports:           sidecarPorts(s, mode),
 		RestartPolicy:   ptr.To(corev1.ContainerRestartPolicyAlways),
 		// The trainer starts only once the sidecar has started: its postStart hook returned (within a minute), or it
@@ -72,7 +72,11 @@ func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvUR
 		args = joinArgs(s, register, rdzvHost, rdzvURL)
 	}
 	args = append(args, tlsArgs(s, mode)...)
-	return append(args, memberArgs(s, register, fqdn)...)
+	args = append(args, memberArgs(s, register, fqdn)...)
+	if s.checkpointBytes > 0 {
+		args = append(args, "--checkpoint-dir="+constants.CheckpointDir, "--checkpoint-memory="+strconv.FormatInt(s.checkpointBytes, 10))
+	}
+	return args
 }
 
 func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
@@ -154,14 +158,18 @@ func memberArgs(s *settings, register bool, fqdn string) []string {
 
 // sidecarEnv gives a serving sidecar its pod's name and IP: the Lease's holder, and the Service's endpoint while it
 // holds it. A joining sidecar takes no Lease.
-func sidecarEnv(mode string) []corev1.EnvVar {
-	if mode != modeServe {
-		return nil
+// With in-memory checkpoints it gets its node's name too: copies go to other nodes first.
+func sidecarEnv(s *settings, mode string) []corev1.EnvVar {
+	var env []corev1.EnvVar
+	if mode == modeServe {
+		env = append(env,
+			corev1.EnvVar{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
+			corev1.EnvVar{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
 	}
-	return []corev1.EnvVar{
-		{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
-		{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
+	if s.checkpointBytes > 0 {
+		env = append(env, corev1.EnvVar{Name: constants.EnvNodeName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"}}})
 	}
+	return env
 }
 
 func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
@@ -170,6 +178,9 @@ func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
 		ports = append(ports,
 			corev1.ContainerPort{Name: "rdzv", ContainerPort: s.ports.Client, Protocol: corev1.ProtocolTCP},
 			corev1.ContainerPort{Name: "c10d", ContainerPort: s.ports.C10d, Protocol: corev1.ProtocolTCP})
+	}
+	if s.checkpointBytes > 0 {
+		ports = append(ports, corev1.ContainerPort{Name: "checkpoints", ContainerPort: constants.CheckpointPort, Protocol: corev1.ProtocolTCP})
 	}
 	// The health port stays plain HTTP with or without TLS (the sidecar serves
 	// it apart from the client URLs), so the kubelet's HTTP probes keep working.
@@ -245,6 +256,9 @@ func sidecarMounts(s *settings, mode string) []corev1.VolumeMount {
 	}
 	if s.tlsSecret != "" {
 		mounts = append(mounts, corev1.VolumeMount{Name: constants.TLSVolumeName, MountPath: constants.TLSDir, ReadOnly: true})
+	}
+	if s.checkpointBytes > 0 {
+		mounts = append(mounts, corev1.VolumeMount{Name: constants.CheckpointVolumeName, MountPath: constants.CheckpointDir})
 	}
 	return mounts
 }
