@@ -16,6 +16,7 @@ would silently not do what the values say, fails here with the value to fix. Inp
 {{- $own := list -}}
 {{- if include "elastic-training.hasScript" .root -}}{{- $own = append $own (dict "name" "script" "path" (include "elastic-training.scriptDir" .root) "by" "script") -}}{{- end -}}
 {{- if $rv.persistence.enabled -}}{{- $own = append $own (dict "name" "data" "path" $rv.persistence.mountPath "by" "persistence.enabled") -}}{{- end -}}
+{{- if and (eq $rv.framework "pytorch") $rv.checkpoint.memory -}}{{- $own = append $own (dict "name" "elastic-training-checkpoints" "path" "" "by" "checkpoint.memory") -}}{{- end -}}
 {{- if (include "elastic-training.shm" . | fromYaml).enabled -}}{{- $own = append $own (dict "name" "dshm" "path" "/dev/shm" "by" (printf "shm.enabled (or %s.shm.enabled)" $p)) -}}{{- end -}}
 {{- if and (eq $rv.framework "mpi") $rv.mpi.ssh.enabled -}}{{- $own = concat $own (list (dict "name" "ssh" "path" $rv.mpi.ssh.mountPath "by" "mpi.ssh.enabled") (dict "name" "ssh-key" "path" "" "by" "mpi.ssh.enabled")) -}}{{- end -}}
 {{- range $where := list (dict "path" "volumes" "list" $rv.volumes) (dict "path" (printf "%s.volumes" $p) "list" $gv.volumes) -}}

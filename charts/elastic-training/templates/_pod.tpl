@@ -89,6 +89,10 @@ accelerator limit */}}
 {{- $volumes = append $volumes (dict "name" "data" "persistentVolumeClaim" (dict "claimName" ($rv.persistence.existingClaim | default (printf "%s-data" $job)))) -}}
 {{- $mounts = append $mounts (dict "name" "data" "mountPath" $rv.persistence.mountPath) -}}
 {{- end -}}
+{{- if and (eq $rv.framework "pytorch") (eq $g.role "worker") $rv.checkpoint.memory -}}
+{{/* in-memory checkpoints: the webhook mounts it in the trainer and the sidecar (docs/contract.md) */}}
+{{- $volumes = append $volumes (dict "name" "elastic-training-checkpoints" "emptyDir" (dict "medium" "Memory" "sizeLimit" $rv.checkpoint.memory)) -}}
+{{- end -}}
 {{- $shm := include "elastic-training.shm" (dict "root" $root "g" $g) | fromYaml -}}
 {{- if $shm.enabled -}}
 {{- $shmDir := dict "medium" "Memory" -}}

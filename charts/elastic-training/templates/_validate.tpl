@@ -114,6 +114,14 @@ unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is 
 {{- if and $v.persistence.enabled (not $v.persistence.existingClaim) (not $v.persistence.size) -}}
 {{- fail "persistence.size is empty: give a size (e.g. 10Gi) or persistence.existingClaim" -}}
 {{- end -}}
+{{- if $v.checkpoint.memory -}}
+{{- if ne $v.framework "pytorch" -}}
+{{- fail (printf "checkpoint.memory: in-memory checkpoints are for PyTorch jobs (elastic_training.checkpoint), not framework %s: unset it" $v.framework) -}}
+{{- end -}}
+{{- if $v.hostNetwork -}}
+{{- fail "checkpoint.memory with hostNetwork: in-memory checkpoints do not run on host networking yet (their port 2382 would be the node's): unset one" -}}
+{{- end -}}
+{{- end -}}
 {{- $c := include "elastic-training.contract" . | fromJson -}}
 {{- if $v.hostNetwork -}}
 {{- if ne $v.framework "pytorch" -}}

@@ -1,0 +1,88 @@
+package helm_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
+)
+
+// checkpoint.memory as a user sets it, through the chart and the webhook: each PyTorch worker pod gets the
+// memory-backed volume of that size, mounted in the trainer and the sidecar, the trainer the two variables
+// elastic_training.checkpoint reads, the sidecar its flags and a memory limit larger by the volume (its copies are
+// charged to it), and a Guaranteed trainer's pod stays Guaranteed. Without the value nothing of it is there.
+func TestCheckpointMemory(t *testing.T) {
+	ch := chartrender.Load(t, chartDir)
+	guaranteed := map[string]any{"requests": map[string]any{"cpu": "8", "memory": "32Gi"}, "limits": map[string]any{"cpu": "8", "memory": "32Gi"}}
+	for _, on := range []bool{true, false} {
+		vals := map[string]any{"command": []any{"torchrun", "train.py"}, "workers": map[string]any{"replicas": 2}, "resources": guaranteed}
+		if on {
+			vals["checkpoint"] = map[string]any{"memory": "2Gi"}
+		}
+		r, err := render(ch, merge(pinned(t), vals), chartrender.Options{})
+		require.NoError(t, err)
+		var o *chartrender.Object
+		for i := range r.Objects {
+			if r.Objects[i].Kind == "Job" || r.Objects[i].Kind == "StatefulSet" {
+				o = &r.Objects[i]
+			}
+		}
+		require.NotNil(t, o, "no workers' Job")
+		pod := servingPod(t, *o)
+		cfg := mutate.DefaultConfig()
+		cfg.SidecarImage = "example.com/rdzv-sidecar:ckpt"
+		out, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
+		require.NoError(t, err)
+		p := out.Pod
+		var trainer, sidecar corev1.Container
+		for _, c := range p.Spec.Containers {
+			if c.Name != constants.SidecarContainerName {
+				trainer = c
+			}
+		}
+		for _, c := range p.Spec.InitContainers {
+			if c.Name == constants.SidecarContainerName {
+				sidecar = c
+			}
+		}
+		env := map[string]string{}
+		for _, e := range trainer.Env {
+			env[e.Name] = e.Value
+		}
+		if !on {
+			assert.NotContains(t, env, constants.EnvCheckpointDir)
+			assert.NotContains(t, sidecar.Args, "--checkpoint-dir="+constants.CheckpointDir)
+			continue
+		}
+		var vol *corev1.Volume
+		for i := range p.Spec.Volumes {
+			if p.Spec.Volumes[i].Name == constants.CheckpointVolumeName {
+				vol = &p.Spec.Volumes[i]
+			}
+		}
+		require.NotNil(t, vol, "the chart renders the checkpoint volume")
+		require.NotNil(t, vol.EmptyDir)
+		assert.Equal(t, corev1.StorageMediumMemory, vol.EmptyDir.Medium)
+		assert.Equal(t, "2Gi", vol.EmptyDir.SizeLimit.String())
+		assert.Equal(t, constants.CheckpointDir, env[constants.EnvCheckpointDir])
+		assert.Equal(t, "http://127.0.0.1:2382", env[constants.EnvCheckpointURL])
+		assert.Contains(t, sidecar.Args, "--checkpoint-dir="+constants.CheckpointDir)
+		assert.Contains(t, sidecar.Args, "--checkpoint-memory=2147483648")
+		for _, c := range []corev1.Container{trainer, sidecar} {
+			assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: constants.CheckpointVolumeName, MountPath: constants.CheckpointDir}, c.Name)
+		}
+		def := mutate.DefaultConfig().Defaults.SidecarResources.Serve.Limits[corev1.ResourceMemory]
+		want := def.DeepCopy()
+		want.Add(resource.MustParse("2Gi"))
+		got := sidecar.Resources.Limits[corev1.ResourceMemory]
+		assert.Zero(t, want.Cmp(got), "the sidecar's memory limit: %s, want %s (the default %s and the volume)", got.String(), want.String(), def.String())
+		assert.Equal(t, corev1.PodQOSGuaranteed, testenv.QOSClass(p), "a Guaranteed trainer's pod stays Guaranteed")
+	}
+}
