@@ -3,9 +3,12 @@
 
 Why it is shaped like this:
 - torchrun restarts every worker process when the world changes (a node joins or leaves), so training state must
-  survive a process restart. Each rank keeps a local checkpoint (the pod's emptyDir or a shared volume); after a
-  restart the ranks agree on the newest one (all_reduce MAX of the step) and its owner broadcasts the model. A new
-  pod has no checkpoint and simply receives the state: no shared storage is needed.
+  survive a process restart. With the chart's checkpoint.memory (in-memory checkpoints, docs/checkpoints.md) it saves
+  every step with elastic_training.checkpoint and loads the newest complete step, which the sidecars keep in the
+  pods' memory and replicate to another node: a lost node's state survives too. Without it each rank keeps a local
+  checkpoint (the pod's emptyDir or a shared volume); after a restart the ranks agree on the newest one (all_reduce
+  MAX of the step) and its owner broadcasts the model. A new pod has no checkpoint and simply receives the state:
+  no shared storage is needed either way.
 - Every step prints one line with the world size, so `kubectl logs` shows scaling as it happens.
 """
 import argparse
@@ -41,25 +44,44 @@ def main():
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     host = os.environ.get("ET_MEMBER_HOST") or os.uname().nodename
 
-    os.makedirs(args.checkpoint_dir, exist_ok=True)
-    # Keyed by pod and local rank, not by group rank: torchrun may renumber nodes at each re-rendezvous.
-    ckpt = os.path.join(args.checkpoint_dir, f"state-{host}-{os.environ.get('LOCAL_RANK', '0')}.pt")
     torch.manual_seed(0)
     weights = torch.zeros(args.dim)
     step = 0
-    if os.path.exists(ckpt):
-        state = torch.load(ckpt)
-        weights, step = state["weights"], state["step"]
+    if os.environ.get("ET_CHECKPOINT_DIR"):  # the chart's checkpoint.memory
+        import elastic_training.checkpoint as checkpoint
 
-    # Agree on the newest state: the highest step wins, the lowest rank holding it broadcasts.
-    t = torch.tensor([step], dtype=torch.long)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    newest = int(t.item())
-    owner = torch.tensor([rank if step == newest else world], dtype=torch.long)
-    dist.all_reduce(owner, op=dist.ReduceOp.MIN)
-    dist.broadcast(weights, src=int(owner.item()))
-    step = newest
-    log(f"joined rank={rank} world_size={world} restart={restart} host={host} resume_step={step} torch={torch.__version__}")
+        progress = torch.zeros(1, dtype=torch.long)
+        state = {"weights": weights, "progress": progress}  # restored in place, saved as they are
+        step = checkpoint.load(state) or 0
+
+        def save(step):
+            progress.fill_(step)
+            checkpoint.save(state, step)
+
+        source = "memory"
+    else:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        # Keyed by pod and local rank, not by group rank: torchrun may renumber nodes at each re-rendezvous.
+        ckpt = os.path.join(args.checkpoint_dir, f"state-{host}-{os.environ.get('LOCAL_RANK', '0')}.pt")
+        if os.path.exists(ckpt):
+            saved = torch.load(ckpt)
+            weights, step = saved["weights"], saved["step"]
+
+        # Agree on the newest state: the highest step wins, the lowest rank holding it broadcasts.
+        t = torch.tensor([step], dtype=torch.long)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        newest = int(t.item())
+        owner = torch.tensor([rank if step == newest else world], dtype=torch.long)
+        dist.all_reduce(owner, op=dist.ReduceOp.MIN)
+        dist.broadcast(weights, src=int(owner.item()))
+        step = newest
+
+        def save(step):
+            torch.save({"weights": weights, "step": step}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+
+        source = "local"
+    log(f"joined rank={rank} world_size={world} restart={restart} host={host} resume_step={step} checkpoints={source} torch={torch.__version__}")
 
     while step < args.steps:
         grad = torch.full((args.dim,), float(rank + 1))
@@ -67,10 +89,11 @@ def main():
         weights -= 0.001 * grad / world
         step += 1
         time.sleep(args.step_seconds)
-        torch.save({"weights": weights, "step": step}, ckpt + ".tmp")
-        os.replace(ckpt + ".tmp", ckpt)
+        save(step)
         log(f"step={step} world_size={world} rank={rank} loss={float(weights.abs().mean()):.6f}")
 
+    if source == "memory":
+        checkpoint.wait()
     dist.barrier()
     log(f"done steps={step} world_size={world} rank={rank}")
     dist.destroy_process_group()

@@ -71,6 +71,11 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	set(v, "args", []any{fmt.Sprintf("--steps=%d", steps), "--step-seconds=0.5"})
 	set(v, "tests.stableFor", "10s") // the default 30s, ×7 jobs, adds minutes and proves nothing more
 	set(v, "tests.minMembers", 2)
+	if backend == "" {
+		// In-memory checkpoints as a user turns them on: the script saves every step with elastic_training.checkpoint
+		// and loads at each restart; the sidecars replicate each save over the pod network.
+		set(v, "checkpoint.memory", "256Mi")
+	}
 
 	start := time.Now()
 	sel := installTraining(t, c, ns, job, v, 2)
@@ -106,6 +111,9 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		scaleWorkers(t, c, ns, job, n)
 		d := c.WaitWorld(t, ns, sel, trainer, n, 1, 2*time.Minute)
 		t.Logf("helm upgrade --set workers.replicas=%d -> every worker at world %d: %.1fs", n, n, d.Seconds())
+		if backend == "" && n == 3 {
+			requireRestoredFromMemory(t, c, ns, sel, n)
+		}
 	}
 
 	waitJobComplete(t, c, ns, naming.Workload(job, "worker"), 5*time.Minute)
@@ -129,6 +137,34 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	}
 
 	uninstallJob(t, c, ns, job)
+}
+
+// requireRestoredFromMemory: after a scale-up to world n, every worker, the new pod's too, restored the job's newest
+// complete step from the pods' memory (its own, or through its sidecar from a peer's), and the sidecars copied each
+// other's saves over the pod network.
+func requireRestoredFromMemory(t *testing.T, c *framework.Cluster, ns, sel string, n int) {
+	t.Helper()
+	pods, err := c.LivePods(t.Context(), ns, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := regexp.MustCompile(fmt.Sprintf(`joined rank=\d+ world_size=%d restart=\d+ host=(\S+) resume_step=(\d+) checkpoints=(\w+)`, n))
+	copies := 0
+	for _, p := range pods {
+		m := joined.FindAllStringSubmatch(c.PodLogs(t, ns, p.Name, trainer), -1)
+		if len(m) == 0 {
+			t.Fatalf("%s: no joined line at world %d", p.Name, n)
+		}
+		last := m[len(m)-1]
+		if last[3] != "memory" || last[2] == "0" {
+			t.Errorf("%s joined world %d with resume_step=%s checkpoints=%s, want a step > 0 from memory", p.Name, n, last[2], last[3])
+		}
+		copies += strings.Count(c.PodLogs(t, ns, p.Name, constants.SidecarContainerName), "checkpoint copy fetched")
+		t.Logf("%s: %s", p.Name, last[0])
+	}
+	if copies == 0 {
+		t.Errorf("no sidecar fetched a copy of another pod's checkpoint")
+	}
 }
 
 // rdzvView is the job's view of torch's rendezvous (GET /rendezvous on the serving sidecar), through the API

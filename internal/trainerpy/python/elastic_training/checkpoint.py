@@ -231,7 +231,12 @@ def save(state, step, dir=None):
         _log(msg)
         raise CheckpointError(msg)
     name = "step-%012d-%s" % (step, sid)
-    writer = dcp.FileSystemWriter(os.path.join(root, name), sync_files=False)
+    path = os.path.join(root, name)
+    # The sidecar runs as another user (65532): it writes its copies of other ranks' pieces into this directory and
+    # removes it once a newer save is complete, so the directory is everyone's (DCP would make it with the umask).
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)
+    writer = dcp.FileSystemWriter(path, sync_files=False)
     if group is None:
         from concurrent.futures import Future
 
