@@ -346,6 +346,10 @@ const (
 	// CheckpointDir in the trainer and the sidecar and turns the sidecar's checkpoints on. A pod without it gets none.
 	CheckpointVolumeName = "elastic-training-checkpoints"
 	CheckpointDir        = "/run/elastic-training/checkpoints"
+	// CheckpointSavesDir is where, in the volume, the saves go ($ET_CHECKPOINT_DIR, --checkpoint-dir): a directory
+	// the sidecar makes, writable by all and not sticky (an emptyDir's root is sticky on a memory medium), so that
+	// the sidecar (uid 65532) may remove the trainer's older saves.
+	CheckpointSavesDir = CheckpointDir + "/saves"
 	// EnvNodeName is the node a pod runs on (the downward API's spec.nodeName), in its sidecar: copies of a piece go
 	// to other nodes first.
 	EnvNodeName = "NODE_NAME"

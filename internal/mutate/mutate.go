@@ -167,7 +167,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 		if err := setMount(e, path, c, constants.CheckpointVolumeName, constants.CheckpointDir, false); err != nil {
 			return err
 		}
-		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointDir, Value: constants.CheckpointDir})
+		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointDir, Value: constants.CheckpointSavesDir})
 		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointURL, Value: "http://127.0.0.1:" + strconv.Itoa(constants.CheckpointPort)})
 	}
 	if s.tlsSecret != "" {

@@ -74,7 +74,7 @@ func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvUR
 	args = append(args, tlsArgs(s, mode)...)
 	args = append(args, memberArgs(s, register, fqdn)...)
 	if s.checkpointBytes > 0 {
-		args = append(args, "--checkpoint-dir="+constants.CheckpointDir, "--checkpoint-memory="+strconv.FormatInt(s.checkpointBytes, 10))
+		args = append(args, "--checkpoint-dir="+constants.CheckpointSavesDir, "--checkpoint-memory="+strconv.FormatInt(s.checkpointBytes, 10))
 	}
 	return args
 }

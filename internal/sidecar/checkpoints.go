@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 
@@ -45,6 +46,14 @@ func (c CheckpointConfig) check(m MemberConfig) error {
 func startCheckpoints(ctx context.Context, wg *sync.WaitGroup, c CheckpointConfig, cli *clientv3.Client, self string, st *memberState, log *slog.Logger) error {
 	if c.Dir == "" {
 		return nil
+	}
+	// Before the trainer starts (this runs before /startz answers): the trainer's saves go in this directory, and
+	// this sidecar, another user, must be able to remove them: everyone's, not sticky.
+	if err := os.MkdirAll(c.Dir, 0o777); err != nil {
+		return fmt.Errorf("--checkpoint-dir: %w", err)
+	}
+	if err := os.Chmod(c.Dir, 0o777); err != nil {
+		return fmt.Errorf("--checkpoint-dir: %w", err)
 	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {

@@ -58,7 +58,7 @@ func TestCheckpointMemory(t *testing.T) {
 		}
 		if !on {
 			assert.NotContains(t, env, constants.EnvCheckpointDir)
-			assert.NotContains(t, sidecar.Args, "--checkpoint-dir="+constants.CheckpointDir)
+			assert.NotContains(t, sidecar.Args, "--checkpoint-dir="+constants.CheckpointSavesDir)
 			continue
 		}
 		var vol *corev1.Volume
@@ -71,9 +71,9 @@ func TestCheckpointMemory(t *testing.T) {
 		require.NotNil(t, vol.EmptyDir)
 		assert.Equal(t, corev1.StorageMediumMemory, vol.EmptyDir.Medium)
 		assert.Equal(t, "2Gi", vol.EmptyDir.SizeLimit.String())
-		assert.Equal(t, constants.CheckpointDir, env[constants.EnvCheckpointDir])
+		assert.Equal(t, constants.CheckpointSavesDir, env[constants.EnvCheckpointDir])
 		assert.Equal(t, "http://127.0.0.1:2382", env[constants.EnvCheckpointURL])
-		assert.Contains(t, sidecar.Args, "--checkpoint-dir="+constants.CheckpointDir)
+		assert.Contains(t, sidecar.Args, "--checkpoint-dir="+constants.CheckpointSavesDir)
 		assert.Contains(t, sidecar.Args, "--checkpoint-memory=2147483648")
 		for _, c := range []corev1.Container{trainer, sidecar} {
 			assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: constants.CheckpointVolumeName, MountPath: constants.CheckpointDir}, c.Name)
