@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"hash/fnv"
+	"slices"
 	"strconv"
 )
 
@@ -109,10 +110,10 @@ func (ix *Index) Plan(self string, members []Holder, replicas int, held []string
 		for _, p := range ix.Pieces(name) {
 			origin, _ := ix.Origin(p)
 			holders := ix.Holders(p)
-			if contains(holders, self) {
+			if slices.Contains(holders, self) {
 				continue
 			}
-			if contains(Desired(p, origin, members, copies), self) {
+			if slices.Contains(Desired(p, origin, members, copies), self) {
 				plan.Fetch = append(plan.Fetch, p)
 			}
 		}
@@ -151,13 +152,4 @@ func (ix *Index) replicated(save string, n int) bool {
 		}
 	}
 	return true
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }

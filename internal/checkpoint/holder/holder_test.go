@@ -34,7 +34,7 @@ type pod struct {
 	h         *Holder
 	cancel    context.CancelFunc
 	done      chan struct{}
-	logs      *syncBuffer
+	logs      *testenv.SyncBuffer
 }
 
 type job struct {
@@ -57,7 +57,7 @@ func (j *job) listed() []checkpoint.Holder {
 
 func (j *job) start(n int, node string, memory int64) *pod {
 	t := j.t
-	p := &pod{host: fmt.Sprintf("127.0.0.%d", n), dir: t.TempDir(), done: make(chan struct{}), logs: &syncBuffer{}}
+	p := &pod{host: fmt.Sprintf("127.0.0.%d", n), dir: t.TempDir(), done: make(chan struct{}), logs: &testenv.SyncBuffer{}}
 	j.mu.Lock()
 	j.members = append(j.members, checkpoint.Holder{Host: p.host, Node: node})
 	j.mu.Unlock()
@@ -314,21 +314,4 @@ func FuzzParseAnnouncement(f *testing.F) {
 		assert.Equal(t, p.Save, a.Manifest.Save)
 		assert.NoError(t, checkpoint.NewIndex().Announce(holder, a.Origin, a.Manifest))
 	})
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
