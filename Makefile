@@ -6,7 +6,7 @@ GO ?= go
 TESTTIMES = set -o pipefail; $(GO) test -json
 TIMES = | $(GO) run ./hack/testtimes
 
-.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint demo cluster-build cluster-up cluster-down cluster-status images
 
 ## all: build (the default target).
 all: build
@@ -79,7 +79,7 @@ demo:
 	hack/demo.sh
 
 ## bench: every performance measurement, each printing ratios against a baseline measured in the same run.
-bench: bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss
+bench: bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint
 
 ## bench-e2e: elastic PyTorch on the local cluster (root): helm install -> first step, scale up/down -> every
 ## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run; and how long
@@ -92,6 +92,12 @@ bench-e2e:
 ## torch's own behaviour in the same run.
 bench-node-loss:
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkNodeLoss -benchtime 1x ./test/e2e/workloads
+
+## bench-checkpoint: what an in-memory checkpoint save holds a training loop (two ranks of real torchrun, torch 2.14
+## and 2.6, 64 and 512 MiB of state; BENCH_CHECKPOINT_SIZES_MIB=64,512,2048 for more) against dcp.save, dcp.async_save
+## and torch.save to disk in the same run (root; the trainer root filesystems).
+bench-checkpoint: rootfs
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkCheckpointSave -benchtime 1x ./test/bench/checkpoint
 
 # Local two-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
 # built goes (ET_CACHE, default ~/.cache/elastic-training; `make ET_CACHE=DIR ...` moves it), are in
