@@ -2,8 +2,9 @@
 // torch's documented ways in the same run: `make bench-checkpoint`.
 //
 //   - BenchmarkCheckpointSave: two ranks of real torchrun (torch 2.14 and 2.6, the trainer root filesystems), a
-//     replicated state of 64 MiB and 512 MiB (BENCH_CHECKPOINT_SIZES_MIB: more, e.g. 64,512,2048): the time a save
-//     holds the loop, median of 5 steps, for elastic_training.checkpoint.save into a memory-backed directory, and
+//     replicated state of 64 MiB and 512 MiB (BENCH_CHECKPOINT_SIZES_MIB: more, e.g. 64,512,2048), steps of 1 s of
+//     compute (BENCH_STEP_SECONDS; a save's background write overlaps the next step's): the time a save holds the
+//     loop, median of 5 steps, for elastic_training.checkpoint.save into a memory-backed directory, and
 //     dcp.save, dcp.async_save and rank 0's torch.save into a directory on disk (the job volume's stand-in: local disk,
 //     faster than any network volume). Goal: the stall <= 10 % of dcp.save's (PASS/MISS printed; timing never fails).
 package checkpoint_test

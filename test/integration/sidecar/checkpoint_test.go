@@ -13,6 +13,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
 // ckptNode is a pod of a job with in-memory checkpoints: its joining sidecar holds the checkpoint directory its
@@ -141,5 +142,22 @@ func TestCheckpointSurvivesANodeLoss(t *testing.T) {
 		require.Equal(t, aDigest, dDigest)
 		require.Equal(t, digests(a, b)[dStep], dDigest, "the state step %d was saved with, read from the peers", dStep)
 		require.Greater(t, dStep, step)
+	})
+}
+
+// A save holds the state as it was when save() returned, though the loop changes it in place while the write goes
+// on: on torch 2.6, whose own async_save would write the changed tensors (it stages a CPU tensor as itself), and
+// 2.14. Two ranks, no sidecar (the directory alone).
+func TestCheckpointSaveIsASnapshot(t *testing.T) {
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		script, err := filepath.Abs("testdata/checkpoint_snapshot.py")
+		require.NoError(t, err)
+		files := t.TempDir()
+		require.NoError(t, trainerpy.Install(files))
+		env := torchrunEnv("PYTHONPATH="+filepath.Join(files, trainerpy.Dir), constants.EnvCheckpointDir+"="+t.TempDir())
+		p := tr.startAgent(t, "torchrun", env, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+			fmt.Sprintf("--rdzv-endpoint=127.0.0.1:%d", testenv.FreePort(t)), "--local-addr=127.0.0.1", script)
+		require.NoError(t, p.Wait(t, 180*time.Second), p.Output())
+		require.Contains(t, p.Output(), "SNAPSHOT min=0.0 max=0.0", "the saved step holds the state at save()")
 	})
 }

@@ -236,7 +236,7 @@ def save(state, step, dir=None):
     # removes it once a newer save is complete, so the directory is everyone's (DCP would make it with the umask).
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o777)
-    writer = dcp.FileSystemWriter(path, sync_files=False)
+    writer = _writer_class()(path, sync_files=False)
     if group is None:
         from concurrent.futures import Future
 
@@ -266,6 +266,8 @@ def load(state, dir=None):
     wait()
     root = _dir(dir)
     _, _, group = _world()
+    # Every rank's last save finished (its manifest written) before rank 0 looks for the newest.
+    _agree(group, None, True)
     err, choice = None, None
     try:
         choice = _newest(root)
@@ -279,6 +281,27 @@ def load(state, dir=None):
     name, step = choice
     dcp.load(state, storage_reader=_reader(root, name), process_group=group)
     return step
+
+
+def _writer_class():
+    """DCP's FileSystemWriter whose staging always copies the state. torch 2.6's stages a CPU tensor as itself
+    (`_offload_state_dict_to_cpu`: `t.to("cpu")` is `t`), so its background write would read tensors that the loop
+    changes meanwhile: a torn save. 2.14's copies, as this does on both (its own code: `_create_cpu_state_dict`,
+    `_copy_state_dict`)."""
+    global _SnapshotWriter
+    if "_SnapshotWriter" in globals():
+        return _SnapshotWriter
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class _SnapshotWriter(FileSystemWriter):
+        def stage(self, state_dict):
+            staged = _create_cpu_state_dict(state_dict)
+            _copy_state_dict(state_dict, staged, type_check=self.type_check)
+            return staged
+
+    _SnapshotWriter.__qualname__ = "_SnapshotWriter"
+    return _SnapshotWriter
 
 
 def _reader(root, name):
