@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Event is the part of test2json's event that the summary reads.
@@ -15,6 +16,7 @@ type Event struct {
 	Test    string
 	Elapsed float64 // seconds, on pass, fail and skip
 	Output  string
+	Time    time.Time
 }
 
 // ParseEvent decodes one line of `go test -json`; ok is false for anything
@@ -49,18 +51,31 @@ type Summary struct {
 	Failed   bool
 	packages map[string]*Result
 	order    []string
-	tests    map[string][]Result // package -> its top-level tests
+	tests    map[string][]Result  // package -> its top-level tests
+	started  map[string]time.Time // package + "\x00" + test -> its last run or cont
 }
 
 // NewSummary returns an empty summary.
 func NewSummary() *Summary {
-	return &Summary{packages: map[string]*Result{}, tests: map[string][]Result{}}
+	return &Summary{packages: map[string]*Result{}, tests: map[string][]Result{}, started: map[string]time.Time{}}
 }
 
 // Add takes one event.
+//
+// A top-level test's time is its wall time from its last run or cont event to
+// its end, where the events carry times: go test's own Elapsed of a test whose
+// subtests call t.Parallel is its body's alone (0.00s for a test that only
+// starts them), and a parallel test's run-to-end would count the time it waited
+// paused.
 func (s *Summary) Add(ev Event) {
+	key := ev.Package + "\x00" + ev.Test
 	switch ev.Action {
 	case "pass", "fail", "skip":
+	case "run", "cont":
+		if ev.Test != "" && !strings.Contains(ev.Test, "/") && !ev.Time.IsZero() {
+			s.started[key] = ev.Time
+		}
+		return
 	default:
 		return
 	}
@@ -77,7 +92,12 @@ func (s *Summary) Add(ev Event) {
 	if strings.Contains(ev.Test, "/") {
 		return // subtests: their top-level test's time holds theirs
 	}
-	s.tests[ev.Package] = append(s.tests[ev.Package], Result{Name: ev.Test, Action: ev.Action, Elapsed: ev.Elapsed})
+	elapsed := ev.Elapsed
+	if start, ok := s.started[key]; ok && !ev.Time.IsZero() {
+		elapsed = max(elapsed, ev.Time.Sub(start).Seconds())
+		delete(s.started, key)
+	}
+	s.tests[ev.Package] = append(s.tests[ev.Package], Result{Name: ev.Test, Action: ev.Action, Elapsed: elapsed})
 }
 
 // Table is the summary as text: packages slowest first, each with its top

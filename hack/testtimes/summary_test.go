@@ -41,6 +41,33 @@ func TestCopyEvents(t *testing.T) {
 	assert.Equal(t, want, sum.Table(topTests), "slowest first; subtests and tests under a second left out")
 }
 
+// A test whose subtests run in parallel reports 0.00s of its own (its body
+// only starts them); a parallel test waits paused before it continues.
+func TestWallTimeOfParallelTests(t *testing.T) {
+	const parallel = `{"Time":"2026-12-04T10:00:00Z","Action":"run","Package":"p","Test":"TestSuites"}
+{"Time":"2026-12-04T10:00:00Z","Action":"run","Package":"p","Test":"TestSuites/a"}
+{"Time":"2026-12-04T10:00:00Z","Action":"pause","Package":"p","Test":"TestSuites/a"}
+{"Time":"2026-12-04T10:00:00Z","Action":"run","Package":"p","Test":"TestLater"}
+{"Time":"2026-12-04T10:00:00Z","Action":"pause","Package":"p","Test":"TestLater"}
+{"Time":"2026-12-04T10:00:00Z","Action":"cont","Package":"p","Test":"TestSuites/a"}
+{"Time":"2026-12-04T10:04:25Z","Action":"pass","Package":"p","Test":"TestSuites/a","Elapsed":265}
+{"Time":"2026-12-04T10:04:25Z","Action":"pass","Package":"p","Test":"TestSuites","Elapsed":0}
+{"Time":"2026-12-04T10:04:25Z","Action":"cont","Package":"p","Test":"TestLater"}
+{"Time":"2026-12-04T10:04:35Z","Action":"pass","Package":"p","Test":"TestLater","Elapsed":10}
+{"Time":"2026-12-04T10:04:35Z","Action":"pass","Package":"p","Elapsed":275}
+`
+	sum, err := copyEvents(strings.NewReader(parallel), &bytes.Buffer{})
+	require.NoError(t, err)
+	want := `
+== time per package (wall seconds; packages may overlap) ==
+    275.0  pass  p
+    265.0  pass      TestSuites
+     10.0  pass      TestLater
+    275.0  sum of 1 packages
+`
+	assert.Equal(t, want, sum.Table(topTests), "from its last run or cont to its end")
+}
+
 func TestPassingStreamDoesNotFail(t *testing.T) {
 	sum, err := copyEvents(strings.NewReader(`{"Action":"pass","Package":"p","Elapsed":1}`+"\n"), &bytes.Buffer{})
 	require.NoError(t, err)
