@@ -63,7 +63,7 @@ helm:
 ## integration: the sidecar and the c10d store with the real programs (test/integration/...): torchrun of torch 2.14
 ## and 2.6 chrooted into the trainer root filesystems, etcd 3.4 and etcdctl, Open MPI and MPICH. Root.
 integration: rootfs torch-tests
-	$(TESTTIMES) -count=1 -timeout 30m ./test/integration/... $(TIMES)
+	$(TESTTIMES) -count=1 -parallel 4 -timeout 30m ./test/integration/... $(TIMES)
 
 ## e2e: the e2e tests on a real local cluster (root). Starts the cluster if it is not running and
 ## stops it again afterwards; a cluster that was already running is left running. The stop waits for

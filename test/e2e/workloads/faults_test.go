@@ -226,15 +226,18 @@ func scaleWebhook(t *testing.T, c *framework.Cluster, n int) {
 // (Kubeflow's PyTorchJob, torchrun's docs; pytorch#147064): worker 0's pod is deleted. Here the workers are
 // preemptible, so the chart gives the rendezvous a dedicated pod whose sidecar serves the store: the survivors
 // re-form, the replacement joins, nothing trained is lost, and the Job completes. Then the rendezvous pod itself is
-// deleted, and the job recovers from that too.
+// deleted, and the job recovers from that too. Its outcome does not depend on timing (the recovery times it logs
+// are taken beside the package's parallel tests), so it runs with them: see main_test.go.
 func TestC10dOutlivesWorkerZero(t *testing.T) {
+	t.Parallel()
 	c, ns := startTest(t)
 	const job = "c10d"
 	v := jobValues(t, c, pytorchValues, trainScript)
 	useTrainer(v, framework.TrainerImages[0])
 	set(v, "rendezvous.backend", constants.BackendC10d)
 	sharedDir(t, v, ns)
-	set(v, "args", []any{"--steps=120", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
+	// Enough steps that the job is still training after its second recovery on a busy machine.
+	set(v, "args", []any{"--steps=160", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4, "preemptible": true})
 	sel := installTraining(t, c, ns, job, v, 3)
 

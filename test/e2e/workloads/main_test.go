@@ -20,7 +20,7 @@ import (
 // Tests that measure something (scaling, faults, node loss, preemption, MPI's hostfile latency) run one at a time:
 // the cluster and the machine's 2 cores are theirs alone, so their figures stay honest. Those whose outcome does not
 // depend on timing (the scheduling gate, Events, Pod Security, a crash-looping job's helm test, the script and MXNet
-// jobs) call t.Parallel: Go runs them together once the others are done, up to -parallel at a time (make e2e: 4),
+// jobs, Kueue's admissions, c10d outliving worker 0's pod) call t.Parallel: Go runs them together once the others are done, up to -parallel at a time (make e2e: 4),
 // each in its own namespace. Not TestElasticPyTorch's cases: two at a time, torch 2.6's legacy etcd backend once
 // formed a round of 1 on a scale-down 4 -> 2 and closed the rendezvous (RendezvousClosedError), failing the job. Not TestNetworkPolicyEnforced: run beside others, node2's kube-router had not yet
 // enforced the job's policy on a pod created a minute before (it syncs on events, slower on a busy machine), and

@@ -37,9 +37,17 @@ const (
 // in a namespace of its own, so that the minutes Kubernetes takes to replace the lost pods are waited out once per
 // fault, not once per job: a job that loses other workers (worker loss), one that loses the pod that serves its
 // rendezvous (store loss: worker 0 with a standby, or the dedicated rendezvous pod), and one on torch's c10d
-// rendezvous, where the survivors' restarter rewrites torch's state (internal/torchbackends/survivors). Crashes on every torch of
-// the trainer images, a partition on the default one. The figures they log are taken beside the fault's other jobs
-// on the same 2 cores; `make bench-node-loss` measures one job at a time.
+// rendezvous, where the survivors' restarter rewrites torch's state (internal/torchbackends/survivors). One crash
+// strikes every torch of the trainer images (a worker loss on the default one, a store loss on the other) and both
+// placements of the store; a partition strikes the default torch. The figures they log are taken beside the fault's
+// other jobs on the same 2 cores; `make bench-node-loss` measures one job at a time.
+//
+// Each fault costs minutes of Kubernetes' own waiting (a lost node's grace period, the pods' eviction, the
+// replacements' start), so the cases that a crash once took in two rounds share one (issue 47: CI is a budget).
+// Left out of the crash, and where they are still proven: the worker loss on torch 2.6 (the store loss on torch
+// 2.6 loses a node's member too, and its survivors re-form without it, at world 2, as a worker loss's do) and the
+// store loss with placement auto on the default torch (the partition's, which is its harder case: the cut-off
+// server lives on).
 func TestNodeLossPyTorch(t *testing.T) {
 	imgs := framework.TrainerImages
 	def, other := imgs[0], imgs[len(imgs)-1]
@@ -49,8 +57,7 @@ func TestNodeLossPyTorch(t *testing.T) {
 		fault nodeFault
 		jobs  []lossCase // in the order they are placed: store loss last (it keeps the victim cordoned)
 	}{
-		{"crash-1", crash, []lossCase{workerLossCase(def, lossRun{}), workerLossCase(def, c10d), storeLossCase(other, "auto")}},
-		{"crash-2", crash, []lossCase{workerLossCase(other, lossRun{}), storeLossCase(def, "dedicated"), storeLossCase(def, "auto")}},
+		{"crash", crash, []lossCase{workerLossCase(def, lossRun{}), workerLossCase(def, c10d), storeLossCase(def, "dedicated"), storeLossCase(other, "auto")}},
 		{"partition", partition, []lossCase{workerLossCase(def, lossRun{}), storeLossCase(def, "auto")}},
 	}
 	for _, f := range faults {

@@ -26,6 +26,12 @@ import (
 
 var sidecarBin string
 
+// The tests that wait the longest on torch (TestTorchAgentTests, TestTorchrunElasticGrowShrink,
+// TestLeaveRendezvousBeforeStop: two thirds of the package's time, most of it timeouts and sleeps) call t.Parallel,
+// so Go runs them together once the others are done (make integration: -parallel 4); the figures they log are
+// taken beside each other. The others run one at a time, so that the figures they log (a node loss, a store loss,
+// a restore from the checkpoints) are a quiet machine's.
+
 func TestMain(m *testing.M) {
 	var flags []string
 	if os.Getenv("ET_SIDECAR_RACE") != "" {
@@ -245,8 +251,10 @@ func forEachTorch(t *testing.T, f func(t *testing.T, tr trainer)) {
 	}
 }
 
-// forTorchVersions runs f on torch 2.14 (forky) with every backend and on torch 2.6 (trixie) with etcd-v2: the
-// versions differ in what SIGTERM does to the rendezvous.
+// forTorchVersions runs f on torch 2.14 (forky) with every backend and on torch 2.6 (trixie) with etcd-v2 and c10d:
+// the versions differ in what SIGTERM does to the rendezvous. The cases run at once (t.Parallel, up to the
+// package's -parallel): each has a server, run id and agents of its own, and most of a case's time is torch's own
+// waiting (leases, last-call and keep-alive timeouts), not the 2 cores.
 func forTorchVersions(t *testing.T, f func(t *testing.T, tr trainer, backend string)) {
 	for _, tc := range []struct {
 		suite    string
@@ -254,8 +262,12 @@ func forTorchVersions(t *testing.T, f func(t *testing.T, tr trainer, backend str
 	}{{testenv.SuiteForky, backends}, {testenv.SuiteTrixie, []string{"etcd-v2", "c10d"}}} {
 		tr := newTrainer(t, tc.suite)
 		t.Run(tr.name(), func(t *testing.T) {
+			t.Parallel()
 			for _, backend := range tc.backends {
-				t.Run(backend, func(t *testing.T) { f(t, tr, backend) })
+				t.Run(backend, func(t *testing.T) {
+					t.Parallel()
+					f(t, tr, backend)
+				})
 			}
 		})
 	}

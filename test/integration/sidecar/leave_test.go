@@ -64,6 +64,7 @@ print(json.dumps(sorted(n.pid for n in state.participants)))
 // SIGTERM would close the whole rendezvous, so the script stops the agent and
 // its workers with SIGKILL once it has left.
 func TestLeaveRendezvousBeforeStop(t *testing.T) {
+	t.Parallel() // see TestMain
 	forTorchVersions(t, testLeaveBeforeStop)
 }
 

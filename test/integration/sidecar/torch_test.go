@@ -108,8 +108,10 @@ func TestTorchrunPETEnvOnly(t *testing.T) {
 // backends, and torch 2.6 (trixie) on etcd-v2. torch 2.6 closes the whole
 // rendezvous when an agent gets SIGTERM, so there the third agent is stopped
 // as a deleted pod is, with SIGKILL (agent and workers); the preStop script
-// does the same after leaving (TestLeaveRendezvousBeforeStop).
+// does the same after leaving (TestLeaveRendezvousBeforeStop). The scale times it logs are taken beside the
+// package's other parallel tests (TestMain).
 func TestTorchrunElasticGrowShrink(t *testing.T) {
+	t.Parallel() // see TestMain
 	forTorchVersions(t, testElasticGrowShrink)
 }
 

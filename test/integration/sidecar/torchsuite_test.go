@@ -23,6 +23,7 @@ import (
 // mirror has. The two run at once: most of their time is waiting (barriers,
 // sleeps, leases), and each has sidecars and addresses of its own.
 func TestTorchAgentTests(t *testing.T) {
+	t.Parallel() // see TestMain
 	for _, suite := range []string{testenv.SuiteTrixie, testenv.SuiteForky} {
 		tr := newTrainer(t, suite)
 		t.Run(tr.name(), func(t *testing.T) {
