@@ -14,10 +14,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +32,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/etcdclient"
 	"github.com/elastic-training/elastic-training/internal/hostfile"
+	"github.com/elastic-training/elastic-training/internal/membudget"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/podcmd"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
@@ -225,7 +229,7 @@ func (d *daemonFlags) run(fs *flag.FlagSet, args []string, stderr io.Writer, fn 
 		return err
 	}
 	d.opts.Log = log.With("mode", fs.Name())
-	setMemoryLimit(d.opts.Log)
+	d.opts.MemoryLimit = setMemoryLimit(d.opts.Log, d.opts.Checkpoint.Share())
 	d.opts.Metrics = prometheus.NewRegistry()
 	ctx, stop := signalContext()
 	defer stop()
@@ -233,21 +237,34 @@ func (d *daemonFlags) run(fs *flag.FlagSet, args []string, stderr io.Writer, fn 
 }
 
 // setMemoryLimit gives the Go heap a soft limit of 90 % of the container's
-// memory limit (its cgroup's), unless GOMEMLIMIT is set. Go collects when
-// the heap has doubled since the last collection, so without it serve's
-// heap passes the container's limit long before its live data does: the v2
-// store keeps the last 1,000 writes, and at 1,024 nodes torch's etcd-v2
-// state is 140 KB a write; 1,000 members' leases and watches are as much
-// again (docs/scale.md). With it, the collector works harder instead of the
-// kernel killing the job's rendezvous.
-func setMemoryLimit(log *slog.Logger) {
-	limit, err := memlimit.SetGoMemLimitWithOpts(memlimit.WithRatio(0.9), memlimit.WithProvider(memlimit.FromCgroup))
-	switch {
-	case err != nil:
-		log.Warn("the container's memory limit could not be read; the Go heap has no soft limit", "err", err)
-	case limit > 0:
-		log.Info("Go heap soft limit set to 90% of the container's memory limit", "gomemlimit", limit)
+// memory limit (its cgroup's) less what the checkpoint volume may hold
+// (membudget.Budget.GoLimit: a memory emptyDir's pages count against the same
+// limit), unless GOMEMLIMIT is set, and returns the container's limit (0: none
+// known). Go collects when the heap has doubled since the last collection, so
+// without it serve's heap passes the container's limit long before its live
+// data does: the v2 store keeps the last 1,000 writes, and at 1,024 nodes
+// torch's etcd-v2 state is 140 KB a write; 1,000 members' leases and watches
+// are as much again (docs/scale.md). With it, the collector works harder
+// instead of the kernel killing the job's rendezvous.
+func setMemoryLimit(log *slog.Logger, checkpoints int64) int64 {
+	limit, err := memlimit.FromCgroup()
+	if err != nil || limit == 0 || limit > math.MaxInt64/2 {
+		if !errors.Is(err, memlimit.ErrNoLimit) {
+			log.Warn("the container's memory limit could not be read; the Go heap has no soft limit", "err", err)
+		}
+		return 0
 	}
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return int64(limit)
+	}
+	goLimit := membudget.GoLimit(int64(limit), checkpoints)
+	if goLimit <= 0 {
+		log.Warn("the container's memory limit does not hold the checkpoints; the Go heap has no soft limit", "limit", limit, "checkpoint_memory", checkpoints)
+		return int64(limit)
+	}
+	debug.SetMemoryLimit(goLimit)
+	log.Info("Go heap soft limit set to 90% of the container's memory limit less the checkpoints", "gomemlimit", goLimit, "limit", limit, "checkpoint_memory", checkpoints)
+	return int64(limit)
 }
 
 func addClientFlags(fs *flag.FlagSet, c *etcdclient.Config) {
@@ -281,7 +298,8 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&cfg.MaxDirTTL, "v2-max-dir-ttl", 0, "cap on v2 directory TTLs (0: none); a directory still lives while keys under it are written")
 	fs.IntVar(&cfg.V2Limits.MaxValueLen, "v2-max-value-bytes", v2api.DefaultMaxValueLen, "largest v2 value; a larger one is refused (etcd error 209)")
 	fs.IntVar(&cfg.V2Limits.MaxKeyLen, "v2-max-key-bytes", v2api.DefaultMaxKeyLen, "longest v2 key; a longer one is refused (etcd error 209)")
-	fs.Int64Var(&cfg.V2Limits.MaxBytes, "v2-max-bytes", v2api.DefaultMaxBytes, "most bytes the v2 store holds: keys, values, and values replaced or deleted that etcd's 1,000-event history still holds; the last eighth is kept for torch's keys; a write past it is refused (etcd error 300)")
+	fs.Int64Var(&cfg.V2Limits.MaxBytes, "v2-max-bytes", 0, "most bytes the v2 store holds: keys, values, and values replaced or deleted that etcd's 1,000-event history still holds; the last eighth is kept for torch's keys; a write past it is refused (etcd error 300; 0: its share of the memory limit)")
+	fs.Int64Var(&cfg.V2Limits.MaxReplyBytes, "v2-max-reply-bytes", 0, "most bytes of v2 replies built and not yet written to their clients, all clients together; a reply past it is refused (etcd error 300; 0: its share of the memory limit)")
 	fs.BoolVar(&cfg.Etcd.UnsafeNoFsync, "unsafe-no-fsync", false, "skip fsync (tests; the store is rebuilt by the agents anyway)")
 	fs.StringVar(&cfg.Etcd.LogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
@@ -299,12 +317,11 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 		cfg.ForceDeleteLostOf = names
 		return err
 	})
-	q := tcpstore.DefaultQuotas()
-	cfg.C10dQuotas = q
-	fs.IntVar(&cfg.C10dQuotas.Keys, "c10d-max-keys", q.Keys, "most keys (and queued elements) the c10d store holds; a write past it closes the writer's connection")
-	fs.Int64Var(&cfg.C10dQuotas.Bytes, "c10d-max-bytes", q.Bytes, "most bytes of keys and values the c10d store holds; a write past it closes the writer's connection")
-	fs.IntVar(&cfg.C10dQuotas.Connections, "c10d-max-connections", q.Connections, "most open c10d client connections; more are closed as they come")
-	fs.IntVar(&cfg.C10dQuotas.WaitingKeys, "c10d-max-waiting-keys", q.WaitingKeys, "most keys the c10d store's clients wait for at once (WAIT, BARRIER; a key counts once per client); a wait past it closes the waiter's connection")
+	// The stores' quotas: by default each its share of the container's memory limit (internal/membudget).
+	fs.Int64Var(&cfg.C10dQuotas.Bytes, "c10d-max-bytes", 0, "most bytes the c10d store holds: keys, values and queued elements, each with "+strconv.Itoa(tcpstore.ItemCost)+" more for its cost; a write past it closes the writer's connection (0: its share of the memory limit)")
+	fs.Int64Var(&cfg.C10dQuotas.WaitBytes, "c10d-max-waiting-bytes", 0, "most bytes the keys that the c10d store's clients wait for cost together (WAIT, BARRIER: each key's length and "+strconv.Itoa(tcpstore.WaitKeyCost)+", once per client); a wait past it closes the waiter's connection (0: its share of the memory limit)")
+	fs.Int64Var(&cfg.C10dQuotas.ReplyBytes, "c10d-max-reply-bytes", 0, "most bytes of c10d replies not yet written to their clients, all clients together; a request whose reply would pass it closes the client's connection (0: its share of the memory limit)")
+	fs.IntVar(&cfg.C10dQuotas.Connections, "c10d-max-connections", 0, "most open c10d client connections, "+strconv.Itoa(tcpstore.ConnCost>>10)+" KiB each; more are closed as they come (0: its share of the memory limit)")
 	fs.StringVar(&cfg.C10dAddr, "c10d-addr", fmt.Sprintf(":%d", constants.C10dPort), `address of the torch c10d TCPStore (torchrun --rdzv-backend=c10d with is_host=false); "" turns it off`)
 	fs.StringVar(&cfg.Lease.Name, "lease", "", "serve only while this pod holds the Kubernetes Lease of this name in its namespace, and meanwhile point the EndpointSlice of this name (the rendezvous Service's) at --pod-ip; until then follow the pod that serves, at --advertise-client-urls, as `join` does (needs the pod's token in "+constants.TokenDir+" and RBAC: get and patch that Lease and EndpointSlice); empty: serve at once")
 	fs.BoolVar(&cfg.Lease.Standby, "standby", false, "with --lease: a standby, which tries for the Lease only once it has been up for the Lease's duration (the first candidate serves first)")

@@ -12,6 +12,7 @@ import (
 	kjson "sigs.k8s.io/json"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/membudget"
 )
 
 // The injected sidecar's resources: the webhook's defaults per mode, a job's own (AnnotationSidecarResources), and
@@ -217,6 +218,15 @@ func (s *settings) sidecarResources(mode string) corev1.ResourceRequirements {
 		if l, ok := r.Limits[corev1.ResourceMemory]; ok {
 			l.Add(*resource.NewQuantity(s.checkpointBytes, resource.BinarySI))
 			r.Limits[corev1.ResourceMemory] = l
+		}
+	}
+	if l, ok := r.Limits[corev1.ResourceMemory]; ok && mode == modeServe {
+		// The serving sidecar's quotas are shares of its limit (internal/membudget): it grows to what carries the
+		// job's largest size, its connections and its own state, or a job of thousands of nodes would be refused
+		// connections by its own rendezvous.
+		legacy := s.backend == constants.BackendEtcd || s.backend == constants.BackendEtcdV2
+		if need := membudget.LimitFor(l.Value(), s.checkpointBytes, legacy, s.maxNodes); need > l.Value() {
+			r.Limits[corev1.ResourceMemory] = *resource.NewQuantity(need, resource.BinarySI)
 		}
 	}
 	if s.guaranteed {

@@ -1,6 +1,7 @@
 package mutate
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -107,6 +108,45 @@ func TestSidecarResourcesAccepted(t *testing.T) {
 				wantMode = "sidecar=serve"
 			}
 			assert.Contains(t, res.Pod.Annotations[constants.AnnotationMutated], wantMode)
+		})
+	}
+}
+
+// TestServingLimitCarriesTheJob: the serving sidecar's memory limit grows to what carries the job's largest size
+// (membudget.LimitFor: its store's connections and its own state), the webhook's default and the job's own alike;
+// a joining sidecar's never does, nor a serving one's that carries the job already.
+func TestServingLimitCarriesTheJob(t *testing.T) {
+	cases := []struct {
+		desc     string
+		serve    bool
+		maxNodes string
+		backend  string
+		value    string // the annotation; "": the webhook's default
+		want     string // the sidecar's memory limit
+	}{
+		{"a small job keeps the default", true, "8", "", "", "512Mi"},
+		{"1,024 nodes", true, "1024", "", "", "896Mi"},
+		{"4,096 nodes", true, "4096", "", "", "3264Mi"},
+		{"4,096 nodes on torch's etcd-v2 backend", true, "4096", constants.BackendEtcdV2, "", "6400Mi"},
+		{"the job's own limit, too small, grows (in steps of 64Mi)", true, "1024", "", `{"serve":{"limits":{"memory":"600Mi"}}}`, "856Mi"},
+		{"the job's own limit, large enough, stays", true, "1024", "", `{"serve":{"limits":{"memory":"2Gi"}}}`, "2Gi"},
+		{"a joining pod keeps its own", false, "4096", "", "", "128Mi"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			p := base(t)
+			if tc.serve {
+				p = servingPod(t)
+			}
+			p.Annotations[constants.AnnotationMaxNodes] = tc.maxNodes
+			p.Annotations[constants.AnnotationRdzvBackend] = cmp.Or(tc.backend, constants.BackendElasticTraining)
+			if tc.value != "" {
+				p.Annotations[constants.AnnotationSidecarResources] = tc.value
+			}
+			res, sc := mutated(t, p)
+			require.NotNil(t, res.Pod)
+			got := sc.Resources.Limits[corev1.ResourceMemory]
+			assert.Equal(t, tc.want, got.String())
 		})
 	}
 }

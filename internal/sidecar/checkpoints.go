@@ -26,6 +26,15 @@ type CheckpointConfig struct {
 	Memory   int64 // bytes
 }
 
+// Share is what the checkpoint volume may hold (0: no checkpoints): its pages count against the container's
+// memory limit.
+func (c CheckpointConfig) Share() int64 {
+	if c.Dir == "" {
+		return 0
+	}
+	return c.Memory
+}
+
 func (c CheckpointConfig) check(m MemberConfig) error {
 	if c.Dir == "" {
 		return nil

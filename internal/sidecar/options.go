@@ -18,6 +18,9 @@ type Options struct {
 	Metrics *prometheus.Registry
 	// Checkpoint: this pod's part of the job's in-memory checkpoints (checkpoints.go).
 	Checkpoint CheckpointConfig
+	// MemoryLimit is the container's memory limit (its cgroup's); 0: none known. serve divides it among its
+	// stores' quotas (internal/membudget).
+	MemoryLimit int64
 }
 
 // begin does what serve and join do before they start: check the member

@@ -150,6 +150,9 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 	if err != nil {
 		return err
 	}
+	if err := cfg.applyBudget(); err != nil {
+		return err
+	}
 	log := cfg.Log
 	events, stopEvents := roundEvents(cfg.EventsJob, log)
 	defer stopEvents()
@@ -444,7 +447,7 @@ func serveC10d(ctx context.Context, wg *sync.WaitGroup, addr string, srv *tcpsto
 		return fmt.Errorf("c10d store: %w", err)
 	}
 	q := cfg.Quotas
-	cfg.Log.Info("c10d store listening", "addr", ln.Addr().String(), "max_keys", q.Keys, "max_bytes", q.Bytes, "max_connections", q.Connections)
+	cfg.Log.Info("c10d store listening", "addr", ln.Addr().String(), "max_bytes", q.Bytes, "max_connections", q.Connections)
 	wg.Go(func() {
 		if err := srv.Serve(ctx, ln); err != nil {
 			cfg.Log.Error("c10d store stopped", "err", err)

@@ -27,6 +27,7 @@ const (
 	refusedConnLimit  = "too_many_connections"
 	refusedSlowReader = "slow_reader"
 	refusedWaitQuota  = "too_many_waiting_keys"
+	refusedReplyQuota = "replies_full"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -41,10 +42,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		waiters: prometheus.NewGauge(prometheus.GaugeOpts(opts("waiters",
 			"Clients waiting in WAIT or BARRIER for keys to appear."))),
 		waitingKeys: prometheus.NewGauge(prometheus.GaugeOpts(opts("waiting_keys",
-			"Keys the waiting clients wait for, together (the quota is --c10d-max-waiting-keys)."))),
+			"Keys the waiting clients wait for, together (their cost's quota is --c10d-max-waiting-bytes)."))),
 		keys: prometheus.NewGauge(prometheus.GaugeOpts(opts("keys", "Keys in the store (queues not counted)."))),
 		storeBytes: prometheus.NewGauge(prometheus.GaugeOpts(opts("store_bytes",
-			"Bytes of the keys and values in the store, queues included (the quota is --c10d-max-bytes)."))),
+			"Bytes of the keys and values in the store, queues included, each with its cost (the quota is --c10d-max-bytes)."))),
 		bytesIn:  prometheus.NewCounter(prometheus.CounterOpts(opts("received_bytes_total", "Bytes read from clients."))),
 		bytesOut: prometheus.NewCounter(prometheus.CounterOpts(opts("sent_bytes_total", "Bytes written to clients."))),
 	}
@@ -52,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.ops[i] = ops.WithLabelValues(Op(i).String())
 	}
 	for _, r := range []string{refusedNoValidate, refusedBadMagic, refusedUnknownOp, refusedTooLarge, refusedNotNumber,
-		refusedStoreFull, refusedConnLimit, refusedSlowReader, refusedWaitQuota} {
+		refusedStoreFull, refusedConnLimit, refusedSlowReader, refusedWaitQuota, refusedReplyQuota} {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {

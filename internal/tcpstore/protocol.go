@@ -35,6 +35,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
+
+	"github.com/elastic-training/elastic-training/internal/membudget"
 )
 
 // Magic is the number a client's VALIDATE carries, its first request.
@@ -139,28 +141,60 @@ func orDefault[T int | int64](v, def T) T {
 	return v
 }
 
-// Quotas bound the whole server, whatever its clients send: a write that
-// would pass Keys or Bytes, and a connection past Connections, is refused (the
-// client's connection closed, as for any other refused request: the protocol
-// has no error reply).
+// Quotas bound the whole server in bytes of the memory its clients can make it hold, whatever they send: a write
+// that would pass Bytes, a wait that would pass WaitBytes, a request whose reply would pass ReplyBytes, and a
+// connection past Connections, are refused (the client's connection closed, as for any other refused request: the
+// protocol has no error reply). QuotasFor derives them from the shares of the serving sidecar's memory limit
+// (internal/membudget), so that all of them full at once stay under it.
 type Quotas struct {
-	Keys        int   // keys and queued elements in the store
-	Bytes       int64 // their keys' and values' lengths
-	Connections int   // open client connections
-	WaitingKeys int   // keys all pending WAITs and BARRIERs wait for, together (a key counts once per waiter)
+	// Bytes bounds the store: its keys', values' and queued elements' lengths, and ItemCost for each of them.
+	Bytes int64
+	// WaitBytes bounds the keys that all pending WAITs and BARRIERs wait for together: each key's length and
+	// WaitKeyCost, once per waiter (a key named twice in one wait counts once).
+	WaitBytes int64
+	// ReplyBytes bounds the reply bytes queued for every client and not yet written to its socket. A reply of
+	// more than smallReply bytes that would pass it is refused before it is built; smaller ones never are, and a
+	// connection holds at most replyBudget of them (ConnCost).
+	ReplyBytes int64
+	// Connections bounds the open client connections, each ConnCost.
+	Connections int
 }
 
-// DefaultQuotas hold a rendezvous of thousands of agents many times over
-// (torch's state is a few hundred bytes per node) and keep a flood of keys
-// or connections within a few hundred MiB.
+// What the store holds beyond the bytes that clients sent, each a round figure above what TestCosts measures
+// (go1.26, amd64), which fails when one is no longer above it.
+const (
+	// ItemCost is a stored key's map entry, or a queued element's slot, with the headers of its key and value
+	// (measured: 78 bytes).
+	ItemCost = 128
+	// WaitKeyCost is one key of a pending wait: its list element, its waitRef and its share of the waiters' index
+	// (measured: 180 bytes beyond the key).
+	WaitKeyCost = 256
+	// ConnCost is one connection (membudget.ConnCost, which the webhook sizes the serving sidecar's limit by): its
+	// goroutine's stack, its read buffer and state (measured: 10 KiB, both ends), the small replies it may queue
+	// (replyBudget), and the kernel's send buffer (twice sendBuffer).
+	ConnCost = membudget.ConnCost
+)
+
+// ConnCost holds what it stands for: the array's length is negative, and the package does not build, otherwise.
+var _ [ConnCost - (16<<10 + replyBudget + 2*sendBuffer)]struct{}
+
+// QuotasFor derives the quotas from the memory each may hold: store for the store, waits for the waiting keys,
+// replies for the queued replies, conns for the connections (ConnCost each).
+func QuotasFor(store, waits, replies, conns int64) Quotas {
+	return Quotas{Bytes: store, WaitBytes: waits, ReplyBytes: replies, Connections: int(max(conns/ConnCost, 1))}
+}
+
+// DefaultQuotas are those of the webhook's default memory limit of the serving sidecar, for the job's default
+// backend (membudget.Split(0, 0, false)).
 func DefaultQuotas() Quotas {
-	return Quotas{Keys: 1 << 20, Bytes: 256 << 20, Connections: 16 << 10, WaitingKeys: 1 << 20}
+	b, _ := membudget.Split(0, 0, false) // the default limit always splits
+	return QuotasFor(b.C10dStore, b.C10dWaits, b.C10dReplies, b.C10dConns)
 }
 
 func (q Quotas) withDefaults() Quotas {
 	d := DefaultQuotas()
-	return Quotas{Keys: orDefault(q.Keys, d.Keys), Bytes: orDefault(q.Bytes, d.Bytes), Connections: orDefault(q.Connections, d.Connections),
-		WaitingKeys: orDefault(q.WaitingKeys, d.WaitingKeys)}
+	return Quotas{Bytes: orDefault(q.Bytes, d.Bytes), WaitBytes: orDefault(q.WaitBytes, d.WaitBytes),
+		ReplyBytes: orDefault(q.ReplyBytes, d.ReplyBytes), Connections: orDefault(q.Connections, d.Connections)}
 }
 
 // Request is one decoded request. Which fields are set depends on Op (see

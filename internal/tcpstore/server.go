@@ -135,7 +135,15 @@ const (
 	// writes them before it reads another request, so a client that sends
 	// requests without reading the replies costs at most this (plus one
 	// reply), and waits.
-	replyBudget = 1 << 20
+	replyBudget = 16 << 10
+	// sendBuffer is each connection's socket send buffer (SO_SNDBUF; the kernel
+	// doubles it): what a client that does not read its replies makes the
+	// kernel hold for it, charged to the container's memory, is bounded by it
+	// and counted in ConnCost. A reply larger than it goes out in several writes.
+	sendBuffer = 16 << 10
+	// smallReply: a reply of at most this many bytes is never refused for
+	// Quotas.ReplyBytes (replyBudget bounds them per connection).
+	smallReply = 64
 )
 
 // writeTimeout: a client that reads nothing of a reply for this long is cut
@@ -196,6 +204,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			}
 			continue
 		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetWriteBuffer(sendBuffer) // best effort: a kernel that refuses keeps its own size
+		}
 		c := s.newConn(nc)
 		mu.Lock()
 		conns[c] = struct{}{}
@@ -222,6 +233,7 @@ type conn struct {
 	parts    [][]byte // reply bytes to write, then tail
 	tail     []byte   // small reply bytes gathered after parts
 	queued   int      // bytes in parts and tail
+	counted  int64    // of those, the bytes counted in store.replies (the replies to c's own requests)
 	flushing bool     // a flush goroutine runs (or the connection is gone)
 
 	wmu  sync.Mutex
@@ -374,6 +386,8 @@ func (s *Server) refuse(c *conn, err error) {
 		reason = refusedStoreFull
 	case errors.As(err, new(*WaitQuotaError)):
 		reason = refusedWaitQuota
+	case errors.As(err, new(*ReplyQuotaError)):
+		reason = refusedReplyQuota
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		reason = refusedSlowReader
 	default:
@@ -457,8 +471,8 @@ func (c *conn) flushAsync() {
 func (c *conn) writeQueued() (int64, error) {
 	st := c.s.st
 	st.mu.Lock()
-	parts, tail := c.parts, c.tail
-	c.parts, c.tail, c.free, c.queued = nil, c.free, nil, 0
+	parts, tail, counted := c.parts, c.tail, c.counted
+	c.parts, c.tail, c.free, c.queued, c.counted = nil, c.free, nil, 0, 0
 	st.mu.Unlock()
 	if len(tail) > 0 {
 		parts = append(parts, tail)
@@ -470,6 +484,7 @@ func (c *conn) writeQueued() (int64, error) {
 	c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
 	bufs := net.Buffers(parts)
 	n, err := bufs.WriteTo(c.nc)
+	st.releaseReplies(counted) // written, or never to be: the bytes are the kernel's or gone
 	c.s.m.bytesOut.Add(float64(n))
 	if cap(tail) <= keepReplyBuf {
 		c.free = tail[:0]

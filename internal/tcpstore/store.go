@@ -26,12 +26,16 @@ type store struct {
 	// waitingPeak is len(waiting) at its largest since it was last made anew: a Go map keeps its buckets when
 	// its entries go, so an index that a flood of waits grew is replaced once it has shrunk (shrinkWaiting).
 	waitingPeak int
-	waitKeys    int // keys listed in waiting, against Quotas.WaitingKeys
-	m           *metrics
-	lim         Limits
-	quotas      Quotas
-	items       int   // keys and queued elements
-	bytes       int64 // their keys' and values' lengths
+	waitKeys    int   // keys listed in waiting
+	waitBytes   int64 // their cost, against Quotas.WaitBytes
+	// replies is the reply bytes queued for every connection or being written to its socket, against
+	// Quotas.ReplyBytes.
+	replies int64
+	m       *metrics
+	lim     Limits
+	quotas  Quotas
+	items   int   // keys and queued elements
+	bytes   int64 // their keys' and values' lengths, and ItemCost each: against Quotas.Bytes
 	// keyBytes is the length of kv's keys together: LIST_KEYS's reply, known before it is built.
 	keyBytes int64
 
@@ -60,14 +64,31 @@ type waitRef struct {
 	i int
 }
 
-// WaitQuotaError is a WAIT or BARRIER that would make the store's clients
-// wait for more keys at once than Quotas.WaitingKeys.
+// WaitQuotaError is a WAIT or BARRIER whose keys would pass Quotas.WaitBytes.
 type WaitQuotaError struct {
-	Keys, Waiting, Quota int
+	Keys    int   // the wait's keys
+	Bytes   int64 // their cost
+	Waiting int64 // the cost of the keys waited for already
+	Quota   int64
 }
 
 func (e *WaitQuotaError) Error() string {
-	return fmt.Sprintf("the store's waits are full: %d more keys to wait for, %d waited for already (quota %d)", e.Keys, e.Waiting, e.Quota)
+	return fmt.Sprintf("the store's waits are full: %d more keys to wait for (%d bytes), %d bytes waited for already (quota %d)",
+		e.Keys, e.Bytes, e.Waiting, e.Quota)
+}
+
+// ReplyQuotaError is a request whose reply would pass Quotas.ReplyBytes: the replies of other clients that have
+// not read theirs fill it.
+type ReplyQuotaError struct {
+	Op     Op
+	Len    int64 // the reply's
+	Queued int64 // every client's replies not yet written
+	Quota  int64
+}
+
+func (e *ReplyQuotaError) Error() string {
+	return fmt.Sprintf("%s: a reply of %d bytes, with %d bytes of replies not yet written to their clients, would pass the quota of %d",
+		e.Op, e.Len, e.Queued, e.Quota)
 }
 
 var (
@@ -75,21 +96,21 @@ var (
 	errValueLimit = errors.New("APPEND would make the value longer than the limit")
 )
 
-// StoreFullError is a write the store's quotas do not leave room for.
+// StoreFullError is a write the store's quota does not leave room for.
 type StoreFullError struct {
-	Items int   // keys and queued elements, with the write
-	Bytes int64 // their bytes, with the write
-	Quotas
-	Reserved bool // the last eighth of the quotas is the rendezvous', and the write's keys are not
+	Items    int   // keys and queued elements, with the write
+	Bytes    int64 // their cost, with the write
+	Quota    int64
+	Reserved bool // the last eighth of the quota is the rendezvous', and the write's keys are not
 }
 
 func (e *StoreFullError) Error() string {
 	reserve := ""
 	if e.Reserved {
-		reserve = " (the last eighth of each is kept for torch's rendezvous keys, " + rendezvousPrefix + "*)"
+		reserve = " (the last eighth is kept for torch's rendezvous keys, " + rendezvousPrefix + "*)"
 	}
-	return fmt.Sprintf("the store is full: the write would make %d keys (quota %d) of %d bytes (quota %d)%s",
-		e.Items, e.Quotas.Keys, e.Bytes, e.Quotas.Bytes, reserve)
+	return fmt.Sprintf("the store is full: the write would make %d keys and queued elements of %d bytes with their cost (quota %d)%s",
+		e.Items, e.Bytes, e.Quota, reserve)
 }
 
 func newStore(m *metrics, lim Limits, q Quotas) *store {
@@ -114,17 +135,18 @@ func isRendezvousKey(key string) bool {
 }
 
 // reserve accounts for a write that adds items and bytes (either may be
-// negative), or refuses it when it would pass a quota: all of it for the
-// rendezvous' keys (rdzv), seven eighths for any other. Writes that shrink
-// the store always pass.
+// negative; each item costs ItemCost more), or refuses it when it would pass
+// the quota: all of it for the rendezvous' keys (rdzv), seven eighths for any
+// other. Writes that shrink the store always pass.
 func (s *store) reserve(items int, bytes int64, rdzv bool) error {
+	bytes += int64(items) * ItemCost
 	ni, nb := s.items+items, s.bytes+bytes
-	keys, max := s.quotas.Keys, s.quotas.Bytes
+	max := s.quotas.Bytes
 	if !rdzv {
-		keys, max = keys-keys/8, max-max/8
+		max -= max / 8
 	}
-	if (items > 0 && ni > keys) || (bytes > 0 && nb > max) {
-		return &StoreFullError{Items: ni, Bytes: nb, Quotas: s.quotas, Reserved: !rdzv}
+	if bytes > 0 && nb > max {
+		return &StoreFullError{Items: ni, Bytes: nb, Quota: s.quotas.Bytes, Reserved: !rdzv}
 	}
 	s.items, s.bytes = ni, nb
 	s.m.storeBytes.Set(float64(s.bytes))
@@ -155,7 +177,12 @@ func (s *store) do(c *conn, q *Request) (kicks []*conn, queued int, stored bool,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	before := c.queued
 	err = s.apply(c, q)
+	if n := int64(c.queued - before); n > 0 {
+		s.replies += n
+		c.counted += n
+	}
 	kicks, s.kicks = s.kicks, nil
 	stored, s.casStored = s.casStored, false
 	return kicks, c.queued, stored, err
@@ -254,6 +281,10 @@ func (s *store) multiSetCost(keys []string, values [][]byte) (items int, bytes i
 }
 
 func (s *store) handleCompareSet(c *conn, q *Request) error {
+	// The reply is one of the three values; checked before anything is stored.
+	if err := s.replyFits(q.Op, 8+int64(max(len(s.kv[q.Key]), len(q.Expected), len(q.Value)))); err != nil {
+		return err
+	}
 	reply, stored, err := s.compareSet(q.Key, q.Expected, q.Value, true)
 	if err != nil {
 		return err
@@ -268,7 +299,11 @@ func (s *store) handleGet(c *conn, q *Request) error {
 	// DELETE_KEY in between gets here) is answered with an empty value,
 	// as torch's libuv server does; its classic server closes the
 	// connection.
-	c.putBytes(s.kv[q.Key])
+	v := s.kv[q.Key]
+	if err := s.replyFits(q.Op, 8+int64(len(v))); err != nil {
+		return err
+	}
+	c.putBytes(v)
 	return nil
 }
 
@@ -394,6 +429,11 @@ func (s *store) handleQueuePush(_ *conn, q *Request) error {
 
 func (s *store) handleQueuePop(c *conn, q *Request) error {
 	qu := s.queues[q.Key]
+	if len(qu) > 0 {
+		if err := s.replyFits(q.Op, 16+int64(len(qu[0]))); err != nil {
+			return err
+		}
+	}
 	c.putI64(int64(len(qu)))
 	if len(qu) == 0 {
 		return nil
@@ -491,10 +531,14 @@ func (s *store) write(key string, value []byte) {
 	s.m.keys.Set(float64(len(s.kv)))
 }
 
-// replyFits refuses a reply of n bytes that would pass Limits.MaxReplyLen, before anything of it is built.
+// replyFits refuses a reply of n bytes that would pass Limits.MaxReplyLen, or Quotas.ReplyBytes with the replies
+// not yet written, before anything of it is built.
 func (s *store) replyFits(op Op, n int64) error {
 	if n > int64(s.lim.MaxReplyLen) {
 		return &ReplyTooLargeError{Op: op, Len: n, Max: int64(s.lim.MaxReplyLen)}
+	}
+	if n > smallReply && s.replies+n > s.quotas.ReplyBytes {
+		return &ReplyQuotaError{Op: op, Len: n, Queued: s.replies, Quota: s.quotas.ReplyBytes}
 	}
 	return nil
 }
@@ -545,8 +589,12 @@ func uniq(keys []string) []string {
 // replaces the first, which then gets no answer.
 func (s *store) register(c *conn, keys []string) error {
 	s.cancel(c)
-	if s.waitKeys+len(keys) > s.quotas.WaitingKeys {
-		return &WaitQuotaError{Keys: len(keys), Waiting: s.waitKeys, Quota: s.quotas.WaitingKeys}
+	cost := int64(0)
+	for _, k := range keys {
+		cost += waitCost(k)
+	}
+	if s.waitBytes+cost > s.quotas.WaitBytes {
+		return &WaitQuotaError{Keys: len(keys), Bytes: cost, Waiting: s.waitBytes, Quota: s.quotas.WaitBytes}
 	}
 	w := &waiter{c: c, keys: keys, elems: make([]*list.Element, len(keys)), left: len(keys)}
 	for i, k := range keys {
@@ -559,6 +607,7 @@ func (s *store) register(c *conn, keys []string) error {
 	}
 	s.waitingPeak = max(s.waitingPeak, len(s.waiting))
 	s.waitKeys += len(keys)
+	s.waitBytes += cost
 	c.wait = w
 	s.m.waiters.Inc()
 	s.m.waitingKeys.Set(float64(s.waitKeys))
@@ -580,6 +629,7 @@ func (s *store) cancel(c *conn) {
 		l.Remove(e)
 		w.elems[i] = nil
 		s.waitKeys--
+		s.waitBytes -= waitCost(k)
 		if l.Len() == 0 {
 			delete(s.waiting, k)
 		}
@@ -609,7 +659,11 @@ func (s *store) shrinkWaiting() {
 func (s *store) arrived(r waitRef) {
 	r.w.elems[r.i] = nil
 	s.waitKeys--
+	s.waitBytes -= waitCost(r.w.keys[r.i])
 }
+
+// waitCost is what waiting for key costs one waiter.
+func waitCost(key string) int64 { return int64(len(key)) + WaitKeyCost }
 
 // wakeAll counts key as arrived for everyone waiting for it.
 func (s *store) wakeAll(key string) {
@@ -670,7 +724,18 @@ func (s *store) drop(c *conn) {
 	defer s.mu.Unlock()
 	s.cancel(c)
 	c.flushing = true
-	c.parts, c.tail, c.queued = nil, nil, 0
+	s.replies -= c.counted
+	c.parts, c.tail, c.queued, c.counted = nil, nil, 0, 0
+}
+
+// releaseReplies gives back n bytes of replies that are written (or never will be).
+func (s *store) releaseReplies(n int64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.replies -= n
+	s.mu.Unlock()
 }
 
 // parseInt reads a stored counter as torch does (std::stoll): leading

@@ -65,7 +65,7 @@ func ptr(s string) *string { return &s }
 // The in-process COMPARE_SET wakes whoever waits for its key (a BARRIER's counter is such a key) and hands back the
 // connections whose STOP_WAITING is to be flushed, as a client's request does; a refused one changes nothing.
 func TestCompareSetExisting(t *testing.T) {
-	s, cs, do := storeWithConns(t, Quotas{Bytes: 64}, 1)
+	s, cs, do := storeWithConns(t, Quotas{Bytes: ItemCost + 64}, 1)
 	cs[0].flushing = false
 	require.NoError(t, do(cs[0], &Request{Op: OpBarrier, Key: "b", WorldSize: 2}))
 	require.NotNil(t, cs[0].wait)

@@ -3,6 +3,7 @@ package tcpstore
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -80,7 +81,7 @@ func TestWaitAccounting(t *testing.T) {
 		require.Equal(t, 9, s.waitKeys)
 	})
 	t.Run("the index is made anew once a flood has gone", func(t *testing.T) {
-		s, cs, do := storeWithConns(t, Quotas{}, 2)
+		s, cs, do := storeWithConns(t, Quotas{WaitBytes: 64 << 20}, 2)
 		require.NoError(t, do(cs[0], &Request{Op: OpWait, Keys: distinct("f", 100_000)}))
 		require.NoError(t, do(cs[1], &Request{Op: OpWait, Keys: []string{"stay"}}))
 		require.Equal(t, 100_001, s.waitingPeak)
@@ -89,17 +90,26 @@ func TestWaitAccounting(t *testing.T) {
 		require.Len(t, s.waiting, 1)
 	})
 	t.Run("quota", func(t *testing.T) {
-		s, cs, do := storeWithConns(t, Quotas{WaitingKeys: 10}, 2)
+		const key = 2 + WaitKeyCost // "a0" .. "b9": what waiting for one costs
+		s, cs, do := storeWithConns(t, Quotas{WaitBytes: 10 * key}, 2)
 		require.NoError(t, do(cs[0], &Request{Op: OpWait, Keys: distinct("a", 6)}))
 		err := do(cs[1], &Request{Op: OpWait, Keys: distinct("b", 5)})
 		var q *WaitQuotaError
 		require.True(t, errors.As(err, &q), "%v", err)
-		require.Equal(t, WaitQuotaError{Keys: 5, Waiting: 6, Quota: 10}, *q)
+		require.Equal(t, WaitQuotaError{Keys: 5, Bytes: 5 * key, Waiting: 6 * key, Quota: 10 * key}, *q)
 		require.Nil(t, cs[1].wait)
 		require.NoError(t, do(cs[1], &Request{Op: OpWait, Keys: append(distinct("b", 4), repeat("b0", 100)...)}), "4 keys, whatever the repeats")
 		require.NoError(t, do(cs[0], &Request{Op: OpCancelWait}))
 		require.NoError(t, do(cs[0], &Request{Op: OpBarrier, Key: "bar", WorldSize: 2}), "room again")
 		require.Equal(t, 5, s.waitKeys)
+		require.Equal(t, int64(4*key+3+WaitKeyCost), s.waitBytes)
+		// A key's length counts: one key of 8 KiB (torch's limit) costs as much as 33 of "a0".
+		long := strings.Repeat("k", 8<<10)
+		err = do(cs[0], &Request{Op: OpWait, Keys: []string{long}})
+		require.True(t, errors.As(err, &q), "%v", err)
+		require.Equal(t, int64(len(long)+WaitKeyCost), q.Bytes)
+		require.NoError(t, do(cs[1], &Request{Op: OpCancelWait}))
+		require.Zero(t, s.waitBytes, "every wait ended, nothing waited for")
 	})
 	t.Run("queue push wakes in order", func(t *testing.T) {
 		s, cs, do := storeWithConns(t, Quotas{}, 3)

@@ -9,11 +9,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -51,11 +53,14 @@ type Config struct {
 	Limits Limits
 }
 
-// Limits bound what the v2 store holds; a zero field takes its default.
+// Limits bound what the v2 store holds, and the replies it is writing; a zero field takes its default.
 type Limits struct {
 	MaxValueLen int   // DefaultMaxValueLen
 	MaxKeyLen   int   // DefaultMaxKeyLen
 	MaxBytes    int64 // DefaultMaxBytes
+	// MaxReplyBytes bounds the replies built and not yet written, all clients together (a recursive GET that is
+	// never read holds its whole tree for WriteTimeout): a reply past it is refused. DefaultMaxReplyBytes.
+	MaxReplyBytes int64
 }
 
 // DefaultWriteTimeout is long enough for any reply to a client that reads it (python-etcd reads at once; a
@@ -74,6 +79,9 @@ type Server struct {
 	// wmu serialises the writes (and expiry passes) with the quota's account of them; reads need only the store.
 	wmu   sync.Mutex
 	quota *quota
+	// replies is the bytes of replies built and not yet written (Limits.MaxReplyBytes).
+	replies       atomic.Int64
+	maxReplyBytes int64
 	// logRefusals keeps the refusals' log lines to a few a second (the metric counts them all).
 	logRefusals *rate.Limiter
 }
@@ -101,6 +109,7 @@ func New(cfg Config) *Server {
 	l := s.cfg.Limits
 	s.quota = newQuota(orDefault(l.MaxBytes, DefaultMaxBytes), orDefault(l.MaxValueLen, DefaultMaxValueLen), orDefault(l.MaxKeyLen, DefaultMaxKeyLen))
 	s.quota.rebuild(s.store)
+	s.maxReplyBytes = orDefault(l.MaxReplyBytes, DefaultMaxReplyBytes)
 	s.logRefusals = rate.NewLimiter(10, 20)
 	return s
 }
@@ -177,6 +186,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 	s.cfg.Metrics.request(string(o), "ok")
 	s.writeEvent(w, ev, r.NoValueOnSuccess)
 }
+
+// refusedReplies is the refused counter's reason for a reply past Limits.MaxReplyBytes.
+const refusedReplies = "replies_full"
 
 // refusal is a write refused by a bound of this server (not by etcd's store): counted by reason and logged.
 type refusal struct {
@@ -385,10 +397,47 @@ func (s *Server) writeEvent(w http.ResponseWriter, ev *v2store.Event, noValueOnS
 			ev.Node, ev.PrevNode = nil, nil
 		}
 	}
+	// A write's reply is never refused (the write is done; its reply holds at most its own and the previous
+	// value), only counted; a read's is refused before it is written.
+	body, err := s.takeReply(ev, ev.Action == v2store.Get)
+	if err != nil {
+		s.refuseReply(w, err)
+		return
+	}
+	defer s.releaseReply(body)
 	if created {
 		w.WriteHeader(http.StatusCreated)
 	}
-	json.NewEncoder(w).Encode(ev)
+	w.Write(body)
+}
+
+// takeReply encodes ev as a reply (as json.Encoder does: a newline ends it) and counts it against
+// Limits.MaxReplyBytes until releaseReply: a reply that would pass the bound is dropped at once and refused, if
+// refusable.
+func (s *Server) takeReply(ev *v2store.Event, refusable bool) ([]byte, error) {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return nil, err
+	}
+	body = append(body, '\n')
+	n := int64(len(body))
+	if held := s.replies.Add(n); refusable && held > s.maxReplyBytes {
+		s.replies.Add(-n)
+		return nil, v2error.NewError(v2error.EcodeRaftInternal, fmt.Sprintf("replies full: a reply of %d bytes, with %d bytes of replies "+
+			"not yet read by their clients, would pass %d (--v2-max-reply-bytes)", n, held-n, s.maxReplyBytes), 0)
+	}
+	return body, nil
+}
+
+func (s *Server) releaseReply(body []byte) { s.replies.Add(-int64(len(body))) }
+
+// refuseReply answers a reply that takeReply refused: counted, logged (a few a second) and sent as etcd's error.
+func (s *Server) refuseReply(w http.ResponseWriter, err error) {
+	s.cfg.Metrics.refused(refusedReplies)
+	if s.logRefusals.Allow() {
+		s.log.Warn("v2 reply refused", "reason", refusedReplies, "err", err)
+	}
+	writeError(w, err)
 }
 
 // serveWait answers a wait=true GET: headers at once (long poll), then the
@@ -407,7 +456,6 @@ func (s *Server) serveWait(ctx context.Context, w http.ResponseWriter, wa v2stor
 	if flusher != nil {
 		flusher.Flush()
 	}
-	enc := json.NewEncoder(w)
 	for {
 		select {
 		case <-ctx.Done():
@@ -422,7 +470,15 @@ func (s *Server) serveWait(ctx context.Context, w http.ResponseWriter, wa v2stor
 			trimNode(ev.Node)
 			trimNode(ev.PrevNode)
 			s.writeDeadline(w) // the wait itself may last; each event gets its own time to go out
-			if err := enc.Encode(ev); err != nil || !stream {
+			body, err := s.takeReply(ev, true)
+			if err != nil {
+				// The wait ends with no event: its client waits again from its index, and the history has it.
+				s.cfg.Metrics.refused(refusedReplies)
+				return
+			}
+			_, err = w.Write(body)
+			s.releaseReply(body)
+			if err != nil || !stream {
 				return
 			}
 			if flusher != nil {

@@ -23,7 +23,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "refused_total",
-			Help: "v2 writes refused by a bound of the sidecar: too_large (a key or value), store_full (--v2-max-bytes).",
+			Help: "v2 requests refused by a bound of the sidecar: too_large (a key or value), store_full (--v2-max-bytes), replies_full (--v2-max-reply-bytes).",
 		}, []string{"reason"}),
 		StoreBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "store_bytes",

@@ -23,8 +23,10 @@ const (
 	// DefaultMaxKeyLen matches the c10d store's key limit. A key's directories each hold their whole path in
 	// etcd's store, so a key costs up to the square of its length.
 	DefaultMaxKeyLen = 8 << 10
-	// DefaultMaxBytes is the c10d store's byte quota.
-	DefaultMaxBytes = 256 << 20
+	// DefaultMaxBytes and DefaultMaxReplyBytes are for a server that is given no share of a memory limit
+	// (serve gives it its share: internal/membudget): a few recursive GETs of the largest tree.
+	DefaultMaxBytes      = 256 << 20
+	DefaultMaxReplyBytes = 64 << 20
 	// historyLen is etcd's v2 event history (v2store.New: newWatchHub(1000)).
 	historyLen = 1000
 	// nodeOverhead is what one node costs besides its path and value: etcd's node, its map entry in the parent,

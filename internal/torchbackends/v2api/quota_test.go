@@ -190,6 +190,34 @@ func TestQuotaRefuses(t *testing.T) {
 	checkAccount(t, s.Server)
 }
 
+// TestReplyQuota: replies being written count against Limits.MaxReplyBytes together; a read whose reply would pass
+// it is refused (etcd's error 300, counted), a write's reply never is (the write is done), and the room comes back
+// once a reply is written.
+func TestReplyQuota(t *testing.T) {
+	s := &testServer{New(Config{Limits: Limits{MaxReplyBytes: 16 << 10}})}
+	h := s.mux()
+	for i := range 4 {
+		code, body := do(t, h, "PUT", fmt.Sprintf("/v2/keys/tree/%d", i), url.Values{"value": {strings.Repeat("x", 2<<10)}}.Encode())
+		require.Equal(t, 201, code, "a write's reply of 2 KiB and more: %s", body)
+	}
+	code, body := do(t, h, "GET", "/v2/keys/tree?recursive=true", "")
+	require.Equal(t, 200, code, "the tree's 8 KiB alone fit: %s", body)
+	s.replies.Add(14 << 10) // other clients' replies of 14 KiB, not yet read
+	code, body = do(t, h, "GET", "/v2/keys/tree?recursive=true", "")
+	require.Equal(t, 500, code)
+	require.Contains(t, body, `"errorCode":300`)
+	require.Contains(t, body, "replies full")
+	require.Contains(t, body, "--v2-max-reply-bytes")
+	code, _ = do(t, h, "GET", "/v2/keys/tree/0", "")
+	require.Equal(t, 500, code, "2 KiB more do not fit either")
+	code, body = do(t, h, "PUT", "/v2/keys/tree/0", "value=small")
+	require.Equal(t, 200, code, "a write is answered whatever the replies: %s", body)
+	s.replies.Add(-14 << 10)
+	code, body = do(t, h, "GET", "/v2/keys/tree/1", "")
+	require.Equal(t, 200, code, body)
+	require.Zero(t, s.replies.Load(), "every reply written gave its bytes back")
+}
+
 // The issue's case, measured in this process: values written and deleted are let go once 1,000 more changes have
 // passed (etcd's history kept 206 MiB of 24 deleted 8 MB values for as long as nobody wrote). Live heap after a
 // collection, against the same store before the writes, with its history already full of small changes.

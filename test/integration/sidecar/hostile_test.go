@@ -28,7 +28,7 @@ import (
 // well-behaved c10d client keeps pinging: the sidecar stays up, its memory
 // and CPU stay bounded, and the live client's round trips stay short.
 func TestHostileClients(t *testing.T) {
-	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256", "--c10d-max-waiting-keys=200000", "--v2-max-bytes=67108864")
+	s := startServe(t, "--c10d-max-bytes=67108864", "--c10d-max-connections=256", "--c10d-max-waiting-bytes=52800000", "--v2-max-bytes=67108864")
 	pid := s.Cmd.Process.Pid
 	live := startLiveClient(t, s.C10d)
 	rss0, cpu0 := procStats(t, pid)
@@ -91,7 +91,7 @@ func TestHostileClients(t *testing.T) {
 		require.NoError(t, a.Reply(tcpstore.OpCancelWait))
 		b.Close()
 	})
-	step("WAITs for more keys than the waiting quota", func(t *testing.T) {
+	step("WAITs for more keys than the waiting quota (200,000 keys of 8 bytes)", func(t *testing.T) {
 		keys := func(prefix string) []string {
 			k := make([]string, 128<<10)
 			for i := range k {

@@ -1,16 +1,28 @@
 package sidecar_test
 
 import (
+	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/membudget"
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
@@ -53,4 +65,157 @@ func TestServeUnderMemoryLimit(t *testing.T) {
 	require.NoError(t, err, "serve gone?\n%s", s.Output())
 	t.Logf("serve's peak RSS after 1,200 writes of %d bytes: %.1f MiB (cgroup limit %d MiB)", len(state), float64(hwm)/(1<<20), limit>>20)
 	waitReady(t, s.Proc, s.Health)
+}
+
+// TestServeFilledUnderMemoryLimit: serve in a memory cgroup of the webhook's default limit (512 MiB), every quota its
+// share of that limit (no quota flag: internal/membudget), while hostile clients fill every quota, one after the
+// other and then all full together: the c10d store with 64 KiB values, its waits with WAITs of 10,000 keys, its
+// replies with GETs that are never read of a value replaced meanwhile (so that only those replies hold it), the v2
+// store, v2 recursive GETs that are never read, and last the c10d connections. Each is refused at its quota (the
+// refused counters), the process stays up, the cgroup never reaches its limit (no OOM kill, its peak below the
+// limit), and a well-behaved c10d client's PINGs are answered throughout. Before the quotas were shares of the
+// limit, the c10d and v2 stores' 256 MiB each filled it alone.
+func TestServeFilledUnderMemoryLimit(t *testing.T) {
+	const limit = 512 << 20
+	s := newServe(t, "--backend=elastic-training")
+	s.cgroup = testenv.MemoryCgroup(t, limit)
+	s.start(t)
+	b, err := membudget.Split(limit, 0, false)
+	require.NoError(t, err)
+	require.Contains(t, s.Output(), `msg="memory budget"`)
+	require.Contains(t, s.Output(), fmt.Sprintf("c10d_max_connections=%d", b.Connections()))
+	live := startLiveClient(t, s.C10d)
+	fill := func(name string, f func() int) {
+		t.Logf("%s: %d taken before the first refusal", name, f())
+	}
+	refused := func(series string) bool { return metricLabeled(t, s.Health, series) > 0 }
+
+	fill("c10d store, 64 KiB values", func() int {
+		c := dialStore(t, s.C10d)
+		v := bytes.Repeat([]byte("s"), 64<<10)
+		for i := 0; ; i++ {
+			if c.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: fmt.Sprintf("/fill/%d", i), Value: v}) != nil {
+				return i
+			}
+		}
+	})
+	fill("c10d waits of 10,000 keys", func() int {
+		for i := 0; ; i++ {
+			keys := make([]string, 10_000)
+			for j := range keys {
+				keys[j] = fmt.Sprintf("/wait/%d/%032d", i, j)
+			}
+			c := dialStore(t, s.C10d)
+			if c.Send(&tcpstore.Request{Op: tcpstore.OpWait, Keys: keys}) != nil || closedWithin(c.Conn(), 500*time.Millisecond) {
+				return i
+			}
+		}
+	})
+	fill("c10d replies never read, 1 MiB each", func() int {
+		w := dialStore(t, s.C10d)
+		for i := 0; ; i++ {
+			// A new value each time: the old one is held by the unread reply alone.
+			require.NoError(t, w.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/reply", Value: bytes.Repeat([]byte{byte(i)}, 1<<20)}))
+			c := dialStore(t, s.C10d)
+			require.NoError(t, c.Send(&tcpstore.Request{Op: tcpstore.OpGet, Key: "/reply"}))
+			if closedWithin(c.Conn(), 500*time.Millisecond) {
+				return i
+			}
+		}
+	})
+	fill("v2 store, 64 KiB values in 3 directories", func() int {
+		v := strings.Repeat("v", 64<<10)
+		for i := 0; ; i++ {
+			if code, _ := v2put(t, fmt.Sprintf("%s/v2/keys/fill/d%d/%d", s.URL, i%3, i), v); code != http.StatusCreated {
+				return i
+			}
+		}
+	})
+	fill("v2 recursive GETs never read, a third of the store each", func() int {
+		host := strings.TrimPrefix(s.URL, "http://")
+		for i := 0; i < 30; i++ {
+			nc, err := net.Dial("tcp", host)
+			require.NoError(t, err)
+			t.Cleanup(func() { nc.Close() })
+			_, err = fmt.Fprintf(nc, "GET /v2/keys/fill/d%d?recursive=true HTTP/1.1\r\nHost: %s\r\n\r\n", i%3, host)
+			require.NoError(t, err)
+			time.Sleep(100 * time.Millisecond) // built and being written
+			if refused(`rdzv_sidecar_v2_refused_total{reason="replies_full"}`) {
+				return i
+			}
+		}
+		return -1
+	})
+	fill("c10d connections", func() int {
+		for i := 0; ; i++ {
+			c := dialStore(t, s.C10d)
+			if c.Do(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 1}) != nil {
+				return i
+			}
+		}
+	})
+
+	for _, reason := range []string{"store_full", "too_many_waiting_keys", "replies_full", "too_many_connections"} {
+		require.True(t, refused(fmt.Sprintf(`rdzv_sidecar_tcpstore_refused_total{reason=%q}`, reason)), "no c10d refusal %s", reason)
+	}
+	for _, reason := range []string{"store_full", "replies_full"} {
+		require.True(t, refused(fmt.Sprintf(`rdzv_sidecar_v2_refused_total{reason=%q}`, reason)), "no v2 refusal %s", reason)
+	}
+	require.NoError(t, s.Cmd.Process.Signal(syscall.Signal(0)), "serve died:\n%s", s.Output())
+	waitReady(t, s.Proc, s.Health)
+	peak, ooms := cgroupPeak(t, filepath.Dir(s.cgroup))
+	t.Logf("every quota full at once: the cgroup's peak %.1f MiB of its %d MiB (%d OOM kills), serve's peak RSS %.1f MiB; budget %s; live client: %d PINGs, p99 %s, max %s",
+		float64(peak)/(1<<20), limit>>20, ooms, float64(peakRSS(t, s.Cmd.Process.Pid))/(1<<20), b, live.count(), live.p99(), live.max())
+	require.Zero(t, ooms, "the kernel killed something in serve's cgroup")
+	require.Less(t, peak, int64(limit), "serve's cgroup reached its limit")
+	require.Zero(t, live.errors(), "the live client's PINGs failed")
+}
+
+// closedWithin says whether the server closes nc within d (a refused request: the c10d protocol has no error reply).
+func closedWithin(nc net.Conn, d time.Duration) bool {
+	nc.SetReadDeadline(time.Now().Add(d))
+	_, err := nc.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// metricLabeled is a metric of serve's /metrics named with its labels; 0 when it has none yet.
+func metricLabeled(t *testing.T, health, series string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + health + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return int(n)
+		}
+	}
+	return 0
+}
+
+// cgroupPeak is a memory cgroup's peak usage and its OOM kills (cgroup v2: memory.peak, memory.events; v1:
+// memory.max_usage_in_bytes, memory.oom_control).
+func cgroupPeak(t *testing.T, dir string) (peak int64, ooms int) {
+	t.Helper()
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return ""
+		}
+		return string(b)
+	}
+	p := cmp.Or(read("memory.peak"), read("memory.max_usage_in_bytes"))
+	require.NotEmpty(t, p, "no peak usage in %s", dir)
+	peak, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
+	require.NoError(t, err)
+	for _, l := range strings.Split(cmp.Or(read("memory.events"), read("memory.oom_control")), "\n") {
+		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+			ooms, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return peak, ooms
 }
