@@ -23,11 +23,12 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/membudget"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
+	"github.com/elastic-training/elastic-training/internal/tcpstore/tcpstoretest"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 )
 
-// TestServeUnderMemoryLimit: serve in a memory cgroup of 256 MiB, as in a
-// container with that limit, takes 1,200 compare-and-set writes of a
+// TestServeUnderMemoryLimit: serve in a memory cgroup of the limit the webhook gives a 1,024-node etcd-v2 job, as in
+// a container with that limit, takes 1,200 compare-and-set writes of a
 // 1,024-node torch state through the v2 API (140 KB base64, as torch's
 // etcd-v2 backend writes it at every heartbeat and join), of which its v2
 // store keeps the last 1,000, and stays up under the limit. Go's heap would
@@ -35,11 +36,13 @@ import (
 // serve sets from its cgroup, the kernel killed it at write 988 in one run, 1,175
 // in another).
 func TestServeUnderMemoryLimit(t *testing.T) {
-	const limit = 256 << 20
+	// The limit the webhook gives a 1,024-node job on etcd-v2 (membudget.LimitFor): its v2 store's share holds the
+	// 1,000 writes of 140 KB that its history keeps.
+	limit := membudget.LimitFor(0, 0, true, 1024)
 	s := newServe(t, "--c10d-addr=")
 	s.cgroup = testenv.MemoryCgroup(t, limit)
 	s.start(t)
-	require.Contains(t, s.Output(), fmt.Sprintf("gomemlimit=%d", limit*9/10), "serve did not set its heap's soft limit from its cgroup")
+	require.Contains(t, s.Output(), fmt.Sprintf("gomemlimit=%d", membudget.GoLimit(limit, 0)), "serve did not set its heap's soft limit from its cgroup")
 
 	raw := make([]byte, 105_000) // torch's state of 1,024 nodes, about 140 KB once base64-encoded
 	rand.Read(raw)
@@ -64,13 +67,14 @@ func TestServeUnderMemoryLimit(t *testing.T) {
 	hwm, err := testenv.StatusBytes(s.Cmd.Process.Pid, "VmHWM")
 	require.NoError(t, err, "serve gone?\n%s", s.Output())
 	t.Logf("serve's peak RSS after 1,200 writes of %d bytes: %.1f MiB (cgroup limit %d MiB)", len(state), float64(hwm)/(1<<20), limit>>20)
+	require.Less(t, hwm, limit, "serve's peak RSS")
 	waitReady(t, s.Proc, s.Health)
 }
 
 // TestServeFilledUnderMemoryLimit: serve in a memory cgroup of the webhook's default limit (512 MiB), every quota its
 // share of that limit (no quota flag: internal/membudget), while hostile clients fill every quota, one after the
-// other and then all full together: the c10d store with 64 KiB values, its waits with WAITs of 10,000 keys, its
-// replies with GETs that are never read of a value replaced meanwhile (so that only those replies hold it), the v2
+// other and then all full together: the c10d store's replies with GETs that are never read of a value replaced
+// meanwhile (so that only those replies hold it), the store with 64 KiB values, its waits with WAITs of 10,000 keys, the v2
 // store, v2 recursive GETs that are never read, and last the c10d connections. Each is refused at its quota (the
 // refused counters), the process stays up, the cgroup never reaches its limit (no OOM kill, its peak below the
 // limit), and a well-behaved c10d client's PINGs are answered throughout. Before the quotas were shares of the
@@ -90,6 +94,19 @@ func TestServeFilledUnderMemoryLimit(t *testing.T) {
 	}
 	refused := func(series string) bool { return metricLabeled(t, s.Health, series) > 0 }
 
+	// First, while the store has room for the value that the unread replies hold.
+	fill("c10d replies never read, 1 MiB each", func() int {
+		w := dialStore(t, s.C10d)
+		for i := 0; ; i++ {
+			// A new value each time: the old one is held by the unread reply alone.
+			require.NoError(t, w.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/reply", Value: bytes.Repeat([]byte{byte(i)}, 1<<20)}))
+			c := dialStore(t, s.C10d)
+			require.NoError(t, c.Send(&tcpstore.Request{Op: tcpstore.OpGet, Key: "/reply"}))
+			if closedWithin(c.Conn(), 500*time.Millisecond) {
+				return i
+			}
+		}
+	})
 	fill("c10d store, 64 KiB values", func() int {
 		c := dialStore(t, s.C10d)
 		v := bytes.Repeat([]byte("s"), 64<<10)
@@ -107,18 +124,6 @@ func TestServeFilledUnderMemoryLimit(t *testing.T) {
 			}
 			c := dialStore(t, s.C10d)
 			if c.Send(&tcpstore.Request{Op: tcpstore.OpWait, Keys: keys}) != nil || closedWithin(c.Conn(), 500*time.Millisecond) {
-				return i
-			}
-		}
-	})
-	fill("c10d replies never read, 1 MiB each", func() int {
-		w := dialStore(t, s.C10d)
-		for i := 0; ; i++ {
-			// A new value each time: the old one is held by the unread reply alone.
-			require.NoError(t, w.Do(&tcpstore.Request{Op: tcpstore.OpSet, Key: "/reply", Value: bytes.Repeat([]byte{byte(i)}, 1<<20)}))
-			c := dialStore(t, s.C10d)
-			require.NoError(t, c.Send(&tcpstore.Request{Op: tcpstore.OpGet, Key: "/reply"}))
-			if closedWithin(c.Conn(), 500*time.Millisecond) {
 				return i
 			}
 		}
@@ -148,8 +153,12 @@ func TestServeFilledUnderMemoryLimit(t *testing.T) {
 	})
 	fill("c10d connections", func() int {
 		for i := 0; ; i++ {
-			c := dialStore(t, s.C10d)
-			if c.Do(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 1}) != nil {
+			c, err := tcpstoretest.Dial(s.C10d) // a refused connection may fail its VALIDATE already
+			if err != nil {
+				return i
+			}
+			t.Cleanup(func() { c.Close() })
+			if c.Do(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed}) != nil {
 				return i
 			}
 		}
