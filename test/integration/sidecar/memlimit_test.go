@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -191,12 +190,7 @@ func closedWithin(nc net.Conn, d time.Duration) bool {
 // metricLabeled is a metric of serve's /metrics named with its labels; 0 when it has none yet.
 func metricLabeled(t *testing.T, health, series string) int {
 	t.Helper()
-	resp, err := http.Get("http://" + health + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	for _, l := range strings.Split(string(body), "\n") {
+	for _, l := range strings.Split(string(metricsBody(t, health)), "\n") {
 		if v, ok := strings.CutPrefix(l, series+" "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			require.NoError(t, err)

@@ -62,14 +62,21 @@ func TestVerifyingSidecarRefusesAStoreOfAnotherJob(t *testing.T) {
 // metric reads one unlabelled sample from a sidecar's /metrics.
 func metric(t *testing.T, health, name string) int {
 	t.Helper()
-	resp, err := http.Get("http://" + health + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	b := metricsBody(t, health)
 	m := regexp.MustCompile(`(?m)^` + name + ` ([0-9.e+]+)$`).FindSubmatch(b)
 	require.NotNil(t, m, "no %s in /metrics of %s", name, health)
 	v, err := strconv.ParseFloat(string(m[1]), 64)
 	require.NoError(t, err)
 	return int(v)
+}
+
+// metricsBody is serve's /metrics.
+func metricsBody(t *testing.T, health string) []byte {
+	t.Helper()
+	resp, err := http.Get("http://" + health + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return b
 }
