@@ -16,10 +16,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/elastic-training/elastic-training/internal/membudget"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 )
+
+// maxStreams is the streams one client connection may hold open: a sidecar's are its lease's keep-alive and one
+// watch stream that carries every watch; etcd's default is 2^32.
+const maxStreams = 64
 
 // Config configures the member.
 type Config struct {
@@ -37,6 +42,9 @@ type Config struct {
 	LogLevel                         string // etcd's own (zap) logs; "" = warn
 	ReadyTimeout                     time.Duration
 	Log                              *slog.Logger
+	// Limits bound what its clients can make it hold (membudget.Budget.EtcdLimits; zero: etcd's own, as in tests
+	// that start a bare member).
+	Limits membudget.EtcdLimits
 }
 
 // Server is the member, from before it starts (its handlers may need its
@@ -105,6 +113,14 @@ func (s *Server) embedConfig(handlers map[string]http.Handler) (*embed.Config, e
 	ec.AutoCompactionMode = embed.CompactorModeRevision
 	ec.AutoCompactionRetention = "1000"
 	ec.SnapshotCount = 10000
+	if l := cfg.Limits; l.SnapshotCount > 0 {
+		// Every pod of the job reaches the client port: a request is bounded in bytes, and so the raft log that the
+		// heap keeps between snapshots, in entries of at most that. The database keeps etcd's quota
+		// (membudget's EtcdLimits says why).
+		ec.MaxRequestBytes = uint(l.MaxRequestBytes)
+		ec.SnapshotCount, ec.SnapshotCatchUpEntries = l.SnapshotCount, l.SnapshotCatchUp
+		ec.MaxConcurrentStreams = maxStreams
+	}
 	return ec, nil
 }
 

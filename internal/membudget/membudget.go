@@ -1,5 +1,6 @@
 // Package membudget divides the serving sidecar's memory limit among what its clients can make it hold: the c10d
-// store's data, its waiting keys and its connections, the etcd v2 keys API's store and its unread replies. Each
+// store's data, its waiting keys and its connections, the etcd v2 keys API's store and its unread replies, the
+// embedded etcd's own (v3) store with its raft log and replies. Each
 // quota of those stores is derived from its share here, so that all of them full at once, with the runtime, the
 // embedded etcd and the job's own state (its members, leases and rounds) beside them, stay under the limit with room
 // to spare (issue 47). Pure: the limit in, the shares out.
@@ -58,15 +59,18 @@ type Budget struct {
 	C10dConns   int64 // the c10d store's open connections, each with its cost
 	V2Store     int64 // the v2 keys API's store and the values its event history holds
 	V2Replies   int64 // the v2 keys API's replies built and not yet read by their clients
-	Legacy      bool  // torch's etcd backends use the v2 store: it gets the larger share
+	// Etcd is the embedded etcd's v3 store, which every pod of the job reaches: its raft log and its keys' index
+	// (EtcdLimits derives its quotas from it).
+	Etcd   int64
+	Legacy bool // torch's etcd backends use the v2 store: it gets the larger share
 }
 
 // shares of what is usable, in per mille: the job's default backend (the c10d store carries the rendezvous; the v2
 // API is there for any python-etcd client, with nothing of the job's in it) and torch's etcd backends (the v2
 // store carries torch's state, 140 KB a write at 1,024 nodes, and its history keeps the last 1,000 writes).
-var shares = map[bool]struct{ c10dStore, c10dWaits, c10dReplies, c10dConns, v2Store, v2Replies int64 }{
-	false: {c10dStore: 220, c10dWaits: 50, c10dReplies: 50, c10dConns: 180, v2Store: 40, v2Replies: 20},
-	true:  {c10dStore: 90, c10dWaits: 30, c10dReplies: 30, c10dConns: 90, v2Store: 290, v2Replies: 90},
+var shares = map[bool]struct{ c10dStore, c10dWaits, c10dReplies, c10dConns, v2Store, v2Replies, etcd int64 }{
+	false: {c10dStore: 180, c10dWaits: 50, c10dReplies: 50, c10dConns: 180, v2Store: 40, v2Replies: 20, etcd: 40},
+	true:  {c10dStore: 50, c10dWaits: 30, c10dReplies: 30, c10dConns: 90, v2Store: 290, v2Replies: 90, etcd: 40},
 }
 
 // Split divides limit (0 or less: none known, DefaultLimit) for a serving sidecar whose checkpoint volume may hold
@@ -86,7 +90,7 @@ func Split(limit, checkpoints int64, legacy bool) (Budget, error) {
 	part := func(perMille int64) int64 { return usable / 1000 * perMille }
 	b := Budget{Limit: limit, Checkpoints: checkpoints, GoLimit: goLimit, Legacy: legacy,
 		C10dStore: part(s.c10dStore), C10dWaits: part(s.c10dWaits), C10dReplies: part(s.c10dReplies), C10dConns: part(s.c10dConns),
-		V2Store: part(s.v2Store), V2Replies: part(s.v2Replies)}
+		V2Store: part(s.v2Store), V2Replies: part(s.v2Replies), Etcd: part(s.etcd)}
 	b.Job = usable - b.clients()
 	return b, nil
 }
@@ -122,13 +126,43 @@ func GoLimit(limit, checkpoints int64) int64 {
 
 // clients is what the clients' quotas may hold together.
 func (b Budget) clients() int64 {
-	return b.C10dStore + b.C10dWaits + b.C10dReplies + b.C10dConns + b.V2Store + b.V2Replies
+	return b.C10dStore + b.C10dWaits + b.C10dReplies + b.C10dConns + b.V2Store + b.V2Replies + b.Etcd
 }
 
 // String is the budget as serve logs it at its start.
 func (b Budget) String() string {
 	mib := func(n int64) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
-	return fmt.Sprintf("limit=%s checkpoints=%s job=%s c10d_store=%s c10d_waits=%s c10d_replies=%s c10d_connections=%s v2_store=%s v2_replies=%s",
+	return fmt.Sprintf("limit=%s checkpoints=%s job=%s c10d_store=%s c10d_waits=%s c10d_replies=%s c10d_connections=%s v2_store=%s v2_replies=%s etcd=%s",
 		mib(b.Limit), mib(b.Checkpoints), mib(b.Job), mib(b.C10dStore), mib(b.C10dWaits), mib(b.C10dReplies), mib(b.C10dConns),
-		mib(b.V2Store), mib(b.V2Replies))
+		mib(b.V2Store), mib(b.V2Replies), mib(b.Etcd))
+}
+
+// The embedded etcd's bounds. Its database keeps etcd's own quota (2 GiB): the job's own data there grows with its
+// ranks and its checkpoint saves (every rank's pieces with their replicas, and 5 minutes of their history until
+// etcd's compaction), which serve cannot size from its limit, and a full database refuses the job's writes until
+// an operator disarms etcd's alarm. Measured (etcd 3.7 embedded, 8 writers filling a 16 MiB quota): a key of an
+// empty value costs its index 225 B of heap for 62 B of database; a key of 1 KiB, 1.7 KiB with its raft entry.
+const (
+	// EtcdMaxRequestBytes is the largest v3 request: the job's own are a member (under 1 KiB) and a checkpoint
+	// piece's announcement (its manifest, a few KiB); etcd's 1.5 MiB would let the raft log hold 15,000 of them.
+	EtcdMaxRequestBytes = 64 << 10
+	// EtcdSnapshotCatchUp is the raft entries kept after a snapshot for a follower to catch up: the job's etcd has
+	// none (etcd's default, 5,000, kept for nothing).
+	EtcdSnapshotCatchUp = 10
+	// etcdLeastSnapshotCount keeps snapshots from coming at every write when the share is small.
+	etcdLeastSnapshotCount = 10
+)
+
+// EtcdLimits are the embedded etcd's quotas.
+type EtcdLimits struct {
+	MaxRequestBytes int    // a request's size (--max-request-bytes)
+	SnapshotCount   uint64 // raft entries between snapshots: the raft log that the heap holds
+	SnapshotCatchUp uint64 // raft entries kept after a snapshot
+}
+
+// EtcdLimits gives half the etcd share to the raft log that the heap keeps between snapshots (its entries at the
+// largest request each); the other half is its keys' index.
+func (b Budget) EtcdLimits() EtcdLimits {
+	return EtcdLimits{MaxRequestBytes: EtcdMaxRequestBytes, SnapshotCatchUp: EtcdSnapshotCatchUp,
+		SnapshotCount: uint64(max(b.Etcd/2/EtcdMaxRequestBytes-EtcdSnapshotCatchUp, etcdLeastSnapshotCount))}
 }

@@ -17,11 +17,11 @@ func TestSplit(t *testing.T) {
 		c10dStore, v2Store int64 // MiB, rounded down
 		job                int64 // MiB, rounded down
 	}{
-		{"the webhook's default limit", 512 * mib, 0, false, 90, 16, 181},
-		{"no limit: the default's", 0, 0, false, 90, 16, 181},
-		{"torch's etcd backends", 512 * mib, 0, true, 37, 119, 156},
-		{"2 GiB", 2048 * mib, 0, false, 394, 71, 789},
-		{"with 1 GiB of checkpoints beside: as without", 1536 * mib, 1024 * mib, false, 90, 16, 181},
+		{"the webhook's default limit", 512 * mib, 0, false, 74, 16, 181},
+		{"no limit: the default's", 0, 0, false, 74, 16, 181},
+		{"torch's etcd backends", 512 * mib, 0, true, 20, 119, 156},
+		{"2 GiB", 2048 * mib, 0, false, 323, 71, 789},
+		{"with 1 GiB of checkpoints beside: as without", 1536 * mib, 1024 * mib, false, 74, 16, 181},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := Split(tc.limit, tc.checkpoints, tc.legacy)
@@ -47,7 +47,7 @@ func TestSplitAddsUp(t *testing.T) {
 				require.LessOrEqual(t, total, limit, "limit %d, checkpoints %d, legacy %v: %s", limit, cp, legacy, b)
 				require.LessOrEqual(t, total-b.Checkpoints, (limit-b.Checkpoints)/100*SoftLimitPercent, "limit %d, checkpoints %d, legacy %v: %s", limit, cp, legacy, b)
 				require.Greater(t, b.Job, b.clients()/2, "the job's own state keeps a large share: %s", b)
-				for _, q := range []int64{b.C10dStore, b.C10dWaits, b.C10dReplies, b.C10dConns, b.V2Store, b.V2Replies} {
+				for _, q := range []int64{b.C10dStore, b.C10dWaits, b.C10dReplies, b.C10dConns, b.V2Store, b.V2Replies, b.Etcd} {
 					require.Positive(t, q, "%s", b)
 				}
 			}
@@ -92,5 +92,22 @@ func TestLimitFor(t *testing.T) {
 				require.True(t, err != nil || !less.Carries(tc.nodes), "the least such limit")
 			}
 		})
+	}
+}
+
+// The raft log that the embedded etcd's heap keeps between snapshots stays within half its share from a limit of
+// 256 MiB on (below it the least snapshot count is more), and etcd's defaults would not.
+func TestEtcdLimits(t *testing.T) {
+	b, err := Split(DefaultLimit, 0, false)
+	require.NoError(t, err)
+	assert.Equal(t, EtcdLimits{MaxRequestBytes: 64 << 10, SnapshotCount: 122, SnapshotCatchUp: 10}, b.EtcdLimits())
+	raft := func(l EtcdLimits) int64 { return int64(l.SnapshotCount+l.SnapshotCatchUp) * int64(l.MaxRequestBytes) }
+	require.Greater(t, raft(EtcdLimits{MaxRequestBytes: 1536 << 10, SnapshotCount: 10_000, SnapshotCatchUp: 5_000}), int64(DefaultLimit))
+	for _, legacy := range []bool{false, true} {
+		for limit := int64(256 * mib); limit <= 64<<30; limit += limit / 3 {
+			b, err := Split(limit, 0, legacy)
+			require.NoError(t, err)
+			require.LessOrEqual(t, raft(b.EtcdLimits()), b.Etcd/2, "limit %d MiB: %+v of %s", limit>>20, b.EtcdLimits(), b)
+		}
 	}
 }

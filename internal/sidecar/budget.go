@@ -21,8 +21,11 @@ func (c *ServeConfig) applyBudget() error {
 	q.Connections = orDefault(q.Connections, d.Connections)
 	l := &c.V2Limits
 	l.MaxBytes, l.MaxReplyBytes = orDefault(l.MaxBytes, b.V2Store), orDefault(l.MaxReplyBytes, b.V2Replies)
+	c.Etcd.Limits = b.EtcdLimits()
+	e := c.Etcd.Limits
 	c.Log.Info("memory budget", "budget", b.String(), "c10d_max_bytes", q.Bytes, "c10d_max_waiting_bytes", q.WaitBytes,
-		"c10d_max_reply_bytes", q.ReplyBytes, "c10d_max_connections", q.Connections, "v2_max_bytes", l.MaxBytes, "v2_max_reply_bytes", l.MaxReplyBytes)
+		"c10d_max_reply_bytes", q.ReplyBytes, "c10d_max_connections", q.Connections, "v2_max_bytes", l.MaxBytes, "v2_max_reply_bytes", l.MaxReplyBytes,
+		"etcd_max_request_bytes", e.MaxRequestBytes, "etcd_snapshot_count", e.SnapshotCount)
 	return nil
 }
 

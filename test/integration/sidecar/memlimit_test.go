@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -19,11 +20,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/elastic-training/elastic-training/internal/membudget"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/tcpstore/tcpstoretest"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
 )
 
 // TestServeUnderMemoryLimit: serve in a memory cgroup of the limit the webhook gives a 1,024-node etcd-v2 job, as in
@@ -149,6 +153,32 @@ func TestServeFilledUnderMemoryLimit(t *testing.T) {
 			}
 		}
 		return -1
+	})
+	fill("etcd v3 writes of 60 KiB, 8 writers (the raft log keeps each until a snapshot)", func() int {
+		cli := etcdtest.Client(t, s.URL)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// A request larger than the job's own is refused.
+		_, err := cli.Put(ctx, "/big", strings.Repeat("b", membudget.EtcdMaxRequestBytes))
+		require.ErrorIs(t, err, rpctypes.ErrRequestTooLarge)
+		// etcd's defaults kept the last 10,000 to 15,000 entries in the heap, each of up to 1.5 MiB: no snapshot in
+		// these 1,000 writes (59 MiB), where serve's snapshot count takes several.
+		v := strings.Repeat("e", 60<<10)
+		var g errgroup.Group
+		for w := range 8 {
+			g.Go(func() error {
+				for range 125 {
+					if _, err := cli.Put(ctx, fmt.Sprintf("/raft/%d", w), v); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+		require.NoError(t, g.Wait())
+		snapshots := metricLabeled(t, strings.TrimPrefix(s.URL, "http://"), "etcd_debugging_snap_save_total_duration_seconds_count")
+		require.GreaterOrEqual(t, snapshots, 1000/int(b.EtcdLimits().SnapshotCount+b.EtcdLimits().SnapshotCatchUp), "etcd's snapshots, which end the raft log that the heap holds")
+		return 1000
 	})
 	fill("c10d connections", func() int {
 		for i := 0; ; i++ {
