@@ -18,7 +18,8 @@
 // job's first round, wait for no one; and the agents of a round
 // restart (num_nodes_waiting > 0) when one of them asks for a new round, when
 // a member asks to join a round that has room, or when a participant's member
-// is gone (its node lost, its pod stopped) before its agent said it was done.
+// is gone (its node lost, its pod stopped) before its agent said it was done,
+// or when the serving sidecar finds the round hung (Restart).
 // A participant whose agent is done (torch's shutdown after its run ended)
 // leaves the round quietly, as a node that finished does in torch: the others
 // finish their own run (one rank saving a checkpoint while the rest have
@@ -91,6 +92,9 @@ type Run struct {
 	grown  time.Time
 	round  Round
 	closed bool
+	// restart: the current round's agents were told to restart though no member changed (Restart: a hang); the
+	// round's num_nodes_waiting stays 1 or more until the next round forms.
+	restart bool
 	// Counts kept as hosts change (count): ready members, of them the
 	// participants, participants that are no longer members and were not
 	// done, and done participants.
@@ -345,10 +349,20 @@ func (r *Run) Waiting() int {
 	if len(r.round.Participants) < r.settings.Max {
 		n = r.nReady
 	}
-	if n == 0 && r.nGone > 0 {
+	if n == 0 && (r.nGone > 0 || r.restart) {
 		n = 1
 	}
 	return n
+}
+
+// Restart tells the current round's agents to restart their workers and form the next round, though no member
+// changed: the serving sidecar found the round hung (internal/progress). False when there is no round to restart.
+func (r *Run) Restart() bool {
+	if r.closed || r.round.Number == 0 {
+		return false
+	}
+	r.restart = true
+	return true
 }
 
 // pending are the participants of the current round that are members, not
@@ -390,7 +404,7 @@ func (r *Run) Next(now time.Time) (round Round, ok bool, again time.Time) {
 		r.answered[m.Host] = r.asks[m.Host]
 		delete(r.asks, m.Host)
 	}
-	r.round = next
+	r.round, r.restart = next, false
 	return next, true, time.Time{}
 }
 

@@ -97,6 +97,15 @@ func TestNext(t *testing.T) {
 			{at: 6 * time.Second, do: readyAt(6*time.Second, w1.Host), again: 7 * time.Second, wait: 2},
 			{at: 7 * time.Second, round: []string{w0.Host, w1.Host}},
 		}},
+		"a hung round restarts (Restart): its agents are told a node waits, and the same members form the next": {Settings{Min: 2, Max: 2}, []step{
+			{do: func(r *Run) { require.False(t, r.Restart(), "no round yet") }},
+			{do: joined(w0, w1)},
+			{do: readyAt(0, w0.Host, w1.Host), round: []string{w0.Host, w1.Host}},
+			{do: func(r *Run) { require.True(t, r.Restart()) }, wait: 1},
+			{do: readyAt(0, w0.Host), wait: 1},
+			{do: readyAt(0, w1.Host), round: []string{w0.Host, w1.Host}},
+			{wait: 0}, // the new round is not hung
+		}},
 		"every member ready: no last call": {Settings{Min: 1, Max: 4, LastCall: time.Minute}, []step{
 			{do: joined(w0, w1)},
 			{do: readyAt(0, w1.Host), again: time.Minute, wait: 1},
@@ -198,6 +207,12 @@ func FuzzRun(f *testing.F) {
 			case 7:
 				r.Expire(now.Add(-time.Second))
 			case 8:
+				if op&0x80 != 0 { // a hang found
+					if r.Restart() {
+						require.Positive(t, r.Waiting(), "a restarted round tells its agents")
+					}
+					continue
+				}
 				r.Leave(m.Host)
 			case 0:
 				r.Joined(m)

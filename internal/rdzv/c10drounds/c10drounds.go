@@ -35,6 +35,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/progress"
 	"github.com/elastic-training/elastic-training/internal/rdzv"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 )
@@ -134,6 +135,19 @@ type Config struct {
 	// formed, the nodes waiting, closed (the view, Events). It must not block.
 	OnState func(run string, s State)
 	Now     func() time.Time // nil: time.Now
+	Hang    HangConfig
+}
+
+// HangConfig: what Tick does with the ranks' progress (docs/hangs.md).
+type HangConfig struct {
+	// Enabled: a round whose ranks reported progress and then none advanced for Timeout is restarted.
+	Enabled bool
+	// Timeout: 0 is progress.Judge's rule (the larger of a minute and ten median steps).
+	Timeout time.Duration
+	// OnHang, if not nil, is told of each round restarted for a hang (an Event, a metric). It must not block.
+	OnHang func(run string, round int, v progress.Verdict)
+	// OnStragglers, if not nil, is told of the stragglers a round has when they change. It must not block.
+	OnStragglers func(run string, round int, s []progress.Straggler)
 }
 
 // Rounds follows the runs of the elastic-training backend. It is a
@@ -155,6 +169,12 @@ type run struct {
 	// idleSince: since when no member takes part (zero: one does); expired: when the asks of non-members were
 	// last expired.
 	idleSince, expired time.Time
+	// progress: the current round's ranks as the pods report them; hung: the last round restarted for a hang;
+	// stragglers: the ranks last reported slow.
+	progress   *progress.Job
+	hung       int
+	stragglers string
+	verdict    progress.Verdict
 }
 
 // State is a run's as the sidecar shows it.
@@ -216,7 +236,90 @@ func (rs *Rounds) write(rest string, value []byte) error {
 // operations handle the keys /elastic-training/<run>/<op>[/<host>] (the package comment).
 var operations = map[string]func(rs *Rounds, id, host string, value []byte) error{
 	"ready": (*Rounds).readyLocked, "leave": (*Rounds).leaveLocked, "done": (*Rounds).doneLocked,
-	"closed": (*Rounds).closedLocked, "state": (*Rounds).stateLocked,
+	"closed": (*Rounds).closedLocked, "state": (*Rounds).stateLocked, "progress": (*Rounds).progressLocked,
+}
+
+// progressLocked: a pod's sidecar reports its ranks' progress (internal/progress). A host that is no member, or a
+// run that has formed no round, is not heard.
+func (rs *Rounds) progressLocked(id, host string, value []byte) error {
+	r := rs.runs[id]
+	if r == nil || r.progress == nil {
+		return nil
+	}
+	if _, ok := rs.cfg.Member(host); !ok {
+		return fmt.Errorf("progress of %s, which is no member", truncate(host))
+	}
+	rep, err := progress.ParseReport(value)
+	if err != nil {
+		return err
+	}
+	r.progress.Update(host, rep, rs.cfg.Now())
+	return nil
+}
+
+// Tick judges every run's current round by its ranks' progress: a hung round is restarted (the agents restart
+// their workers and form the next round with the same members; torch counts no restart for it), once per round.
+// The serving sidecar calls it every second.
+func (rs *Rounds) Tick() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	now := rs.cfg.Now()
+	for _, r := range rs.runs {
+		if r.progress == nil {
+			continue
+		}
+		round := r.core.Current().Number
+		v := r.progress.Judge(now, rs.cfg.Hang.Timeout)
+		r.verdict = v
+		if v.Hung && rs.cfg.Hang.Enabled && r.hung != round && r.core.Restart() {
+			r.hung = round
+			rs.cfg.Log.Warn(fmt.Sprintf("elastic-training backend: round %d hung: no rank advanced for %s (timeout %s); restarting its workers", round,
+				v.Idle.Round(time.Second), v.Timeout), "run_id", r.id, "round", round, "step", v.Step, "stopped_first", blamed(v.Stopped))
+			rs.decideLocked(r)
+			if rs.cfg.Hang.OnHang != nil {
+				rs.cfg.Hang.OnHang(r.id, round, v)
+			}
+			continue
+		}
+		if s := stragglers(v.Stragglers); s != r.stragglers {
+			r.stragglers = s
+			if s != "" {
+				rs.cfg.Log.Warn("elastic-training backend: stragglers: ranks that advance, slower than the median", "run_id", r.id, "round", round,
+					"median_step", v.StepTime.String(), "stragglers", s)
+			}
+			if rs.cfg.Hang.OnStragglers != nil {
+				rs.cfg.Hang.OnStragglers(r.id, round, v.Stragglers)
+			}
+		}
+	}
+}
+
+// Progress is the verdict of run id's current round as of the last Tick (zero: none).
+func (rs *Rounds) Progress(id string) progress.Verdict {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if r := rs.runs[id]; r != nil {
+		return r.verdict
+	}
+	return progress.Verdict{}
+}
+
+// blamed names ranks that stopped: "rank 3 (host) at step 120, ...".
+func blamed(bs []progress.Blame) string {
+	parts := make([]string, 0, len(bs))
+	for _, b := range bs {
+		parts = append(parts, fmt.Sprintf("rank %d (%s) at step %d", b.Rank, truncate(b.Host), b.Step))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// stragglers names slow ranks: "rank 2 (host) 3.1x".
+func stragglers(ss []progress.Straggler) string {
+	parts := make([]string, 0, len(ss))
+	for _, x := range ss {
+		parts = append(parts, fmt.Sprintf("rank %d (%s) %.1fx", x.Rank, truncate(x.Host), x.Slower))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // closedLocked: an agent closed the run (torch's set_closed); every agent waiting for a round is told so.
@@ -362,6 +465,9 @@ func (rs *Rounds) MembersChanged(joined, left []string) {
 	for _, r := range rs.runs {
 		for _, h := range left {
 			r.core.Left(h)
+			if r.progress != nil {
+				r.progress.Forget(h)
+			}
 		}
 		for _, m := range ms {
 			r.core.Joined(m)
@@ -427,6 +533,7 @@ func (rs *Rounds) writeStateLocked(r *run, st State) bool {
 // this one.
 func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	world := len(round.Participants)
+	r.progress, r.verdict, r.stragglers = progress.NewJob(rs.cfg.Now()), progress.Verdict{}, ""
 	for rank, h := range round.Participants {
 		rs.writeRankLocked(r, round, rank, r.core.Answered(h))
 	}

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/progress"
 	"github.com/elastic-training/elastic-training/internal/rdzv"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/testenv"
@@ -329,4 +330,59 @@ func FuzzWrite(f *testing.F) {
 			require.LessOrEqual(t, len(r.Participants), 2)
 		}
 	})
+}
+
+// A hang: the pods report their ranks' progress through the store; once no rank has advanced for the timeout, Tick
+// restarts the round (its agents are told a node waits), once, naming the rank that stopped first, and the same
+// members form the next round, whose ranks are judged afresh. A rank slower than the others is a straggler, only
+// reported; a non-member's report is not heard.
+func TestHang(t *testing.T) {
+	const elastic = `{"min":2,"max":2,"last_call":0}`
+	f := newFixture(t)
+	now := time.Unix(1000, 0)
+	var hangs []progress.Verdict
+	var slow [][]progress.Straggler
+	f.cfg.Now = func() time.Time { return now }
+	f.cfg.Hang = HangConfig{Enabled: true, Timeout: 10 * time.Second,
+		OnHang:       func(_ string, _ int, v progress.Verdict) { hangs = append(hangs, v) },
+		OnStragglers: func(_ string, _ int, s []progress.Straggler) { slow = append(slow, s) }}
+	f.join(0, 1)
+	f.ready("r", elastic, 0, 1)
+	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")))
+	report := func(i, rank int, step, ageMs, stepMs int64) {
+		v := progress.Report{Ranks: []progress.RankReport{{Rank: rank, Step: step, AgeMs: ageMs, StepMs: stepMs}}}.Encode()
+		f.C10dWrite(Prefix+"r/progress/"+host(i), v)
+	}
+	f.Tick()
+	require.Empty(t, hangs, "no progress reported: never hung")
+
+	now = now.Add(time.Second)
+	report(0, 0, 10, 0, 100)
+	report(1, 1, 10, 0, 400) // four times slower, still advancing
+	report(9, 9, 1, 0, 100)  // no member
+	f.Tick()
+	require.Equal(t, 2, f.Progress("r").Ranks)
+	require.Len(t, slow, 1)
+	require.Equal(t, 1, slow[0][0].Rank)
+	now = now.Add(9 * time.Second)
+	report(1, 1, 11, 0, 400)
+	report(0, 0, 11, 1000, 100)
+	f.Tick()
+	require.Empty(t, hangs)
+
+	now = now.Add(10 * time.Second) // rank 1 froze 10 s ago, rank 0 a second before it
+	f.Tick()
+	f.Tick()
+	require.Len(t, hangs, 1, "once per round")
+	require.Equal(t, []int{0, 1}, []int{hangs[0].Stopped[0].Rank, hangs[0].Stopped[1].Rank}, "the rank that advanced first, of those at the least step")
+	require.Equal(t, "round=1 waiting=1", f.get(StateKey("r")), "the agents restart")
+	require.Contains(t, f.log.String(), "round 1 hung: no rank advanced for 10s (timeout 10s)")
+
+	f.ready("r", elastic, 0, 1)
+	require.Equal(t, "round=2 waiting=0", f.get(StateKey("r")), "the same members form the next round")
+	now = now.Add(time.Minute)
+	report(0, 0, 11, 70_000, 100) // a report of the old round's worker: not of this round
+	f.Tick()
+	require.Len(t, hangs, 1)
+	require.Zero(t, f.Progress("r").Ranks)
 }

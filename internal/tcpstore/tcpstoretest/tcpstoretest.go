@@ -116,3 +116,9 @@ func StartTorchWith(t testing.TB, python func(args ...string) *exec.Cmd) (string
 	testenv.WaitOutput(t, p, "READY", 2*time.Minute)
 	return fmt.Sprintf("127.0.0.1:%d", port), p
 }
+
+// Client is one raw TCPStore connection (tcpstore.Client).
+type Client = tcpstore.Client
+
+// Dial connects to addr (tcpstore.Dial).
+func Dial(addr string) (*Client, error) { return tcpstore.Dial(addr) }

@@ -1,4 +1,4 @@
-package tcpstoretest
+package tcpstore
 
 import (
 	"bufio"
@@ -7,13 +7,11 @@ import (
 	"io"
 	"net"
 	"time"
-
-	"github.com/elastic-training/elastic-training/internal/tcpstore"
 )
 
-// Client is one raw TCPStore connection, speaking torch's protocol with
-// internal/tcpstore's encoder: for tests and benchmarks that send what no
-// torch client would.
+// Client is one raw TCPStore connection, speaking torch's protocol with this
+// package's encoder: the sidecar's own writes to the job's store (a pod's
+// progress), and tests and benchmarks that send what no torch client would.
 type Client struct {
 	nc  net.Conn
 	r   *bufio.Reader
@@ -29,12 +27,12 @@ func Dial(addr string) (*Client, error) {
 	}
 	c := &Client{nc: nc, r: bufio.NewReaderSize(nc, 512)}
 	nc.SetDeadline(time.Now().Add(60 * time.Second))
-	err = c.Send(&tcpstore.Request{Op: tcpstore.OpValidate, Magic: tcpstore.Magic})
+	err = c.Send(&Request{Op: OpValidate, Magic: Magic})
 	if err == nil {
-		err = c.Send(&tcpstore.Request{Op: tcpstore.OpPing, Nonce: 0x5eed})
+		err = c.Send(&Request{Op: OpPing, Nonce: 0x5eed})
 	}
 	if err == nil {
-		err = c.Reply(tcpstore.OpPing)
+		err = c.Reply(OpPing)
 	}
 	if err != nil {
 		nc.Close()
@@ -44,33 +42,33 @@ func Dial(addr string) (*Client, error) {
 	return c, nil
 }
 
-func (c *Client) Send(q *tcpstore.Request) error {
-	c.buf = tcpstore.AppendRequest(c.buf[:0], q)
+func (c *Client) Send(q *Request) error {
+	c.buf = AppendRequest(c.buf[:0], q)
 	_, err := c.nc.Write(c.buf)
 	return err
 }
 
 // Reply reads and checks the reply to a request of op.
-func (c *Client) Reply(op tcpstore.Op) error {
+func (c *Client) Reply(op Op) error {
 	var b [8]byte
 	switch op {
-	case tcpstore.OpGet, tcpstore.OpCompareSet:
+	case OpGet, OpCompareSet:
 		n, err := c.valueLen()
 		if err == nil {
 			_, err = c.r.Discard(int(n))
 		}
 		return err
-	case tcpstore.OpAdd, tcpstore.OpDeleteKey: // i64: the new value, whether the key was there
+	case OpAdd, OpDeleteKey: // i64: the new value, whether the key was there
 		_, err := io.ReadFull(c.r, b[:8])
 		return err
-	case tcpstore.OpWait: // u8 STOP_WAITING (0)
+	case OpWait: // u8 STOP_WAITING (0)
 		if _, err := io.ReadFull(c.r, b[:1]); err != nil {
 			return err
 		}
 		if b[0] != 0 {
 			return fmt.Errorf("WAIT answered %d", b[0])
 		}
-	case tcpstore.OpCancelWait: // u8 WAIT_CANCELED, after a STOP_WAITING that was on its way
+	case OpCancelWait: // u8 WAIT_CANCELED, after a STOP_WAITING that was on its way
 		if _, err := io.ReadFull(c.r, b[:1]); err != nil {
 			return err
 		}
@@ -79,7 +77,7 @@ func (c *Client) Reply(op tcpstore.Op) error {
 				return err
 			}
 		}
-	case tcpstore.OpPing: // the nonce
+	case OpPing: // the nonce
 		if _, err := io.ReadFull(c.r, b[:4]); err != nil {
 			return err
 		}
@@ -109,7 +107,7 @@ func (c *Client) valueLen() (uint64, error) {
 }
 
 // Do sends q and reads its reply.
-func (c *Client) Do(q *tcpstore.Request) error {
+func (c *Client) Do(q *Request) error {
 	if err := c.Send(q); err != nil {
 		return err
 	}

@@ -1,0 +1,166 @@
+package progress
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// The hang rule's defaults (docs/hangs.md): torch finds a hang only when a collective times out (NCCL 10 min,
+// gloo 30 min); a job with sub-second steps is found within a minute.
+const (
+	// MinTimeout is the least time without progress that is a hang, whatever the steps' time.
+	MinTimeout = 60 * time.Second
+	// StepFactor: a hang is also this many of the job's median step times without progress (a job of 20-minute
+	// steps is not hung after a minute).
+	StepFactor = 10
+	// StragglerFactor: a rank whose step time is this many times the median is a straggler.
+	StragglerFactor = 2
+	// maxBlamed is the most ranks a verdict names.
+	maxBlamed = 8
+)
+
+// Job is one round's ranks as the serving sidecar follows them, from every pod's reports.
+type Job struct {
+	since time.Time // when the round formed: a rank that last advanced before it is of an earlier round
+	ranks map[int]jobRank
+	hosts map[string][]int // each host's ranks in its last report
+}
+
+type jobRank struct {
+	host        string
+	step, total int64
+	advanced    time.Time
+	stepTime    time.Duration
+}
+
+// NewJob returns the ranks of a round formed at since: none yet.
+func NewJob(since time.Time) *Job {
+	return &Job{since: since, ranks: map[int]jobRank{}, hosts: map[string][]int{}}
+}
+
+// Update takes host's report, received at now: it replaces what host reported before.
+func (j *Job) Update(host string, r Report, now time.Time) {
+	j.Forget(host)
+	var mine []int
+	for _, x := range r.Ranks {
+		advanced := now.Add(-time.Duration(x.AgeMs) * time.Millisecond)
+		if advanced.Before(j.since) {
+			continue // a worker of an earlier round, or one that has said nothing since this round formed
+		}
+		if old, ok := j.ranks[x.Rank]; ok {
+			j.hosts[old.host] = slices.DeleteFunc(j.hosts[old.host], func(n int) bool { return n == x.Rank })
+		}
+		j.ranks[x.Rank] = jobRank{host: host, step: x.Step, total: x.Total, advanced: advanced, stepTime: time.Duration(x.StepMs) * time.Millisecond}
+		mine = append(mine, x.Rank)
+	}
+	if len(mine) > 0 {
+		j.hosts[host] = mine
+	}
+}
+
+// Forget drops host's ranks (its member is gone).
+func (j *Job) Forget(host string) {
+	for _, n := range j.hosts[host] {
+		if j.ranks[n].host == host {
+			delete(j.ranks, n)
+		}
+	}
+	delete(j.hosts, host)
+}
+
+// Verdict is the job's progress as of a moment.
+type Verdict struct {
+	Ranks       int           // ranks heard from in this round
+	Step        int64         // the least step among them: every rank has done it
+	Total       int64         // the steps in all, as the ranks said (0: unknown)
+	StepTime    time.Duration // the median of the ranks' step times (0: unknown)
+	Idle        time.Duration // since any rank last advanced
+	Timeout     time.Duration // the hang timeout that applies
+	Hung        bool          // no rank advanced for Timeout
+	Stopped     []Blame       // with Hung: the ranks that stopped first (least step, then earliest)
+	Stragglers  []Straggler   // ranks that advance, StragglerFactor or more times slower than the median
+	LastAdvance time.Time
+}
+
+// Blame is a rank that stopped: its host, its step, and when it last advanced.
+type Blame struct {
+	Rank     int
+	Host     string
+	Step     int64
+	Advanced time.Time
+}
+
+// Straggler is a slow rank and how many times the median its step time is.
+type Straggler struct {
+	Rank   int
+	Host   string
+	Slower float64
+}
+
+// ETA is the time left at the median step time (0: unknown).
+func (v Verdict) ETA() time.Duration {
+	if v.Total <= v.Step || v.StepTime <= 0 {
+		return 0
+	}
+	return time.Duration(v.Total-v.Step) * v.StepTime
+}
+
+// Rate is steps per second at the median step time (0: unknown).
+func (v Verdict) Rate() float64 {
+	if v.StepTime <= 0 {
+		return 0
+	}
+	return float64(time.Second) / float64(v.StepTime)
+}
+
+// Judge says how the round's ranks stand at now; timeout 0: the default rule (the larger of MinTimeout and
+// StepFactor median step times).
+func (j *Job) Judge(now time.Time, timeout time.Duration) Verdict {
+	v := Verdict{Ranks: len(j.ranks)}
+	if v.Ranks == 0 {
+		return v
+	}
+	times := make([]time.Duration, 0, len(j.ranks))
+	all := make([]Blame, 0, len(j.ranks))
+	v.Step = -1
+	for n, r := range j.ranks {
+		if r.stepTime > 0 {
+			times = append(times, r.stepTime)
+		}
+		if v.Step < 0 || r.step < v.Step {
+			v.Step = r.step
+		}
+		v.Total = max(v.Total, r.total)
+		if r.advanced.After(v.LastAdvance) {
+			v.LastAdvance = r.advanced
+		}
+		all = append(all, Blame{Rank: n, Host: r.host, Step: r.step, Advanced: r.advanced})
+	}
+	if len(times) > 0 {
+		slices.Sort(times)
+		v.StepTime = times[(len(times)-1)/2] // the lower median: of two ranks, the faster
+	}
+	v.Timeout = timeout
+	if v.Timeout <= 0 {
+		v.Timeout = max(MinTimeout, StepFactor*v.StepTime)
+	}
+	v.Idle = now.Sub(v.LastAdvance)
+	if v.Hung = v.Idle >= v.Timeout; v.Hung {
+		slices.SortFunc(all, func(a, b Blame) int {
+			return cmp.Or(cmp.Compare(a.Step, b.Step), a.Advanced.Compare(b.Advanced), cmp.Compare(a.Rank, b.Rank))
+		})
+		v.Stopped = all[:min(len(all), maxBlamed)]
+		return v
+	}
+	if v.StepTime > 0 {
+		for n, r := range j.ranks {
+			if r.stepTime >= StragglerFactor*v.StepTime && now.Sub(r.advanced) < v.Timeout {
+				v.Stragglers = append(v.Stragglers, Straggler{Rank: n, Host: r.host, Slower: float64(r.stepTime) / float64(v.StepTime)})
+			}
+		}
+		slices.SortFunc(v.Stragglers, func(a, b Straggler) int { return cmp.Or(cmp.Compare(b.Slower, a.Slower), cmp.Compare(a.Rank, b.Rank)) })
+		v.Stragglers = v.Stragglers[:min(len(v.Stragglers), maxBlamed)]
+	}
+	return v
+}
