@@ -211,6 +211,8 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 		cp.Memory = q.Value()
 		return nil
 	})
+	fs.StringVar(&o.Progress.Addr, "progress-addr", "", "loopback UDP address where this pod's ranks say their steps (elastic_training.progress, $"+constants.EnvProgressAddr+"; a line `et1 <rank> <step> [<total>]` from a shell): reported to the serving sidecar, which restarts a hung round (empty: off; needs --run-id)")
+	fs.StringVar(&o.Progress.RunID, "run-id", "", "the job's rendezvous run id (the agents' --rdzv-id), whose rounds the progress is of")
 	fs.DurationVar(&m.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
 	return d
 }
@@ -303,6 +305,8 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Etcd.UnsafeNoFsync, "unsafe-no-fsync", false, "skip fsync (tests; the store is rebuilt by the agents anyway)")
 	fs.StringVar(&cfg.Etcd.LogLevel, "etcd-log-level", "warn", "log level of etcd's own (zap) logs")
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
+	fs.BoolVar(&cfg.Hang.Enabled, "hang", true, "restart a round of the elastic-training backend whose ranks reported progress and then none advanced for --hang-timeout (a Warning Event TrainingHung names the rank that stopped first)")
+	fs.DurationVar(&cfg.Hang.Timeout, "hang-timeout", 0, "time without any rank's progress that is a hang (0: the larger of 60s and ten median steps)")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
 	fs.Func("backend", "the job's torchrun rendezvous backend ("+strings.Join(constants.Backends, ", ")+"): only its handlers see the stores' writes (the elastic-training backend's rounds; torch's c10d state for the view and the survivors' restarter; torch's etcd state for the view); empty: every backend's", func(v string) error {
 		if v != "" && !slices.Contains(constants.Backends, v) {

@@ -355,6 +355,13 @@ const (
 	EnvNodeName = "NODE_NAME"
 )
 
+// Progress and hangs (docs/hangs.md): the trainer's elastic_training.progress sends each rank's step to its pod's
+// sidecar at EnvProgressAddr (UDP on loopback, ProgressPort), which reports the pod's ranks to the serving sidecar.
+const (
+	EnvProgressAddr = "ET_PROGRESS_ADDR"
+	ProgressPort    = 2383
+)
+
 // Env vars the webhook sets in a candidate's sidecar (AnnotationRdzvStandbys), from the downward API: the Lease's
 // holder and the rendezvous Service's endpoint while it holds the Lease.
 const (

@@ -76,7 +76,20 @@ func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvUR
 	if s.checkpointBytes > 0 {
 		args = append(args, "--checkpoint-dir="+constants.CheckpointSavesDir, "--checkpoint-memory="+strconv.FormatInt(s.checkpointBytes, 10))
 	}
+	if s.progressOn() {
+		args = append(args, "--progress-addr="+progressAddr, "--run-id="+s.runID)
+	}
 	return args
+}
+
+// progressAddr is where a PyTorch pod's ranks say their steps (elastic_training.progress): its sidecar, on loopback.
+var progressAddr = "127.0.0.1:" + strconv.Itoa(constants.ProgressPort)
+
+// progressOn says whether the pod's ranks report progress to its sidecar (docs/hangs.md): PyTorch on the
+// elastic-training backend, whose rounds the serving sidecar can restart, and not with host networking (every
+// host-network pod of a node shares its loopback).
+func (s *settings) progressOn() bool {
+	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining && s.ports == constants.DefaultPorts
 }
 
 func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {

@@ -57,7 +57,7 @@ func TestLocalReport(t *testing.T) {
 	l.Observe(Update{Rank: 1, Step: 4}, t0.Add(2*time.Second))
 	require.False(t, l.Changed())
 	l.Observe(Update{Rank: 1, Step: 0}, t0.Add(3*time.Second))
-	assert.Equal(t, RankReport{Rank: 1, Step: 0, AgeMs: 0}, l.Report(t0.Add(3*time.Second)).Ranks[1])
+	assert.Equal(t, RankReport{Rank: 1, Step: 0, AgeMs: 0}, l.Report(t0.Add(3 * time.Second)).Ranks[1])
 
 	back, err := ParseReport(rep.Encode())
 	require.NoError(t, err)

@@ -18,6 +18,8 @@ type Options struct {
 	Metrics *prometheus.Registry
 	// Checkpoint: this pod's part of the job's in-memory checkpoints (checkpoints.go).
 	Checkpoint CheckpointConfig
+	// Progress: this pod's ranks' steps, heard and reported to the serving sidecar (progress.go).
+	Progress ProgressConfig
 	// MemoryLimit is the container's memory limit (its cgroup's); 0: none known. serve divides it among its
 	// stores' quotas (internal/membudget).
 	MemoryLimit int64
@@ -34,6 +36,9 @@ func (o *Options) begin(requireHost bool, check func() error) (*metrics, error) 
 		return nil, err
 	}
 	if err := o.Checkpoint.check(o.Member); err != nil {
+		return nil, err
+	}
+	if err := o.Progress.check(); err != nil {
 		return nil, err
 	}
 	if o.Log == nil {

@@ -71,6 +71,8 @@ type ServeConfig struct {
 	// Lease makes this pod one of the job's candidates (internal/servinglease);
 	// zero: it serves at once, alone.
 	Lease LeaseConfig
+	// Hang: what the elastic-training backend's rounds do when the ranks' progress stops (hang.go).
+	Hang HangConfig
 }
 
 // LeaseConfig makes the serving sidecar a candidate: it serves only while it
@@ -195,7 +197,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 	}
 	wg.Go(func() { v2.RunExpiry(rctx, 100*time.Millisecond) })
 	if cfg.C10dAddr != "" {
-		listeners, err := startC10d(rctx, &wg, cfg, view, torch, cand, etcd, st)
+		listeners, err := startC10d(rctx, &wg, cfg, view, events, torch, cand, etcd, st)
 		if err != nil {
 			return err
 		}
@@ -206,6 +208,11 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 		cli := etcd.Client()
 		defer cli.Close()
 		if err := startCheckpoints(rctx, &wg, cfg.Checkpoint, cli, cfg.Member.Member.Host, st, log); err != nil {
+			return err
+		}
+	}
+	if cfg.C10dAddr != "" {
+		if err := startProgress(rctx, &wg, cfg.Progress, loopbackOf(cfg.C10dAddr), cfg.Member.Member.Host, log); err != nil {
 			return err
 		}
 	}
@@ -264,7 +271,7 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 // store join the fan-out once the store exists (before it serves: no write
 // comes earlier), and are returned to hear of the membership's changes while
 // this pod serves.
-func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, torch *torchrounds.Follower, cand *servinglease.Candidate, etcd *embedetcd.Server, st *memberState) ([]MembershipListener, error) {
+func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *torchview.Tracker, events torchview.Recorder, torch *torchrounds.Follower, cand *servinglease.Candidate, etcd *embedetcd.Server, st *memberState) ([]MembershipListener, error) {
 	log := cfg.Log
 	var writes storeWriteFanOut
 	if cfg.uses(constants.BackendC10d) {
@@ -281,8 +288,10 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 		rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 			OnState: func(run string, s c10drounds.State) {
 				view.ElasticTrainingState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
-			}})
+			},
+			Hang: cfg.Hang.rounds(events, cfg.Metrics)})
 		wg.Go(func() { <-ctx.Done(); rounds.Stop() })
+		wg.Go(func() { tick(ctx, time.Second, rounds.Tick) })
 		writes = append(writes, rounds)
 		listeners = append(listeners, whileServing{cand: cand, next: rounds})
 	}

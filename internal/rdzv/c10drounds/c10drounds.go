@@ -146,8 +146,9 @@ type HangConfig struct {
 	Timeout time.Duration
 	// OnHang, if not nil, is told of each round restarted for a hang (an Event, a metric). It must not block.
 	OnHang func(run string, round int, v progress.Verdict)
-	// OnStragglers, if not nil, is told of the stragglers a round has when they change. It must not block.
-	OnStragglers func(run string, round int, s []progress.Straggler)
+	// OnStragglers, if not nil, is told of the stragglers a round has (v.Stragglers) when they change. It must not
+	// block.
+	OnStragglers func(run string, round int, v progress.Verdict)
 }
 
 // Rounds follows the runs of the elastic-training backend. It is a
@@ -271,6 +272,9 @@ func (rs *Rounds) Tick() {
 		round := r.core.Current().Number
 		v := r.progress.Judge(now, rs.cfg.Hang.Timeout)
 		r.verdict = v
+		if r.core.Closed() || r.core.Waiting() > 0 || r.core.Ended() > 0 {
+			continue // re-forming (a scale, a loss, a restart) or ending: its ranks stop for that, not for a hang
+		}
 		if v.Hung && rs.cfg.Hang.Enabled && r.hung != round && r.core.Restart() {
 			r.hung = round
 			rs.cfg.Log.Warn(fmt.Sprintf("elastic-training backend: round %d hung: no rank advanced for %s (timeout %s); restarting its workers", round,
@@ -281,14 +285,14 @@ func (rs *Rounds) Tick() {
 			}
 			continue
 		}
-		if s := stragglers(v.Stragglers); s != r.stragglers {
-			r.stragglers = s
-			if s != "" {
+		if ranks := stragglerRanks(v.Stragglers); ranks != r.stragglers {
+			r.stragglers = ranks
+			if s := stragglers(v.Stragglers); s != "" {
 				rs.cfg.Log.Warn("elastic-training backend: stragglers: ranks that advance, slower than the median", "run_id", r.id, "round", round,
 					"median_step", v.StepTime.String(), "stragglers", s)
 			}
 			if rs.cfg.Hang.OnStragglers != nil {
-				rs.cfg.Hang.OnStragglers(r.id, round, v.Stragglers)
+				rs.cfg.Hang.OnStragglers(r.id, round, v)
 			}
 		}
 	}
@@ -311,6 +315,15 @@ func blamed(bs []progress.Blame) string {
 		parts = append(parts, fmt.Sprintf("rank %d (%s) at step %d", b.Rank, truncate(b.Host), b.Step))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// stragglerRanks are the slow ranks' numbers: a change of them is news, a change of their figures is not.
+func stragglerRanks(ss []progress.Straggler) string {
+	var b strings.Builder
+	for _, x := range ss {
+		fmt.Fprintf(&b, "%d,", x.Rank)
+	}
+	return b.String()
 }
 
 // stragglers names slow ranks: "rank 2 (host) 3.1x".

@@ -345,7 +345,7 @@ func TestHang(t *testing.T) {
 	f.cfg.Now = func() time.Time { return now }
 	f.cfg.Hang = HangConfig{Enabled: true, Timeout: 10 * time.Second,
 		OnHang:       func(_ string, _ int, v progress.Verdict) { hangs = append(hangs, v) },
-		OnStragglers: func(_ string, _ int, s []progress.Straggler) { slow = append(slow, s) }}
+		OnStragglers: func(_ string, _ int, v progress.Verdict) { slow = append(slow, v.Stragglers) }}
 	f.join(0, 1)
 	f.ready("r", elastic, 0, 1)
 	require.Equal(t, "round=1 waiting=0", f.get(StateKey("r")))
@@ -385,4 +385,11 @@ func TestHang(t *testing.T) {
 	f.Tick()
 	require.Len(t, hangs, 1)
 	require.Zero(t, f.Progress("r").Ranks)
+
+	// A round that re-forms (a member lost: its agents restart) stops advancing for that: no hang.
+	report(0, 0, 3, 0, 100)
+	f.leave(1)
+	now = now.Add(time.Hour)
+	f.Tick()
+	require.Len(t, hangs, 1, "a re-forming round is not hung")
 }

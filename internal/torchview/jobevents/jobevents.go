@@ -36,14 +36,21 @@ type API interface {
 	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*corev1.Event, error)
 }
 
+// ReasonHang and ReasonStragglers are the reasons of the Warning Events of a round found hung, and of its slow
+// ranks (internal/progress).
+const (
+	ReasonHang       = "TrainingHung"
+	ReasonStragglers = "Stragglers"
+)
+
 // Recorder records each message as a Normal Event with reason ReasonRound on
-// the Job.
+// the Job, and warnings with their own reasons.
 type Recorder struct {
 	log    *slog.Logger
 	job    string
 	api    API
 	rec    record.EventRecorder
-	queue  chan string
+	queue  chan event
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -58,7 +65,7 @@ func New(api API, job string, log *slog.Logger) *Recorder {
 	// The recorder is given object references, which need no scheme to resolve.
 	e := &Recorder{log: log, job: job, api: api,
 		rec:   b.NewRecorder(runtime.NewScheme(), corev1.EventSource{Component: "rdzv-sidecar", Host: host}),
-		queue: make(chan string, 64), cancel: cancel, done: make(chan struct{})}
+		queue: make(chan event, 64), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
 		defer b.Shutdown()
@@ -67,12 +74,22 @@ func New(api API, job string, log *slog.Logger) *Recorder {
 	return e
 }
 
-// Record queues one message; a full queue drops it (the log has it).
-func (e *Recorder) Record(msg string) {
+// event is one Event to record.
+type event struct{ kind, reason, msg string }
+
+// Record queues one round's message; a full queue drops it (the log has it).
+func (e *Recorder) Record(msg string) { e.queueEvent(event{corev1.EventTypeNormal, ReasonRound, msg}) }
+
+// Warning queues a Warning Event of reason; a full queue drops it (the log has it).
+func (e *Recorder) Warning(reason, msg string) {
+	e.queueEvent(event{corev1.EventTypeWarning, reason, msg})
+}
+
+func (e *Recorder) queueEvent(ev event) {
 	select {
-	case e.queue <- msg:
+	case e.queue <- ev:
 	default:
-		e.log.Warn("dropped a rendezvous Event: the API server is slow", "job", e.job)
+		e.log.Warn("dropped an Event: the API server is slow", "job", e.job, "reason", ev.reason)
 	}
 }
 
@@ -82,7 +99,7 @@ func (e *Recorder) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case msg := <-e.queue:
+		case ev := <-e.queue:
 			if ref == nil {
 				j, err := e.getJob(ctx)
 				if err != nil {
@@ -92,7 +109,7 @@ func (e *Recorder) run(ctx context.Context) {
 				}
 				ref = &corev1.ObjectReference{Kind: "Job", APIVersion: "batch/v1", Namespace: j.GetNamespace(), Name: j.GetName(), UID: j.GetUID()}
 			}
-			e.rec.Event(ref, corev1.EventTypeNormal, ReasonRound, msg)
+			e.rec.Event(ref, ev.kind, ev.reason, ev.msg)
 		}
 	}
 }

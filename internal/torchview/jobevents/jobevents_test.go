@@ -124,6 +124,17 @@ func TestRecordsOnTheJob(t *testing.T) {
 	}
 }
 
+// A warning (a hang found) is a Warning Event with its own reason, on the same Job.
+func TestRecordsWarnings(t *testing.T) {
+	cs := fake.NewClientset(theJob())
+	e, _ := start(t, cs)
+	e.Warning(ReasonHang, "round 3 hung")
+	evs := waitEvents(t, cs, 1)
+	if ev := evs[0]; ev.Reason != ReasonHang || ev.Type != corev1.EventTypeWarning || ev.Message != "round 3 hung" || ev.InvolvedObject.Name != jobName {
+		t.Errorf("Event: reason %q, type %q, message %q, on %s", ev.Reason, ev.Type, ev.Message, ev.InvolvedObject.Name)
+	}
+}
+
 // client-go's correlator counts a repeated Event on the one it recorded (a patch) instead of creating another.
 func TestRepeatedMessageIsCounted(t *testing.T) {
 	cs := fake.NewClientset(theJob())
@@ -231,7 +242,7 @@ func TestSlowAPIServerDropsMessages(t *testing.T) {
 		t.Fatalf("dropped before the queue was full: %s", log)
 	}
 	e.Record("one too many")
-	if !strings.Contains(log.String(), "dropped a rendezvous Event") {
+	if !strings.Contains(log.String(), "dropped an Event") {
 		t.Errorf("a message past the full queue not dropped: %s", log)
 	}
 }

@@ -36,9 +36,15 @@ type ownRdzv struct {
 
 func newOwnRdzv(t *testing.T, tr trainer, runID, nnodes string, env ...string) *ownRdzv {
 	t.Helper()
+	return newOwnRdzvServe(t, tr, runID, nnodes, nil, env...)
+}
+
+// newOwnRdzvServe is newOwnRdzv with serve's flags serveArgs added.
+func newOwnRdzvServe(t *testing.T, tr trainer, runID, nnodes string, serveArgs []string, env ...string) *ownRdzv {
+	t.Helper()
 	files := t.TempDir()
 	o := &ownRdzv{tr: tr, files: files}
-	o.s = startServe(t, "--register=false", ownBackend, "--files-dir="+files)
+	o.s = startServe(t, append([]string{"--register=false", ownBackend, "--files-dir=" + files}, serveArgs...)...)
 	o.args = testenv.TorchrunArgs(trainerpy.Backend, o.s.C10d, runID, nnodes, "--max_restarts=5", "--rdzv_conf=last_call_timeout=1")
 	o.env = torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, trainerpy.Dir)}, env...)...)
 	return o

@@ -6,4 +6,9 @@ library and torch only; importing this package imports neither.
 
     elastic_training.rendezvous   the elastic-training torchrun rendezvous backend (torchrun --rdzv-backend
                                   elastic-training finds it through the torchrun.handlers entry point)
+    elastic_training.checkpoint   in-memory checkpoints replicated by the sidecars (docs/checkpoints.md)
+    elastic_training.progress     progress(step, total=None): a rank finished a step; the sidecars find a hung
+                                  round and restart it (docs/hangs.md)
 """
+
+from ._progress import progress  # noqa: F401  (standard library only)

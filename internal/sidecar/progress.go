@@ -1,0 +1,153 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/elastic-training/elastic-training/internal/progress"
+	"github.com/elastic-training/elastic-training/internal/rdzv/c10drounds"
+	"github.com/elastic-training/elastic-training/internal/tcpstore"
+)
+
+// ProgressConfig: this pod's ranks tell its sidecar of their steps (elastic_training.progress, or a datagram of
+// the shell's), which reports them to the serving sidecar through the job's store (docs/hangs.md).
+type ProgressConfig struct {
+	// Addr is the UDP address the trainer sends to (loopback: only the pod's own processes); "" = none.
+	Addr string
+	// RunID is the job's rendezvous run (the agents' --rdzv-id): the reports' keys are the run's.
+	RunID string
+	// Every is how often a changed report is sent (0: a second).
+	Every time.Duration
+}
+
+func (c ProgressConfig) check() error {
+	if c.Addr == "" {
+		return nil
+	}
+	if c.RunID == "" {
+		return errors.New("--progress-addr needs --run-id: the job's rendezvous run, whose round a report is of")
+	}
+	if host, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("--progress-addr: %w", err)
+	} else if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("--progress-addr %s: want a loopback address (only the pod's own processes report)", c.Addr)
+	}
+	return nil
+}
+
+// startProgress hears this pod's ranks at c.Addr and reports them, when they changed, to the store at store
+// (host is this pod's member), until ctx ends. Without c.Addr it does nothing.
+func startProgress(ctx context.Context, wg *sync.WaitGroup, c ProgressConfig, store, host string, log *slog.Logger) error {
+	if c.Addr == "" {
+		return nil
+	}
+	pc, err := net.ListenPacket("udp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("--progress-addr: %w", err)
+	}
+	if c.Every <= 0 {
+		c.Every = time.Second
+	}
+	log = log.With("component", "progress")
+	var mu sync.Mutex
+	local := progress.NewLocal()
+	wg.Go(func() { <-ctx.Done(); pc.Close() })
+	wg.Go(func() {
+		bad := rate.NewLimiter(rate.Every(time.Minute), 3)
+		buf := make([]byte, progress.MaxUpdate+1)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Error("progress: the trainer's updates are no longer heard", "err", err)
+				}
+				return
+			}
+			u, err := progress.ParseUpdate(buf[:n])
+			if err == nil {
+				mu.Lock()
+				if !local.Observe(u, time.Now()) {
+					err = fmt.Errorf("rank %d: this pod reports at most %d ranks", u.Rank, progress.MaxRanks)
+				}
+				mu.Unlock()
+			}
+			if err != nil && bad.Allow() {
+				log.Warn("progress: ignoring an update", "err", err)
+			}
+		}
+	})
+	key := c10drounds.Prefix + c.RunID + "/progress/" + host
+	wg.Go(func() {
+		var cli *tcpstore.Client
+		defer func() {
+			if cli != nil {
+				cli.Close()
+			}
+		}()
+		failed := rate.NewLimiter(rate.Every(time.Minute), 1)
+		unsent := false // the last report did not reach the store
+		t := time.NewTicker(c.Every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			mu.Lock()
+			if !local.Changed() && !unsent {
+				mu.Unlock()
+				continue
+			}
+			value := local.Report(time.Now()).Encode()
+			mu.Unlock()
+			err := report(&cli, store, key, value)
+			if unsent = err != nil; unsent {
+				if failed.Allow() {
+					log.Warn("progress: cannot report to the job's store; retrying", "store", store, "err", err)
+				}
+			}
+		}
+	})
+	log.Info("hearing the trainer's progress", "addr", c.Addr, "reports_to", store)
+	return nil
+}
+
+// report writes key to the store at addr on *cli, dialing it first when there is none; a failed write drops the
+// connection.
+func report(cli **tcpstore.Client, addr, key string, value []byte) error {
+	if *cli == nil {
+		c, err := tcpstore.Dial(addr)
+		if err != nil {
+			return err
+		}
+		*cli = c
+	}
+	(*cli).Conn().SetWriteDeadline(time.Now().Add(5 * time.Second))
+	err := (*cli).Send(&tcpstore.Request{Op: tcpstore.OpSet, Key: key, Value: value})
+	if err != nil {
+		(*cli).Close()
+		*cli = nil
+	}
+	return err
+}
+
+// loopbackOf is addr with an unspecified host made the loopback: where this pod's own processes reach a server
+// that listens on every interface.
+func loopbackOf(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}

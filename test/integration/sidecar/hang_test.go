@@ -1,0 +1,99 @@
+package sidecar_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+)
+
+var (
+	workerRe = regexp.MustCompile(`WORKER pid=(\d+) rank=(\d+) world=(\d+) restart=(\d+)`)
+	stepRe   = regexp.MustCompile(`STEP (\d+) rank=\d+ world=\d+`)
+)
+
+// startHung is agent i of o with its joining sidecar hearing its ranks' progress (as the webhook sets both up).
+func (o *ownRdzv) startHung(t *testing.T, i int, runID string, port int) node {
+	t.Helper()
+	host := fmt.Sprintf("127.0.0.%d", i+1)
+	addr := fmt.Sprintf("%s:%d", host, port)
+	join := startJoin(t, o.s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i), "--progress-addr="+addr, "--run-id="+runID,
+		"--c10d-addr="+fmt.Sprintf("%s:%d", host, testenv.FreePort(t)), "--c10d-upstream="+o.s.C10d)
+	script, err := filepath.Abs("testdata/hang_train.py")
+	require.NoError(t, err)
+	args := append(append([]string{"--local_addr=" + host}, o.args...), script)
+	agent := o.tr.startAgent(t, fmt.Sprintf("agent-%d", i), append(slices.Clip(o.env), constants.EnvProgressAddr+"="+addr), args...)
+	return node{agent: agent, join: join, host: host}
+}
+
+// workers are the workers an agent started after offset: pid, world and torch's restart count.
+func workers(out string, after int) (pids []int, worlds, restarts []string) {
+	for _, loc := range workerRe.FindAllStringSubmatchIndex(out, -1) {
+		if loc[0] < after {
+			continue
+		}
+		pid, _ := strconv.Atoi(out[loc[2]:loc[3]])
+		pids, worlds, restarts = append(pids, pid), append(worlds, out[loc[6]:loc[7]]), append(restarts, out[loc[8]:loc[9]])
+	}
+	return pids, worlds, restarts
+}
+
+// A frozen rank (SIGSTOP: alive, its pod's lease renewed, every other rank blocked in its next all_reduce) is found
+// from the ranks' progress and its round restarted: both agents start their workers again at world 2, training goes
+// on, and torch counts no restart (max_restarts is 0: a counted one would end the job). torch's own timeout is
+// gloo's 30 minutes. Real torchrun, torch 2.14 and 2.6, a 10 s hang timeout.
+func TestHangRestartsTheRound(t *testing.T) {
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		const run = "hang"
+		o := newOwnRdzvServe(t, tr, run, "2", []string{"--hang-timeout=10s"})
+		o.args = slices.DeleteFunc(slices.Clone(o.args), func(a string) bool { return a == "--max_restarts=5" })
+		o.args = append(o.args, "--max_restarts=0")
+		port := testenv.FreePort(t)
+		a, b := o.startHung(t, 0, run, port), o.startHung(t, 1, run, port)
+		testenv.Eventually(t, 120*time.Second, "both train", func() error {
+			for _, n := range []node{a, b} {
+				if len(stepRe.FindAllString(n.agent.Output(), -1)) < 2 {
+					return fmt.Errorf("%s has not trained 20 steps", n.agent.Name)
+				}
+			}
+			return nil
+		})
+		pids, _, _ := workers(b.agent.Output(), 0)
+		require.Len(t, pids, 1)
+		before := []int{len(a.agent.Output()), len(b.agent.Output())}
+		require.NoError(t, syscall.Kill(pids[0], syscall.SIGSTOP), "freeze b's worker")
+		frozen := time.Now()
+		t.Cleanup(func() { syscall.Kill(pids[0], syscall.SIGCONT) })
+
+		testenv.Eventually(t, 120*time.Second, "both agents' workers start again and train", func() error {
+			for i, n := range []node{a, b} {
+				out := n.agent.Output()
+				_, worlds, restarts := workers(out, before[i])
+				if len(worlds) == 0 {
+					return fmt.Errorf("%s: no new worker yet", n.agent.Name)
+				}
+				require.Equal(t, "2", worlds[0], "the same members form the next round")
+				require.Equal(t, "0", restarts[0], "torch counted no restart")
+				if len(stepRe.FindAllString(out[before[i]:], -1)) == 0 {
+					return fmt.Errorf("%s: restarted, no step yet", n.agent.Name)
+				}
+			}
+			return nil
+		})
+		t.Logf("torch %s: a frozen worker -> both agents train again %s after the freeze (hang timeout 10 s)", tr.version, time.Since(frozen).Round(100*time.Millisecond))
+		require.Contains(t, o.s.Output(), "hung: no rank advanced for 10s (timeout 10s)")
+		require.Regexp(t, `stopped_first="rank \d \(127\.0\.0\.[12]\) at step \d+`, o.s.Output())
+		for _, n := range []node{a, b} {
+			require.NoError(t, n.agent.Cmd.Process.Signal(syscall.Signal(0)), "%s still runs", n.agent.Name)
+		}
+	})
+}
