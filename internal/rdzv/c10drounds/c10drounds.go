@@ -185,10 +185,19 @@ type State struct {
 	// Ended are the participants of Round whose agents' runs ended (rdzv.Run.Ended): only the view reads it.
 	Ended  int
 	Closed bool
+	// Hung: the round is restarted because its ranks stopped advancing (Tick): the agents stop their workers at
+	// once, a frozen one too, instead of waiting out torch's 30 s between SIGTERM and SIGKILL.
+	Hung bool
 }
 
-// value is the state key's value.
-func (s State) value() string { return fmt.Sprintf("round=%d waiting=%d", s.Round.Number, s.Waiting) }
+// value is the state key's value ("hung=1" added while a hung round restarts; agents before it read the first two).
+func (s State) value() string {
+	v := fmt.Sprintf("round=%d waiting=%d", s.Round.Number, s.Waiting)
+	if s.Hung && s.Waiting > 0 {
+		v += " hung=1"
+	}
+	return v
+}
 
 // New returns Rounds that follow no run yet.
 func New(cfg Config) *Rounds {
@@ -517,8 +526,9 @@ func (rs *Rounds) decideLocked(r *run) {
 		r.idleSince = now
 	}
 	st := State{Round: r.core.Current(), Waiting: r.core.Waiting(), Ended: r.core.Ended(), Closed: r.core.Closed()}
+	st.Hung = r.hung != 0 && r.hung == st.Round.Number
 	if st.Round.Number == r.reported.Round.Number && st.Waiting == r.reported.Waiting && st.Ended == r.reported.Ended &&
-		st.Closed == r.reported.Closed {
+		st.Closed == r.reported.Closed && st.Hung == r.reported.Hung {
 		return
 	}
 	if st.value() != r.reported.value() { // not when only Closed or Ended changed: the agents read the closed key

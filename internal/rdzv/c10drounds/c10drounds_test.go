@@ -375,7 +375,7 @@ func TestHang(t *testing.T) {
 	f.Tick()
 	require.Len(t, hangs, 1, "once per round")
 	require.Equal(t, []int{0, 1}, []int{hangs[0].Stopped[0].Rank, hangs[0].Stopped[1].Rank}, "the rank that advanced first, of those at the least step")
-	require.Equal(t, "round=1 waiting=1", f.get(StateKey("r")), "the agents restart")
+	require.Equal(t, "round=1 waiting=1 hung=1", f.get(StateKey("r")), "the agents restart, and stop their workers at once")
 	require.Contains(t, f.log.String(), "round 1 hung: no rank advanced for 10s (timeout 10s)")
 
 	f.ready("r", elastic, 0, 1)

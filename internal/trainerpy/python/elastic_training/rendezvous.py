@@ -15,7 +15,8 @@ The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
                                             request ask, or "closed"; the agent deletes it before it asks, so it waits for one key
                                             of its own with no round number
     elastic-training/<run>/round/<N>/store  round N's store (a PrefixStore)
-    elastic-training/<run>/state            the sidecar: "round=<N> waiting=<K>"
+    elastic-training/<run>/state            the sidecar: "round=<N> waiting=<K>", and " hung=1" while it restarts a round
+                                            whose ranks stopped advancing (docs/hangs.md)
     elastic-training/<run>/closed           set_closed
     elastic-training/<run>/done/<host>      shutdown: this agent's run ended; it leaves its round without making the others
                                             re-form (the sidecar takes a node that vanishes without it as lost)
@@ -24,6 +25,7 @@ The keys (internal/rdzv/c10drounds; torch's client puts a "/" in front of each):
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from datetime import timedelta
@@ -56,13 +58,58 @@ class Keys:
 
 
 def parse_state(raw):
-    """The sidecar's state: "round=N waiting=K"."""
-    out = {"round": 0, "waiting": 0}
+    """The sidecar's state: "round=N waiting=K [hung=1]"."""
+    out = {"round": 0, "waiting": 0, "hung": 0}
     for field in raw.decode().split():
         k, _, v = field.partition("=")
         if k in out:
             out[k] = int(v)
     return out
+
+
+def _workers():
+    """The agent's workers: its children that carry torchelastic's environment (not a multiprocessing helper)."""
+    me, pids = os.getpid(), []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if int(fields[1]) != me or fields[0] == b"Z":
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if b"TORCHELASTIC_RESTART_COUNT=" in f.read():
+                    pids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass  # gone meanwhile
+    return pids
+
+
+def stop_workers(why, grace=3.0):
+    """Stop this agent's workers now, before it restarts them: torch's agent sends SIGTERM and waits 30 s for a
+    worker that does not act on it (a frozen one: SIGSTOP, or stuck where the signal waits) before SIGKILL. Here:
+    SIGCONT and SIGTERM, then SIGKILL after grace. The agent asks num_nodes_waiting() only while its workers are
+    healthy, and restarts them at once after it (torch counts no restart): it never sees them fail."""
+    pids = _workers()
+    if not pids:
+        return
+    log.warning("elastic-training rendezvous: %s; stopping workers %s", why, " ".join(map(str, pids)))
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and set(pids) & set(_workers()):
+        time.sleep(0.05)
+    for pid in set(pids) & set(_workers()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 class Rendezvous:
@@ -75,6 +122,7 @@ class Rendezvous:
         self.settings = settings  # {"min", "max", "last_call"}: the run takes the first agent's
         self.join_timeout = join_timeout
         self.keys = Keys(run_id)
+        self.stopped_hung = 0  # the last hung round whose workers this agent stopped
         # torch's: the run is closed, no round in time, a wait that timed out, the connection to the store broke.
         self.closed_error, self.timeout_error, self.wait_error, self.lost_error = errors
 
@@ -104,7 +152,11 @@ class Rendezvous:
         if self.store is None:
             return 1
         try:
-            return self.state()["waiting"]
+            st = self.state()
+            if st["hung"] and st["waiting"] and st["round"] != self.stopped_hung:
+                self.stopped_hung = st["round"]
+                stop_workers(f"round {st['round']} hung: no rank advanced for the hang timeout")
+            return st["waiting"]
         except self.lost_error as e:
             log.warning("elastic-training rendezvous: lost the store (%s); stopping the workers for the next round",
                         first_line(e))
