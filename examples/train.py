@@ -44,6 +44,12 @@ def main():
     model = torch.nn.parallel.DistributedDataParallel(net)  # broadcasts rank 0's weights
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
+    try:
+        from elastic_training import progress  # on PYTHONPATH in the job's PyTorch pods
+    except ImportError:
+        def progress(step, total=None):
+            pass
+    step = int(start.item()) * args.steps_per_epoch
     for epoch in range(int(start.item()), args.epochs):
         for _ in range(args.steps_per_epoch):
             began = time.monotonic()
@@ -53,6 +59,8 @@ def main():
             loss.backward()
             opt.step()
             time.sleep(max(0.0, args.step_seconds - (time.monotonic() - began)))
+            step += 1
+            progress(step, args.epochs * args.steps_per_epoch)  # a hung round is restarted (docs/hangs.md)
         print(f"epoch {epoch} rank {rank}/{world} loss {loss.item():.4f} on {os.environ.get('ET_MEMBER_HOST', '?')}", flush=True)
         if rank == 0:
             os.makedirs(args.checkpoint_dir, exist_ok=True)

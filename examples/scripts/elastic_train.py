@@ -82,6 +82,13 @@ def main():
 
         source = "local"
     log(f"joined rank={rank} world_size={world} restart={restart} host={host} resume_step={step} checkpoints={source} torch={torch.__version__}")
+    # Each step's progress to the pod's sidecar, which restarts a hung round within a minute (docs/hangs.md). The
+    # package is on PYTHONPATH in PyTorch pods of the elastic-training backend; elsewhere there is nothing to tell.
+    try:
+        from elastic_training import progress
+    except ImportError:
+        def progress(step, total=None):
+            pass
 
     while step < args.steps:
         grad = torch.full((args.dim,), float(rank + 1))
@@ -90,6 +97,7 @@ def main():
         step += 1
         time.sleep(args.step_seconds)
         save(step)
+        progress(step, args.steps)
         log(f"step={step} world_size={world} rank={rank} loss={float(weights.abs().mean()):.6f}")
 
     if source == "memory":

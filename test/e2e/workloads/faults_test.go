@@ -134,6 +134,32 @@ func TestFaults(t *testing.T) {
 		t.Logf("recovered from kill -9 of the trainer in %s in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 	})
 
+	// A hang as users meet it: a training process that stops without exiting (SIGSTOP: alive, its pod's lease
+	// renewed), and every other rank blocked in its next all_reduce, which gloo would end after 30 minutes. The
+	// script says its progress every step (elastic_training.progress); the serving sidecar finds no rank advancing
+	// for the chart's default timeout (60 s at these 0.5 s steps), restarts the round and records why on the Job.
+	t.Run("a frozen training process (SIGSTOP)", func(t *testing.T) {
+		before, p := snapshot(t, c, ns, sel), podOf(1)
+		start := time.Now()
+		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "sh", "-c", `kill -STOP $(pgrep -f -- "^[^ ]*python[0-9.]* -u /etc/elastic-training-script/")`)
+		if err != nil {
+			t.Fatalf("kill -STOP: %v: %s", err, out)
+		}
+		t.Logf("recovered from a frozen trainer in %s in %.1fs (hang timeout 60 s)", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
+		workerJob := naming.Workload(job, constants.GroupWorker)
+		c.WaitFor(t, time.Minute, "a TrainingHung Event on Job "+workerJob, func(ctx context.Context) (bool, error) {
+			evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=TrainingHung,involvedObject.name=" + workerJob})
+			if err != nil || len(evs.Items) == 0 {
+				return false, err
+			}
+			if m := evs.Items[0].Message; !strings.Contains(m, "hung: no rank advanced") || !strings.Contains(m, "Stopped first: rank") {
+				return false, fmt.Errorf("the Event says %q", m)
+			}
+			t.Logf("Event %s: %s", evs.Items[0].Reason, evs.Items[0].Message)
+			return true, nil
+		})
+	})
+
 	t.Run("delete a worker pod", func(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(2)
 		start := time.Now()
