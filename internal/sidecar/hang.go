@@ -69,6 +69,11 @@ func stragglersMessage(run string, round int, v progress.Verdict) string {
 	return msg
 }
 
+// chainHang calls f, then g.
+func chainHang(f, g func(string, int, progress.Verdict)) func(string, int, progress.Verdict) {
+	return func(run string, round int, v progress.Verdict) { f(run, round, v); g(run, round, v) }
+}
+
 // tick calls f every d until ctx ends.
 func tick(ctx context.Context, d time.Duration, f func()) {
 	t := time.NewTicker(d)

@@ -285,13 +285,23 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 	}
 	var listeners []MembershipListener
 	if cfg.uses(constants.BackendElasticTraining) {
+		// The job's status on its Job (kubectl get job; internal/jobstatus), where the rounds are recorded as Events.
+		status := &jobStatus{now: time.Now}
+		hang := cfg.Hang.rounds(events, cfg.Metrics)
+		hang.OnHang = chainHang(hang.OnHang, status.onHang)
 		rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 			OnState: func(run string, s c10drounds.State) {
 				view.ElasticTrainingState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)
+				status.onState(run, s)
 			},
-			Hang: cfg.Hang.rounds(events, cfg.Metrics)})
+			Hang: hang})
 		wg.Go(func() { <-ctx.Done(); rounds.Stop() })
 		wg.Go(func() { tick(ctx, time.Second, rounds.Tick) })
+		if cfg.EventsJob != "" {
+			if patch := patchJob(cfg.EventsJob, log); patch != nil {
+				wg.Go(func() { status.writeStatus(ctx, rounds.Progress, patch, log.With("component", "status")) })
+			}
+		}
 		writes = append(writes, rounds)
 		listeners = append(listeners, whileServing{cand: cand, next: rounds})
 	}

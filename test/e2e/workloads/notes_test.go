@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/jobstatus"
 )
 
 // TestNotesCommands runs the kubectl commands the chart's NOTES print after `helm install` of an elastic PyTorch
@@ -23,6 +26,13 @@ func TestNotesCommands(t *testing.T) {
 	set(v, "workers.replicas", 2)
 	rel := c.HelmInstall(t, ns, job, c.RepoPath(jobChart), v)
 	c.WaitWorld(t, ns, groupSelector(job, constants.GroupWorker), trainer, 2, 1, 3*time.Minute)
+	c.WaitFor(t, time.Minute, "the job's status on its Job", func(ctx context.Context) (bool, error) {
+		j, err := c.Client.BatchV1().Jobs(ns).Get(ctx, job+"-worker", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return j.Annotations[jobstatus.World] == "2", nil
+	})
 
 	var cmds []string
 	for _, line := range strings.Split(rel.Info.Notes, "\n") {
@@ -35,8 +45,13 @@ func TestNotesCommands(t *testing.T) {
 		t.Fatalf("NOTES print %d kubectl commands, want at least 4:\n%s", len(cmds), rel.Info.Notes)
 	}
 	checks := map[string]func(out string) bool{
-		"custom-columns": func(out string) bool {
+		"MUTATED:": func(out string) bool {
 			return strings.Contains(out, "MUTATED") && strings.Contains(out, job+"-worker-0") && !strings.Contains(out, constants.SchedulingGate)
+		},
+		// The job's status on its Job, which the serving sidecar writes within 5 s (the test waits below).
+		"world-size": func(out string) bool {
+			f := strings.Fields(out)
+			return len(f) == 16 && f[8] == job+"-worker" && (f[9] == "Running" || f[9] == "Training") && f[10] == "2" && f[11] == "1"
 		},
 		"--prefix": func(out string) bool {
 			return strings.Contains(out, "[pod/"+job+"-worker-1-") && strings.Contains(out, "/trainer] ")
