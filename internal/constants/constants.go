@@ -94,6 +94,10 @@ const (
 	AnnotationRdzvCloseTimeout    = Domain + "/rdzv-close-timeout"
 	AnnotationMaxRestarts         = Domain + "/max-restarts"
 	AnnotationMonitorInterval     = Domain + "/monitor-interval"
+	// AnnotationHangTimeout: seconds without any rank's progress that are a hang, or "off" (docs/hangs.md); absent:
+	// the serving sidecar's rule (the larger of 60 s and ten median steps). The job chart renders it only when
+	// hang.enabled or hang.timeout is not the default, so a default job needs no newer webhook.
+	AnnotationHangTimeout = Domain + "/hang-timeout"
 	// AnnotationRdzvTLSSecret names a Secret (tls.crt, tls.key, ca.crt) for rendezvous TLS; empty = plain HTTP.
 	AnnotationRdzvTLSSecret = Domain + "/rdzv-tls-secret"
 	// AnnotationSlots overrides the slot count the webhook computes from accelerators.
@@ -154,7 +158,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
 	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
-	AnnotationSidecarResources}
+	AnnotationSidecarResources, AnnotationHangTimeout}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.

@@ -60,6 +60,8 @@ func TestDenied(t *testing.T) {
 			[]string{`elastic-training.io/rdzv-backend="zookeeper" is invalid: want one of etcd-v2, etcd, c10d`}},
 		{"negative timeout", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvLastCallTimeout] = "-5" },
 			[]string{`elastic-training.io/rdzv-last-call-timeout="-5" is invalid: want a whole number from 1 to 86400 (seconds)`}},
+		{"hang timeout not seconds", func(p *corev1.Pod) { p.Annotations[constants.AnnotationHangTimeout] = "soon" },
+			[]string{`elastic-training.io/hang-timeout="soon" is invalid: want a whole number from 1 to 86400 (seconds, or "off")`}},
 		{"monitor interval below torch's", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMonitorInterval] = "0.01" },
 			[]string{`elastic-training.io/monitor-interval="0.01" is invalid: want seconds from 0.1 to 3600, such as 0.5`}},
 		{"monitor interval not a number", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMonitorInterval] = "NaN" },

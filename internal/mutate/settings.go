@@ -57,6 +57,8 @@ type settings struct {
 	maxRestarts                 int
 	monitor                     float64 // seconds; the job's own, or the webhook's scaled to maxNodes (monitorInterval)
 	monitorSet                  bool    // the job set monitor (AnnotationMonitorInterval)
+	hangOff                     bool    // AnnotationHangTimeout "off": no round is restarted for a hang
+	hangTimeout                 int     // AnnotationHangTimeout in seconds; 0: the serving sidecar's rule
 	keepAlive                   int
 	keepAliveAttempts           int
 	flavour                     string
@@ -378,6 +380,13 @@ func (s *settings) parseAgent(ann map[string]string, d Defaults) (errs field.Err
 	s.maxRestarts = parseInt(&errs, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
 	s.monitor, s.monitorSet = parseSeconds(&errs, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, MinMonitorInterval, MaxMonitorInterval)
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
+	switch v := ann[constants.AnnotationHangTimeout]; v {
+	case "":
+	case "off":
+		s.hangOff = true
+	default:
+		s.hangTimeout = parseInt(&errs, ann, constants.AnnotationHangTimeout, 0, 1, 86400, `seconds, or "off"`)
+	}
 	return errs
 }
 

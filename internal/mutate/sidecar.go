@@ -126,6 +126,14 @@ func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
 		if s.keepSurvivors {
 			args = append(args, "--restart-survivors=false")
 		}
+		if s.backend == constants.BackendElasticTraining {
+			switch {
+			case s.hangOff:
+				args = append(args, "--hang=false")
+			case s.hangTimeout > 0:
+				args = append(args, "--hang-timeout="+strconv.Itoa(s.hangTimeout)+"s")
+			}
+		}
 	}
 	return args
 }

@@ -196,6 +196,13 @@ elastic-training.io/monitor-interval: {{ . | quote }}
 {{- with $v.rendezvous.tls.secretName }}
 elastic-training.io/rdzv-tls-secret: {{ . | quote }}
 {{- end }}
+{{- if eq $v.framework "pytorch" }}
+{{- if not $v.hang.enabled }}
+elastic-training.io/hang-timeout: "off"
+{{- else if $v.hang.timeout }}
+elastic-training.io/hang-timeout: {{ $v.hang.timeout | int | toString | quote }}
+{{- end }}
+{{- end }}
 {{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.restartSurvivors false) }}
 elastic-training.io/rdzv-restart-survivors: "false"
 {{- end }}
