@@ -42,7 +42,9 @@ func TestHangValues(t *testing.T) {
 			require.NotNil(t, o, "no workers' Job")
 			pod := servingPod(t, *o)
 			require.Equal(t, tc.annotation, pod.Annotations[constants.AnnotationHangTimeout])
-			out, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: mutate.DefaultConfig()})
+			cfg := mutate.DefaultConfig()
+			cfg.SidecarImage = "example.com/rdzv-sidecar:hang"
+			out, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
 			require.NoError(t, err)
 			var args []string
 			for _, c := range out.Pod.Spec.InitContainers {

@@ -29,12 +29,14 @@ import (
 // rendezvous pod and a webhook-served rendezvous: they say who the pod is, not how the rendezvous is served.
 // The dedicated pod's values of them are checked on their own (wantMember in the test).
 var sidecarFlagsAllowedToDiffer = map[string]string{
-	"--register":     "the dedicated pod is not a training member (false); a serving worker registers itself (true)",
-	"--member-host":  "each pod's own stable DNS name",
-	"--member-group": "each pod's own group (rdzv for the dedicated pod)",
-	"--member-index": "each pod's own index in its group",
-	"--member-slots": "a member's slot count; the dedicated pod does not register, so it leaves the flag out",
-	"--c10d-verify":  "a serving worker's trainer reaches the store through its sidecar while another pod serves; the dedicated pod has no trainer",
+	"--register":      "the dedicated pod is not a training member (false); a serving worker registers itself (true)",
+	"--member-host":   "each pod's own stable DNS name",
+	"--member-group":  "each pod's own group (rdzv for the dedicated pod)",
+	"--member-index":  "each pod's own index in its group",
+	"--member-slots":  "a member's slot count; the dedicated pod does not register, so it leaves the flag out",
+	"--c10d-verify":   "a serving worker's trainer reaches the store through its sidecar while another pod serves; the dedicated pod has no trainer",
+	"--progress-addr": "a worker's trainer says its progress to its own sidecar; the dedicated pod has no trainer",
+	"--run-id":        "the run a worker's progress reports are of; the dedicated pod reports none",
 }
 
 // sidecarView is what the two descriptions of the serving sidecar must agree on.
@@ -77,6 +79,8 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 	}
 	cases := []tc{
 		{"pytorch", merge(train(), map[string]any{"rendezvous": dedicated}), false},
+		{"pytorch-hang-timeout", merge(train(), map[string]any{"rendezvous": dedicated, "hang": map[string]any{"timeout": 30}}), false},
+		{"pytorch-hang-off", merge(train(), map[string]any{"rendezvous": dedicated, "hang": map[string]any{"enabled": false}}), false},
 		{"pytorch-tls", merge(train(), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcdV2})}), false},
 		{"pytorch-etcd-tls", merge(train(), map[string]any{"rendezvous": merge(withTLS, map[string]any{"backend": constants.BackendEtcd})}), false},
 		{"pytorch-c10d-preemptible", merge(train(), map[string]any{"rendezvous": map[string]any{"backend": constants.BackendC10d}, "workers": map[string]any{"preemptible": true}}), false},

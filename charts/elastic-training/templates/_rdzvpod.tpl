@@ -90,6 +90,13 @@ spec:
         {{- if eq $r.restartSurvivors false }}
         - --restart-survivors=false
         {{- end }}
+        {{- if eq (include "elastic-training.backend" .) "elastic-training" }}
+        {{- if not .Values.hang.enabled }}
+        - --hang=false
+        {{- else if .Values.hang.timeout }}
+        - --hang-timeout={{ .Values.hang.timeout | int }}s
+        {{- end }}
+        {{- end }}
         {{- end }}
         {{- with $events }}
         - --events-job={{ . }}
