@@ -48,7 +48,12 @@ func startProgress(ctx context.Context, wg *sync.WaitGroup, c ProgressConfig, st
 	if c.Addr == "" {
 		return nil
 	}
+	// A candidate that begins to serve binds the address its follow (a join) held until a moment ago.
 	pc, err := net.ListenPacket("udp", c.Addr)
+	for deadline := time.Now().Add(5 * time.Second); err != nil && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(100 * time.Millisecond)
+		pc, err = net.ListenPacket("udp", c.Addr)
+	}
 	if err != nil {
 		return fmt.Errorf("--progress-addr: %w", err)
 	}
