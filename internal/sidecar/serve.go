@@ -296,7 +296,15 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 			},
 			Hang: hang})
 		wg.Go(func() { <-ctx.Done(); rounds.Stop() })
-		wg.Go(func() { tick(ctx, time.Second, rounds.Tick) })
+		gauges := newJobGauges(cfg.Metrics)
+		wg.Go(func() {
+			tick(ctx, time.Second, func() {
+				rounds.Tick()
+				if st, ok := status.status(rounds.Progress); ok {
+					gauges.set(st)
+				}
+			})
+		})
 		if cfg.EventsJob != "" {
 			if patch := patchJob(cfg.EventsJob, log); patch != nil {
 				wg.Go(func() { status.writeStatus(ctx, rounds.Progress, patch, log.With("component", "status")) })

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -120,4 +121,33 @@ func patchJob(job string, log *slog.Logger) func(context.Context, []byte) error 
 		_, err := kc.API.Patch(types.MergePatchType).AbsPath("/apis/batch/v1/namespaces", kc.Namespace, "jobs", job).Body(body).DoRaw(ctx)
 		return err
 	}
+}
+
+// jobGauges are the job's figures as metrics, which only the serving sidecar carries: a sum over a job's pods counts
+// each once.
+type jobGauges struct{ world, round, step, rate prometheus.Gauge }
+
+func newJobGauges(reg prometheus.Registerer) jobGauges {
+	g := func(name, help string) prometheus.Gauge {
+		m := prometheus.NewGauge(prometheus.GaugeOpts{Name: "rdzv_sidecar_job_" + name, Help: help + " (the serving sidecar only)."})
+		if reg != nil {
+			reg.MustRegister(m)
+		}
+		return m
+	}
+	return jobGauges{world: g("world_size", "Nodes in the current round of the elastic-training backend"),
+		round: g("round", "The current round's number"),
+		step:  g("step", "The least step the current round's ranks said (elastic_training.progress); 0: none"),
+		rate:  g("steps_per_second", "Steps per second at the ranks' median step time; 0: unknown")}
+}
+
+func (g jobGauges) set(s jobstatus.Status) {
+	g.world.Set(float64(s.World))
+	g.round.Set(float64(s.Round))
+	g.step.Set(float64(s.Step))
+	rate := 0.0
+	if s.StepTime > 0 {
+		rate = float64(time.Second) / float64(s.StepTime)
+	}
+	g.rate.Set(rate)
 }

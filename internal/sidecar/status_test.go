@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastic-training/elastic-training/internal/jobstatus"
@@ -67,4 +69,14 @@ func TestWriteStatusPatchesOnChange(t *testing.T) {
 		t.Fatalf("patched again with nothing changed: %v", p)
 	case <-time.After(200 * time.Millisecond): // ten periods
 	}
+}
+
+func TestJobGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := newJobGauges(reg)
+	g.set(jobstatus.Status{World: 3, Round: 4, Step: 120, StepTime: 250 * time.Millisecond})
+	require.Equal(t, 3.0, testutil.ToFloat64(g.world))
+	require.Equal(t, 4.0, testutil.ToFloat64(g.round))
+	require.Equal(t, 120.0, testutil.ToFloat64(g.step))
+	require.Equal(t, 4.0, testutil.ToFloat64(g.rate))
 }
