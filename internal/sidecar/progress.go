@@ -98,28 +98,19 @@ func startProgress(ctx context.Context, wg *sync.WaitGroup, c ProgressConfig, st
 		}()
 		failed := rate.NewLimiter(rate.Every(time.Minute), 1)
 		unsent := false // the last report did not reach the store
-		t := time.NewTicker(c.Every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		tick(ctx, c.Every, func() {
 			mu.Lock()
 			if !local.Changed() && !unsent {
 				mu.Unlock()
-				continue
+				return
 			}
 			value := local.Report(time.Now()).Encode()
 			mu.Unlock()
 			err := report(&cli, store, key, value)
-			if unsent = err != nil; unsent {
-				if failed.Allow() {
-					log.Warn("progress: cannot report to the job's store; retrying", "store", store, "err", err)
-				}
+			if unsent = err != nil; unsent && failed.Allow() {
+				log.Warn("progress: cannot report to the job's store; retrying", "store", store, "err", err)
 			}
-		}
+		})
 	})
 	log.Info("hearing the trainer's progress", "addr", c.Addr, "reports_to", store)
 	return nil

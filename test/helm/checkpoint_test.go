@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/chart"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -26,16 +27,7 @@ func TestCheckpointMemory(t *testing.T) {
 		if on {
 			vals["checkpoint"] = map[string]any{"memory": "2Gi"}
 		}
-		r, err := render(ch, merge(pinned(t), vals), chartrender.Options{})
-		require.NoError(t, err)
-		var o *chartrender.Object
-		for i := range r.Objects {
-			if r.Objects[i].Kind == "Job" || r.Objects[i].Kind == "StatefulSet" {
-				o = &r.Objects[i]
-			}
-		}
-		require.NotNil(t, o, "no workers' Job")
-		pod := servingPod(t, *o)
+		pod := renderedServingPod(t, ch, vals)
 		cfg := mutate.DefaultConfig()
 		cfg.SidecarImage = "example.com/rdzv-sidecar:ckpt"
 		out, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
@@ -85,4 +77,20 @@ func TestCheckpointMemory(t *testing.T) {
 		assert.Zero(t, want.Cmp(got), "the sidecar's memory limit: %s, want %s (the default %s and the volume)", got.String(), want.String(), def.String())
 		assert.Equal(t, corev1.PodQOSGuaranteed, testenv.QOSClass(p), "a Guaranteed trainer's pod stays Guaranteed")
 	}
+}
+
+// renderedServingPod is the serving pod of the workers' Job (or StatefulSet) that the chart renders with vals over
+// the pinned values, as its controller creates it.
+func renderedServingPod(t *testing.T, ch *chart.Chart, vals map[string]any) *corev1.Pod {
+	t.Helper()
+	r, err := render(ch, merge(pinned(t), vals), chartrender.Options{})
+	require.NoError(t, err)
+	var o *chartrender.Object
+	for i := range r.Objects {
+		if r.Objects[i].Kind == "Job" || r.Objects[i].Kind == "StatefulSet" {
+			o = &r.Objects[i]
+		}
+	}
+	require.NotNil(t, o, "no workers' Job")
+	return servingPod(t, *o)
 }

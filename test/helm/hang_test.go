@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
-	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
@@ -31,27 +31,10 @@ func TestHangValues(t *testing.T) {
 			if tc.hang != nil {
 				vals["hang"] = tc.hang
 			}
-			r, err := render(ch, merge(pinned(t), vals), chartrender.Options{})
-			require.NoError(t, err)
-			var o *chartrender.Object
-			for i := range r.Objects {
-				if r.Objects[i].Kind == "Job" || r.Objects[i].Kind == "StatefulSet" {
-					o = &r.Objects[i]
-				}
-			}
-			require.NotNil(t, o, "no workers' Job")
-			pod := servingPod(t, *o)
+			pod := renderedServingPod(t, ch, vals)
 			require.Equal(t, tc.annotation, pod.Annotations[constants.AnnotationHangTimeout])
-			cfg := mutate.DefaultConfig()
-			cfg.SidecarImage = "example.com/rdzv-sidecar:hang"
-			out, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
-			require.NoError(t, err)
-			var args []string
-			for _, c := range out.Pod.Spec.InitContainers {
-				if c.Name == constants.SidecarContainerName {
-					args = c.Args
-				}
-			}
+			sc, _ := injectedSidecar(t, pod, naming.DefaultClusterDomain)
+			args := sc.Args
 			require.NotEmpty(t, args)
 			got := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return !strings.HasPrefix(a, "--hang") })
 			if tc.flag == "" {
