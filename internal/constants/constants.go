@@ -98,6 +98,9 @@ const (
 	// the serving sidecar's rule (the larger of 60 s and ten median steps). The job chart renders it only when
 	// hang.enabled or hang.timeout is not the default, so a default job needs no newer webhook.
 	AnnotationHangTimeout = Domain + "/hang-timeout"
+	// AnnotationCheckpointReplicas: copies of each piece of an in-memory checkpoint on other pods (docs/checkpoints.md);
+	// absent: 1. Rendered by the job chart only when checkpoint.replicas is not 1.
+	AnnotationCheckpointReplicas = Domain + "/checkpoint-replicas"
 	// AnnotationRdzvTLSSecret names a Secret (tls.crt, tls.key, ca.crt) for rendezvous TLS; empty = plain HTTP.
 	AnnotationRdzvTLSSecret = Domain + "/rdzv-tls-secret"
 	// AnnotationSlots overrides the slot count the webhook computes from accelerators.
@@ -158,7 +161,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
 	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
-	AnnotationSidecarResources, AnnotationHangTimeout}
+	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationCheckpointReplicas}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.

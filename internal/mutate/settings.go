@@ -59,6 +59,7 @@ type settings struct {
 	monitorSet                  bool    // the job set monitor (AnnotationMonitorInterval)
 	hangOff                     bool    // AnnotationHangTimeout "off": no round is restarted for a hang
 	hangTimeout                 int     // AnnotationHangTimeout in seconds; 0: the serving sidecar's rule
+	checkpointReplicas          int     // AnnotationCheckpointReplicas, with the checkpoint volume
 	keepAlive                   int
 	keepAliveAttempts           int
 	flavour                     string
@@ -637,5 +638,9 @@ func (s *settings) parseCheckpoint(pod *corev1.Pod) (errs field.ErrorList) {
 		}
 	}
 	s.checkpointBytes = v.EmptyDir.SizeLimit.Value()
+	s.checkpointReplicas = parseInt(&errs, pod.Annotations, constants.AnnotationCheckpointReplicas, 1, 0, MaxCheckpointReplicas, "copies on other pods")
 	return errs
 }
+
+// MaxCheckpointReplicas bounds the copies of each piece of a checkpoint: each is the state's size in every pod's memory.
+const MaxCheckpointReplicas = 8

@@ -75,6 +75,9 @@ func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvUR
 	args = append(args, memberArgs(s, register, fqdn)...)
 	if s.checkpointBytes > 0 {
 		args = append(args, "--checkpoint-dir="+constants.CheckpointSavesDir, "--checkpoint-memory="+strconv.FormatInt(s.checkpointBytes, 10))
+		if s.checkpointReplicas != 1 {
+			args = append(args, "--checkpoint-replicas="+strconv.Itoa(s.checkpointReplicas))
+		}
 	}
 	if s.progressOn() {
 		args = append(args, "--progress-addr="+progressAddr, "--run-id="+s.runID)

@@ -2,6 +2,7 @@ package helm_test
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,6 +43,26 @@ func TestHangValues(t *testing.T) {
 			} else {
 				require.Equal(t, []string{tc.flag}, got)
 			}
+		})
+	}
+}
+
+// checkpoint.replicas, from the chart through the webhook to the sidecar's --checkpoint-replicas; the default (1)
+// renders no annotation.
+func TestCheckpointReplicas(t *testing.T) {
+	ch := chartrender.Load(t, chartDir)
+	for _, tc := range []struct {
+		replicas   int
+		annotation string
+		flag       []string
+	}{{1, "", []string{}}, {2, "2", []string{"--checkpoint-replicas=2"}}, {0, "0", []string{"--checkpoint-replicas=0"}}} {
+		t.Run(strconv.Itoa(tc.replicas), func(t *testing.T) {
+			pod := renderedServingPod(t, ch, map[string]any{"command": []any{"torchrun", "train.py"},
+				"checkpoint": map[string]any{"memory": "1Gi", "replicas": tc.replicas}})
+			require.Equal(t, tc.annotation, pod.Annotations[constants.AnnotationCheckpointReplicas])
+			sc, _ := injectedSidecar(t, pod, naming.DefaultClusterDomain)
+			got := slices.DeleteFunc(slices.Clone(sc.Args), func(a string) bool { return !strings.HasPrefix(a, "--checkpoint-replicas") })
+			require.Equal(t, tc.flag, got)
 		})
 	}
 }

@@ -123,6 +123,7 @@ func TestRejected(t *testing.T) {
 		{"python -m torch.distributed.run --nproc_per_node", []string{"command={python3,-m,torch.distributed.run,--nproc_per_node=8,train.py}"}, "torchrun's --nproc_per_node would override what the chart and the webhook set (torchrun's flags win over its PET_* environment): remove it; here it comes from gpus (or slots)"},
 		{"torchrun's --standalone in a group", []string{"command={torchrun,t.py}", "workerGroups.big.replicas=1", "workerGroups.big.command={torchrun,--standalone,t.py}"}, "workerGroups.big.command/args: torchrun's --standalone would override"},
 		{"scriptLauncher with --max-restarts", []string{"script=print(1)", "scriptLauncher={torchrun,--max-restarts=3}"}, "scriptLauncher: torchrun's --max-restarts would override"},
+		{"checkpoint.replicas too many", []string{"checkpoint.memory=1Gi", "checkpoint.replicas=9"}, "at '/checkpoint/replicas'"},
 		{"hang.timeout negative", []string{"json:hang={\"timeout\":-1}"}, "at '/hang/timeout'"},
 		{"checkpoint.memory not a quantity", []string{"checkpoint.memory=lots"}, "at '/checkpoint/memory'"},
 		{"checkpoint.memory for MXNet", []string{"framework=mxnet", "checkpoint.memory=1Gi"}, "checkpoint.memory: in-memory checkpoints are for PyTorch jobs (elastic_training.checkpoint), not framework mxnet"},

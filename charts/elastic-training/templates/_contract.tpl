@@ -69,7 +69,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/rdzv-ports",
     "elastic-training.io/contract",
     "elastic-training.io/sidecar-resources",
-    "elastic-training.io/hang-timeout"
+    "elastic-training.io/hang-timeout",
+    "elastic-training.io/checkpoint-replicas"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "contractVersion": 2,

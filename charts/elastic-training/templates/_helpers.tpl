@@ -196,6 +196,9 @@ elastic-training.io/monitor-interval: {{ . | quote }}
 {{- with $v.rendezvous.tls.secretName }}
 elastic-training.io/rdzv-tls-secret: {{ . | quote }}
 {{- end }}
+{{- if and (eq $v.framework "pytorch") $v.checkpoint.memory (ne (int $v.checkpoint.replicas) 1) }}
+elastic-training.io/checkpoint-replicas: {{ $v.checkpoint.replicas | int | toString | quote }}
+{{- end }}
 {{- if eq $v.framework "pytorch" }}
 {{- if not $v.hang.enabled }}
 elastic-training.io/hang-timeout: "off"
