@@ -2,7 +2,9 @@ package progress
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -91,11 +93,28 @@ type Blame struct {
 	Advanced time.Time
 }
 
+// String is "rank 3 (host) at step 120": the logs' and Events' one way to name it.
+func (b Blame) String() string { return fmt.Sprintf("rank %d (%s) at step %d", b.Rank, b.Host, b.Step) }
+
 // Straggler is a slow rank and how many times the median its step time is.
 type Straggler struct {
 	Rank   int
 	Host   string
 	Slower float64
+}
+
+// String is "rank 2 (host) 3.1x".
+func (s Straggler) String() string {
+	return fmt.Sprintf("rank %d (%s) %.1fx", s.Rank, s.Host, s.Slower)
+}
+
+// Join names each of xs, comma-separated.
+func Join[T fmt.Stringer](xs []T) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = x.String()
+	}
+	return strings.Join(parts, ", ")
 }
 
 // ETA is the time left at the median step time (0: unknown).

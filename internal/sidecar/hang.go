@@ -51,22 +51,15 @@ func hangMessage(run string, round int, v progress.Verdict) string {
 	msg := fmt.Sprintf("Round %d of run %s hung: no rank advanced for %s (timeout %s) after step %d; its workers restart.",
 		round, run, v.Idle.Round(time.Second), v.Timeout, v.Step)
 	if len(v.Stopped) > 0 {
-		b := v.Stopped[0]
-		msg += fmt.Sprintf(" Stopped first: rank %d on %s at step %d.", b.Rank, b.Host, b.Step)
+		msg += " Stopped first: " + v.Stopped[0].String() + "."
 	}
 	return msg
 }
 
 // stragglersMessage is the Event of a round's slow ranks.
 func stragglersMessage(run string, round int, v progress.Verdict) string {
-	msg := fmt.Sprintf("Round %d of run %s: ranks slower than the median step of %s (not restarted):", round, run, v.StepTime.Round(time.Millisecond))
-	for i, s := range v.Stragglers {
-		if i > 0 {
-			msg += ","
-		}
-		msg += fmt.Sprintf(" rank %d on %s %.1fx", s.Rank, s.Host, s.Slower)
-	}
-	return msg
+	return fmt.Sprintf("Round %d of run %s: ranks slower than the median step of %s (not restarted): %s", round, run,
+		v.StepTime.Round(time.Millisecond), progress.Join(v.Stragglers))
 }
 
 // chainHang calls f, then g.

@@ -287,7 +287,7 @@ func (rs *Rounds) Tick() {
 		if v.Hung && rs.cfg.Hang.Enabled && r.hung != round && r.core.Restart() {
 			r.hung = round
 			rs.cfg.Log.Warn(fmt.Sprintf("elastic-training backend: round %d hung: no rank advanced for %s (timeout %s); restarting its workers", round,
-				v.Idle.Round(time.Second), v.Timeout), "run_id", r.id, "round", round, "step", v.Step, "stopped_first", blamed(v.Stopped))
+				v.Idle.Round(time.Second), v.Timeout), "run_id", r.id, "round", round, "step", v.Step, "stopped_first", progress.Join(v.Stopped))
 			rs.decideLocked(r)
 			if rs.cfg.Hang.OnHang != nil {
 				rs.cfg.Hang.OnHang(r.id, round, v)
@@ -296,7 +296,7 @@ func (rs *Rounds) Tick() {
 		}
 		if ranks := stragglerRanks(v.Stragglers); ranks != r.stragglers {
 			r.stragglers = ranks
-			if s := stragglers(v.Stragglers); s != "" {
+			if s := progress.Join(v.Stragglers); s != "" {
 				rs.cfg.Log.Warn("elastic-training backend: stragglers: ranks that advance, slower than the median", "run_id", r.id, "round", round,
 					"median_step", v.StepTime.String(), "stragglers", s)
 			}
@@ -317,15 +317,6 @@ func (rs *Rounds) Progress(id string) progress.Verdict {
 	return progress.Verdict{}
 }
 
-// blamed names ranks that stopped: "rank 3 (host) at step 120, ...".
-func blamed(bs []progress.Blame) string {
-	parts := make([]string, 0, len(bs))
-	for _, b := range bs {
-		parts = append(parts, fmt.Sprintf("rank %d (%s) at step %d", b.Rank, truncate(b.Host), b.Step))
-	}
-	return strings.Join(parts, ", ")
-}
-
 // stragglerRanks are the slow ranks' numbers: a change of them is news, a change of their figures is not.
 func stragglerRanks(ss []progress.Straggler) string {
 	var b strings.Builder
@@ -333,15 +324,6 @@ func stragglerRanks(ss []progress.Straggler) string {
 		fmt.Fprintf(&b, "%d,", x.Rank)
 	}
 	return b.String()
-}
-
-// stragglers names slow ranks: "rank 2 (host) 3.1x".
-func stragglers(ss []progress.Straggler) string {
-	parts := make([]string, 0, len(ss))
-	for _, x := range ss {
-		parts = append(parts, fmt.Sprintf("rank %d (%s) %.1fx", x.Rank, truncate(x.Host), x.Slower))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // closedLocked: an agent closed the run (torch's set_closed); every agent waiting for a round is told so.
