@@ -85,9 +85,9 @@ def main():
     # Each step's progress to the pod's sidecar, which restarts a hung round within a minute (docs/hangs.md). The
     # package is on PYTHONPATH in PyTorch pods of the elastic-training backend; elsewhere there is nothing to tell.
     try:
-        from elastic_training import progress
+        from elastic_training import progress as report_progress
     except ImportError:
-        def progress(step, total=None):
+        def report_progress(step, total=None):
             pass
 
     while step < args.steps:
@@ -97,7 +97,7 @@ def main():
         step += 1
         time.sleep(args.step_seconds)
         save(step)
-        progress(step, args.steps)
+        report_progress(step, args.steps)
         log(f"step={step} world_size={world} rank={rank} loss={float(weights.abs().mean()):.6f}")
 
     if source == "memory":
