@@ -101,6 +101,11 @@ const (
 	// AnnotationCheckpointReplicas: copies of each piece of an in-memory checkpoint on other pods (docs/checkpoints.md);
 	// absent: 1. Rendered by the job chart only when checkpoint.replicas is not 1.
 	AnnotationCheckpointReplicas = Domain + "/checkpoint-replicas"
+	// AnnotationCheckpointPersist: a directory on a volume of the trainer's where every
+	// AnnotationCheckpointPersistEvery-th step's save is also copied (absent: none; every absent: 100). The job chart
+	// renders both with persistence.enabled and checkpoint.memory: <persistence.mountPath>/elastic-training/<job>.
+	AnnotationCheckpointPersist      = Domain + "/checkpoint-persist"
+	AnnotationCheckpointPersistEvery = Domain + "/checkpoint-persist-every"
 	// AnnotationRdzvTLSSecret names a Secret (tls.crt, tls.key, ca.crt) for rendezvous TLS; empty = plain HTTP.
 	AnnotationRdzvTLSSecret = Domain + "/rdzv-tls-secret"
 	// AnnotationSlots overrides the slot count the webhook computes from accelerators.
@@ -161,7 +166,8 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
 	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
-	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationCheckpointReplicas}
+	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationCheckpointReplicas, AnnotationCheckpointPersist,
+	AnnotationCheckpointPersistEvery}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
@@ -344,10 +350,14 @@ const (
 // the sidecars replicate the pieces among themselves on CheckpointPort and record who holds what under
 // CheckpointsPrefix in the job's store.
 const (
-	EnvCheckpointDir  = "ET_CHECKPOINT_DIR"
-	EnvCheckpointURL  = "ET_CHECKPOINT_URL"
-	CheckpointPort    = 2382
-	CheckpointsPrefix = "/elastic-training/checkpoints/"
+	EnvCheckpointDir = "ET_CHECKPOINT_DIR"
+	EnvCheckpointURL = "ET_CHECKPOINT_URL"
+	// EnvCheckpointPersistDir and EnvCheckpointPersistEvery, in a trainer whose pod carries AnnotationCheckpointPersist:
+	// every N-th step's save is also copied, by each rank, to that directory on the job's shared volume.
+	EnvCheckpointPersistDir   = "ET_CHECKPOINT_PERSIST_DIR"
+	EnvCheckpointPersistEvery = "ET_CHECKPOINT_PERSIST_EVERY"
+	CheckpointPort            = 2382
+	CheckpointsPrefix         = "/elastic-training/checkpoints/"
 	// CheckpointVolumeName is the emptyDir (medium Memory, sizeLimit: what the pod's checkpoints may hold) that a
 	// PyTorch worker's pod brings (the job chart's checkpoint.memory renders it): the webhook mounts it at
 	// CheckpointDir in the trainer and the sidecar and turns the sidecar's checkpoints on. A pod without it gets none.

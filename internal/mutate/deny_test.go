@@ -192,6 +192,37 @@ func TestDenied(t *testing.T) {
 			p.Annotations[constants.AnnotationFramework] = constants.FrameworkMPI
 			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
 		}, []string{"in-memory checkpoints are for a PyTorch job's workers"}},
+		{"saves copied to a volume without in-memory checkpoints", func(p *corev1.Pod) {
+			p.Annotations[constants.AnnotationCheckpointPersist] = "/data/x"
+		}, []string{"annotation elastic-training.io/checkpoint-persist", "only with in-memory checkpoints"}},
+		{"how often without where", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Annotations[constants.AnnotationCheckpointPersistEvery] = "10"
+		}, []string{"checkpoint-persist-every=\"10\" without elastic-training.io/checkpoint-persist"}},
+		{"persist directory not absolute", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Annotations[constants.AnnotationCheckpointPersist] = "data/../x"
+		}, []string{"checkpoint-persist", "a clean absolute directory"}},
+		{"persist directory on no volume", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Annotations[constants.AnnotationCheckpointPersist] = "/data/x"
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "data", MountPath: "/datasets"})
+		}, []string{"checkpoint-persist", "no writable volume of the training container \"trainer\" is mounted there"}},
+		{"persist directory on a read-only volume", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Annotations[constants.AnnotationCheckpointPersist] = "/data/x"
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "data", MountPath: "/data", ReadOnly: true})
+		}, []string{"no writable volume"}},
+		{"persist directory in the pod's memory", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Annotations[constants.AnnotationCheckpointPersist] = constants.CheckpointDir + "/copy"
+		}, []string{"are the webhook's"}},
+		{"persist every 0 steps", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
+			p.Annotations[constants.AnnotationCheckpointPersist] = "/data/x"
+			p.Annotations[constants.AnnotationCheckpointPersistEvery] = "0"
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "data", MountPath: "/data"})
+		}, []string{"checkpoint-persist-every", "a whole number from 1 to 1000000000 (steps between copies to the volume)"}},
 		{"several problems reported at once", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationMinNodes] = "x"
 			p.Annotations[constants.AnnotationSlots] = "y"

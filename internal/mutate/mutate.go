@@ -169,6 +169,10 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 		}
 		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointDir, Value: constants.CheckpointSavesDir})
 		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointURL, Value: "http://127.0.0.1:" + strconv.Itoa(constants.CheckpointPort)})
+		if s.persistDir != "" {
+			setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointPersistDir, Value: s.persistDir})
+			setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointPersistEvery, Value: strconv.Itoa(s.persistEvery)})
+		}
 	}
 	if s.tlsSecret != "" {
 		// The trainer's own rendezvous client (torchrun, or a launcher's

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -68,7 +69,9 @@ type settings struct {
 	contract                    int // the job chart's (AnnotationContract; 1 when absent)
 	warnings                    []string
 
-	checkpointBytes int64 // the checkpoint volume's sizeLimit; 0: no in-memory checkpoints (parseCheckpoint)
+	checkpointBytes int64  // the checkpoint volume's sizeLimit; 0: no in-memory checkpoints (parseCheckpoint)
+	persistDir      string // AnnotationCheckpointPersist; "": saves are not copied to a volume
+	persistEvery    int    // AnnotationCheckpointPersistEvery
 
 	sidecarRes SidecarResources // per mode: AnnotationSidecarResources over the webhook's defaults
 	guaranteed bool             // the trainer is Guaranteed-shaped, so the sidecar is made so too (sidecarResources)
@@ -612,7 +615,13 @@ func truncate(v string, n int) string {
 func (s *settings) parseCheckpoint(pod *corev1.Pod) (errs field.ErrorList) {
 	i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == constants.CheckpointVolumeName })
 	if i < 0 {
-		return nil
+		for _, key := range []string{constants.AnnotationCheckpointPersist, constants.AnnotationCheckpointPersistEvery} {
+			if v, ok := pod.Annotations[key]; ok {
+				errs = append(errs, field.Forbidden(annotationPath(key), fmt.Sprintf("annotation %s=%q: saves are copied to a volume only with in-memory checkpoints (volume %s; the job chart's checkpoint.memory)",
+					key, truncate(v, 64), constants.CheckpointVolumeName)))
+			}
+		}
+		return errs
 	}
 	path := field.NewPath("spec", "volumes").Index(i)
 	v := pod.Spec.Volumes[i]
@@ -639,6 +648,45 @@ func (s *settings) parseCheckpoint(pod *corev1.Pod) (errs field.ErrorList) {
 	}
 	s.checkpointBytes = v.EmptyDir.SizeLimit.Value()
 	s.checkpointReplicas = parseInt(&errs, pod.Annotations, constants.AnnotationCheckpointReplicas, 1, 0, MaxCheckpointReplicas, "copies on other pods")
+	return append(errs, s.parsePersist(pod)...)
+}
+
+// DefaultCheckpointPersistEvery is how often a save goes to the volume when AnnotationCheckpointPersistEvery is absent.
+const DefaultCheckpointPersistEvery = 100
+
+// parsePersist reads where saves are also copied to (AnnotationCheckpointPersist): a clean absolute directory on a
+// writable volume of the trainer container, so that the trainer's copies land on the job's volume and not in the
+// container's own filesystem, which a lost pod takes with it.
+func (s *settings) parsePersist(pod *corev1.Pod) (errs field.ErrorList) {
+	ann := pod.Annotations
+	dir, set := ann[constants.AnnotationCheckpointPersist]
+	s.persistEvery = parseInt(&errs, ann, constants.AnnotationCheckpointPersistEvery, DefaultCheckpointPersistEvery, 1, 1_000_000_000, "steps between copies to the volume")
+	if !set {
+		if v, ok := ann[constants.AnnotationCheckpointPersistEvery]; ok {
+			errs = append(errs, field.Forbidden(annotationPath(constants.AnnotationCheckpointPersistEvery), fmt.Sprintf("annotation %s=%q without %s (the directory to copy to)",
+				constants.AnnotationCheckpointPersistEvery, truncate(v, 64), constants.AnnotationCheckpointPersist)))
+		}
+		return errs
+	}
+	p := annotationPath(constants.AnnotationCheckpointPersist)
+	if !path.IsAbs(dir) || path.Clean(dir) != dir || strings.ContainsRune(dir, 0) || len(dir) > 1024 {
+		return append(errs, field.Invalid(p, truncate(dir, 64), "a clean absolute directory (such as /data/elastic-training/<job>) on a volume of the training container"))
+	}
+	if s.container < 0 || s.container >= len(pod.Spec.Containers) {
+		return errs // parseContainer said why
+	}
+	c := pod.Spec.Containers[s.container]
+	under := func(root string) bool { return root != "" && (dir == root || strings.HasPrefix(dir, root+"/")) }
+	if under(constants.CheckpointDir) || under(constants.FilesDir) {
+		return append(errs, field.Invalid(p, dir, fmt.Sprintf("%s and %s are the webhook's (the pod's memory, the sidecar's files): a directory on the job's volume (persistence.mountPath)",
+			constants.CheckpointDir, constants.FilesDir)))
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return under(strings.TrimSuffix(m.MountPath, "/")) && !m.ReadOnly
+	}) {
+		return append(errs, field.Invalid(p, dir, fmt.Sprintf("no writable volume of the training container %q is mounted there: saves copied into the container's own filesystem are lost with the pod (the job chart's persistence.enabled mounts the job's volume at persistence.mountPath)", c.Name)))
+	}
+	s.persistDir = dir
 	return errs
 }
 

@@ -94,3 +94,45 @@ func renderedServingPod(t *testing.T, ch *chart.Chart, vals map[string]any) *cor
 	require.NotNil(t, o, "no workers' Job")
 	return servingPod(t, *o)
 }
+
+// checkpoint.persistEvery with persistence.enabled, through the chart and the webhook: the trainer of each worker pod
+// gets the job's directory on the volume and how often to copy there; without the volume, or at 0, nothing.
+func TestCheckpointPersistEvery(t *testing.T) {
+	ch := chartrender.Load(t, chartDir)
+	for _, tc := range []struct {
+		name             string
+		persistence      bool
+		every            any
+		wantDir, wantEvy string
+	}{
+		{"the default with a volume", true, nil, "/data/elastic-training/" + release, "100"},
+		{"every 7 steps", true, 7, "/data/elastic-training/" + release, "7"},
+		{"never", true, 0, "", ""},
+		{"no volume", false, nil, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ckpt := map[string]any{"memory": "1Gi"}
+			if tc.every != nil {
+				ckpt["persistEvery"] = tc.every
+			}
+			vals := map[string]any{"command": []any{"torchrun", "train.py"}, "checkpoint": ckpt}
+			if tc.persistence {
+				vals["persistence"] = map[string]any{"enabled": true, "checkStorageClass": false}
+			}
+			pod := renderedServingPod(t, ch, vals)
+			require.Equal(t, tc.wantDir, pod.Annotations[constants.AnnotationCheckpointPersist])
+			cfg := mutate.DefaultConfig()
+			cfg.SidecarImage = "example.com/rdzv-sidecar:ckpt"
+			out, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
+			require.NoError(t, err, "the webhook admits what the chart renders")
+			env := map[string]string{}
+			for _, c := range out.Pod.Spec.Containers {
+				for _, e := range c.Env {
+					env[e.Name] = e.Value
+				}
+			}
+			require.Equal(t, tc.wantDir, env[constants.EnvCheckpointPersistDir])
+			require.Equal(t, tc.wantEvy, env[constants.EnvCheckpointPersistEvery])
+		})
+	}
+}

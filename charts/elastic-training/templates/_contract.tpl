@@ -70,7 +70,9 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/contract",
     "elastic-training.io/sidecar-resources",
     "elastic-training.io/hang-timeout",
-    "elastic-training.io/checkpoint-replicas"
+    "elastic-training.io/checkpoint-replicas",
+    "elastic-training.io/checkpoint-persist",
+    "elastic-training.io/checkpoint-persist-every"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "contractVersion": 2,

@@ -18,7 +18,7 @@ import (
 
 // ckptNode is a pod of a job with in-memory checkpoints: its joining sidecar holds the checkpoint directory its
 // trainer saves into and serves it at host:port (every pod at the same port, as in a cluster).
-func (o *ownRdzv) startCkpt(t *testing.T, i int, port int) node {
+func (o *ownRdzv) startCkpt(t *testing.T, i int, port int, env ...string) node {
 	t.Helper()
 	host := fmt.Sprintf("127.0.0.%d", i+1)
 	dir := filepath.Join(t.TempDir(), "checkpoints")
@@ -28,7 +28,7 @@ func (o *ownRdzv) startCkpt(t *testing.T, i int, port int) node {
 	script, err := filepath.Abs("testdata/checkpoint_train.py")
 	require.NoError(t, err)
 	args := append(append([]string{"--local_addr=" + host}, o.args...), script)
-	env := append(slices.Clip(o.env), constants.EnvCheckpointDir+"="+dir, constants.EnvCheckpointURL+"=http://"+addr)
+	env = append(append(slices.Clip(o.env), constants.EnvCheckpointDir+"="+dir, constants.EnvCheckpointURL+"=http://"+addr), env...)
 	agent := o.tr.startAgent(t, fmt.Sprintf("agent-%d", i), env, args...)
 	return node{agent: agent, join: join, host: host}
 }
@@ -142,6 +142,52 @@ func TestCheckpointSurvivesANodeLoss(t *testing.T) {
 		require.Equal(t, aDigest, dDigest)
 		require.Equal(t, digests(a, b)[dStep], dDigest, "the state step %d was saved with, read from the peers", dStep)
 		require.Greater(t, dStep, step)
+	})
+}
+
+// With a shared volume (checkpoint.persistEvery): every 4th step's save is also copied to the volume, in the
+// background, and a job that loses every pod (agents, sidecars, their memory; a reinstall of the job) restores from
+// it at its next start: the newest step copied there whole, with the state it was saved with, and the volume holds
+// no more than that save and the one being copied. Real torchrun on torch 2.14 and 2.6, two pods.
+func TestCheckpointPersistsToTheVolume(t *testing.T) {
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		volume := t.TempDir()
+		persist := []string{constants.EnvCheckpointPersistDir + "=" + volume, constants.EnvCheckpointPersistEvery + "=4"}
+		o := newOwnRdzv(t, tr, "ckpt-persist", "2", "TRAIN_STEPS=100000", "STEP_SLEEP=0.2")
+		port := testenv.FreePort(t)
+		a, b := o.startCkpt(t, 0, port, persist...), o.startCkpt(t, 1, port, persist...)
+		testenv.Eventually(t, 120*time.Second, "both pods saved 14 steps", func() error {
+			for _, n := range []node{a, b} {
+				if maxSaved(n) < 14 {
+					return fmt.Errorf("%s saved %d", n.agent.Name, maxSaved(n))
+				}
+			}
+			return nil
+		})
+		require.Regexp(t, `step 12 is on the volume \(.*, rank 0\)`, a.agent.Output())
+		require.Regexp(t, `step 12 is on the volume \(.*, rank 1\)`, b.agent.Output())
+		for _, n := range []node{a, b} {
+			n.agent.Kill()
+			n.join.Kill()
+		}
+		o.s.Kill()
+		lost := max(maxSaved(a), maxSaved(b))
+		saves, err := filepath.Glob(filepath.Join(volume, "step-*"))
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(saves), 2, "the volume keeps the newest complete save and the one being copied: %v", saves)
+
+		o2 := newOwnRdzv(t, tr, "ckpt-persist-2", "2", "TRAIN_STEPS=100000", "STEP_SLEEP=0.2")
+		port = testenv.FreePort(t)
+		c, d := o2.startCkpt(t, 0, port, persist...), o2.startCkpt(t, 1, port, persist...)
+		step, digest, _ := waitRestored(t, c, "2", 0)
+		t.Logf("torch %s: every pod lost after saving step %d; the new pods restored step %d from the volume", tr.version, lost, step)
+		require.Zero(t, step%4, "a step copied to the volume")
+		require.GreaterOrEqual(t, step, 12)
+		require.Equal(t, digests(a, b)[step], digest, "the state step %d was saved with", step)
+		dStep, dDigest, _ := waitRestored(t, d, "2", 0)
+		require.Equal(t, step, dStep)
+		require.Equal(t, digest, dDigest)
+		require.Contains(t, c.agent.Output(), fmt.Sprintf("restoring step %d from the volume", step))
 	})
 }
 

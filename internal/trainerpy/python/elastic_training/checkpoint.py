@@ -15,6 +15,10 @@ then replicates each rank's piece to another pod, on another node where there is
 whose every rank's piece still exists somewhere in the job, at any world size (DCP reshards), reading from this pod
 or, through its sidecar ($ET_CHECKPOINT_URL), from the peers that hold the rest.
 
+With $ET_CHECKPOINT_PERSIST_DIR (a directory on the job's shared volume) and $ET_CHECKPOINT_PERSIST_EVERY=N, every
+N-th step's save is also copied there in the background, each rank its own files, so that a loss of every pod (a
+reinstall, a cluster's outage) still has a checkpoint: a load takes the newer of memory's newest and the volume's.
+
 Without a sidecar ($ET_CHECKPOINT_URL unset) it keeps the newest complete save in the directory and loads from
 there: a one-node job, or a test. Standard library and torch only; importing this module imports neither.
 """
@@ -33,6 +37,8 @@ __all__ = ["save", "load", "wait", "CheckpointError"]
 
 ENV_DIR = "ET_CHECKPOINT_DIR"
 ENV_URL = "ET_CHECKPOINT_URL"
+ENV_PERSIST_DIR = "ET_CHECKPOINT_PERSIST_DIR"
+ENV_PERSIST_EVERY = "ET_CHECKPOINT_PERSIST_EVERY"
 
 # A remote file is read in ranges of this many bytes: DCP reads each item (a tensor's bytes) with a seek and a read.
 _RANGE = 16 << 20
@@ -43,6 +49,8 @@ _lock = threading.Lock()
 _pending = None  # the save in flight: an Event set once its manifest is written (or it failed)
 _error = None  # what the last background save raised, for the next call to raise
 _group = None
+_persisting = None  # the thread copying a save to the volume
+_persisted = None  # rank 0: the step last copied to the volume (or being copied)
 
 
 class CheckpointError(RuntimeError):
@@ -74,18 +82,18 @@ def _world():
     return dist.get_rank(), dist.get_world_size(), _group
 
 
-def _agree(group, value, ok):
-    """Rank 0's value, and whether every rank is ok: one broadcast and one all-reduce on group."""
+def _agree(group, value, *oks):
+    """Rank 0's value, and for each of oks whether every rank's is true: one broadcast and one all-reduce on group."""
     import torch
     import torch.distributed as dist
 
     if group is None:
-        return value, ok
+        return (value,) + tuple(bool(ok) for ok in oks)
     box = [value]
     dist.broadcast_object_list(box, src=0, group=group)
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return box[0], bool(flag.item())
+    flags = torch.tensor([1 if ok else 0 for ok in oks] or [1], dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)
+    return (box[0],) + tuple(bool(f) for f in flags.tolist()[: len(oks)])
 
 
 def _state_bytes(state):
@@ -161,11 +169,7 @@ def _newest(root):
             raise CheckpointError("asking the sidecar for the newest checkpoint: %s" % e) from e
         except (OSError, ValueError, KeyError) as e:
             raise CheckpointError("asking the sidecar for the newest checkpoint at %s: %s" % (url, e)) from e
-    for _, name in _saves(root):
-        step = _complete_here(root, name)
-        if step is not None:
-            return name, step
-    return None
+    return _newest_in(root)
 
 
 def _prune_local(root):
@@ -178,8 +182,9 @@ def _prune_local(root):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _finished(fut, done, root, name, step, rank, world):
-    """After a rank's save: its manifest (written last: the sidecar takes the piece only with it), then the sidecar told."""
+def _finished(fut, done, root, name, step, rank, world, persist):
+    """After a rank's save: its manifest (written last: the sidecar takes the piece only with it), then the sidecar
+    told; when persist (a directory), the rank's files go on to it in another thread."""
     global _error
     try:
         fut.result()
@@ -198,6 +203,13 @@ def _finished(fut, done, root, name, step, rank, world):
                 urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/checkpoint/saved", data=b"", method="POST"), timeout=2).close()
             except OSError as e:  # the sidecar looks every second anyway
                 _log("telling the sidecar of step %d: %s" % (step, e))
+        if persist:
+            # Linked now, while no newer save of the job can be complete (this rank has not saved one): the sidecar
+            # may drop the save from the directory before the copy is done, and the links keep its bytes.
+            try:
+                _start_persist(root, name, step, rank, files + ["rank-%d.json" % rank], persist)
+            except OSError as e:
+                _log("copying step %d to the volume %s failed (the in-memory checkpoints go on): %s" % (step, persist, e))
     except Exception as e:  # noqa: BLE001 - raised by the next save or wait
         _log("saving step %d failed: %s" % (step, e))
         with _lock:
@@ -206,12 +218,113 @@ def _finished(fut, done, root, name, step, rank, world):
         done.set()
 
 
+def _persist_conf():
+    """(the volume's checkpoint directory, every how many steps) or (None, 0)."""
+    d = os.environ.get(ENV_PERSIST_DIR)
+    try:
+        every = int(os.environ.get(ENV_PERSIST_EVERY) or "0")
+    except ValueError:
+        raise CheckpointError("$%s must be a number of steps, got %r" % (ENV_PERSIST_EVERY, os.environ.get(ENV_PERSIST_EVERY)))
+    return (d, every) if d and every > 0 else (None, 0)
+
+
+def _persist_idle():
+    return _persisting is None or not _persisting.is_alive()
+
+
+def _wait_persist():
+    if _persisting is not None:
+        _persisting.join()
+
+
+def _stage_name(name):
+    return ".persist-%d-%s" % (os.getpid(), name)
+
+
+def _clear_stages(root):
+    """Remove the links of copies whose process is gone (a restarted worker's): they hold the pod's memory."""
+    for entry in os.listdir(root):
+        if not entry.startswith(".persist-"):
+            continue
+        try:
+            pid = int(entry.split("-")[1])
+        except (ValueError, IndexError):
+            continue
+        if pid == os.getpid():
+            if not _persist_idle():
+                continue
+        else:
+            try:
+                os.kill(pid, 0)
+                continue  # another rank's of this pod, copying
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+
+
+def _start_persist(root, name, step, rank, files, pdir):
+    global _persisting
+    stage = os.path.join(root, _stage_name(name))
+    os.makedirs(stage, exist_ok=True)
+    for f in files:
+        os.link(os.path.join(root, name, f), os.path.join(stage, f))
+    _persisting = threading.Thread(target=_persist, args=(stage, pdir, name, step, rank, files), name="elastic-training-persist", daemon=True)
+    _persisting.start()
+
+
+def _persist(stage, pdir, name, step, rank, files):
+    """Copy a rank's piece of a save to the volume, the manifest last (renamed into place), so a save on the volume is
+    complete when every rank's manifest is there; then, on rank 0, remove the older ones."""
+    dst = os.path.join(pdir, name)
+    try:
+        os.makedirs(dst, exist_ok=True)
+        manifest = files[-1]
+        for f in files[:-1] + [manifest]:
+            out = os.path.join(dst, ("." + f + ".tmp") if f == manifest else f)
+            with open(os.path.join(stage, f), "rb") as src, open(out, "wb") as w:
+                shutil.copyfileobj(src, w, 16 << 20)
+                w.flush()
+                os.fsync(w.fileno())
+        os.rename(os.path.join(dst, "." + manifest + ".tmp"), os.path.join(dst, manifest))
+        _log("step %d is on the volume (%s, rank %d)" % (step, dst, rank))
+    except Exception as e:  # noqa: BLE001 - the save in memory stands; the volume keeps its older copy
+        _log("copying step %d to the volume %s failed (the in-memory checkpoints go on; the volume keeps an older step): %s" % (step, dst, e))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _prune_volume(pdir, writing):
+    """Rank 0, when every rank's copy to the volume is done: all but the newest complete save and the one about to
+    be written go (an incomplete one is a copy that failed)."""
+    newest = _newest_in(pdir)
+    for _, name in _saves(pdir):
+        if name != writing and (newest is None or name != newest[0]):
+            shutil.rmtree(os.path.join(pdir, name), ignore_errors=True)
+
+
+def _newest_in(root):
+    """(save name, step) of the newest save in root whose every rank's manifest is there, or None."""
+    if not os.path.isdir(root):
+        return None
+    for _, name in _saves(root):
+        try:
+            step = _complete_here(root, name)
+        except (OSError, ValueError, KeyError) as e:
+            _log("%s/%s is not a usable save: %s" % (root, name, e))
+            continue
+        if step is not None:
+            return name, step
+    return None
+
+
 def save(state, step, dir=None):
     """Save state as step: returns once the state is copied; the write and the replication go on in the background.
 
     Collective: every rank calls it with the same step. Raises CheckpointError, on every rank, when the state does
     not fit in the checkpoint directory (the figures in the message), or when the previous save failed."""
-    global _pending
+    global _pending, _persisted
     import torch.distributed.checkpoint as dcp
 
     if not isinstance(step, int) or step < 0:
@@ -223,14 +336,22 @@ def save(state, step, dir=None):
         # Once every rank has waited for its last save (so every manifest of it is written): older saves go.
         _agree(group, None, True)
         _prune_local(root)
+    pdir, every = _persist_conf()
+    _clear_stages(root)
     need = int(_state_bytes(state) * _SLACK)
     free = shutil.disk_usage(root).free
-    sid, ok = _agree(group, secrets.token_hex(4), need <= free)
+    # To the volume: every N-th step, or the first save after one skipped while a copy was still going.
+    due = bool(pdir) and (step % every == 0 or (_persisted is not None and step - _persisted >= every))
+    (sid, due), ok, idle = _agree(group, (secrets.token_hex(4), due), need <= free, _persist_idle())
     if not ok:
         msg = "step %d does not fit: this rank needs about %d bytes, %d are free in %s; some rank lacks room (raise checkpoint.memory, or save less)" % (step, need, free, root)
         _log(msg)
         raise CheckpointError(msg)
     name = "step-%012d-%s" % (step, sid)
+    persist = pdir if due and idle else None
+    if persist and rank == 0:
+        _persisted = step
+        _prune_volume(pdir, name)
     path = os.path.join(root, name)
     # The sidecar runs as another user (65532): it writes its copies of other ranks' pieces into this directory and
     # removes it once a newer save is complete, so the directory is everyone's (DCP would make it with the umask).
@@ -246,40 +367,57 @@ def save(state, step, dir=None):
             fut.set_result(None)
         except Exception as e:  # noqa: BLE001 - raised below through _finished
             fut.set_exception(e)
-        _finished(fut, threading.Event(), root, name, step, rank, world)
+        _finished(fut, threading.Event(), root, name, step, rank, world, persist)
         wait()
         return
     fut = dcp.async_save(state, storage_writer=writer, process_group=group)
     done = threading.Event()
     with _lock:
         _pending = done
-    fut.add_done_callback(lambda f: _finished(f, done, root, name, step, rank, world))
+    fut.add_done_callback(lambda f: _finished(f, done, root, name, step, rank, world, persist))
 
 
 def load(state, dir=None):
     """Restore the newest complete step into state and return it; None when the job has none (state untouched).
 
-    Collective: every rank calls it. Rank 0 picks the step; every rank reads what its part needs, from this pod or
-    through the sidecar from the peers that hold it, at any world size."""
+    Collective: every rank calls it. Rank 0 picks the step, the newer of memory's and the volume's; every rank reads
+    what its part needs, from this pod or through the sidecar from the peers that hold it, or from the volume, at any
+    world size."""
     import torch.distributed.checkpoint as dcp
 
     wait()
+    _wait_persist()
     root = _dir(dir)
-    _, _, group = _world()
+    rank, _, group = _world()
+    pdir, _ = _persist_conf()
     # Every rank's last save finished (its manifest written) before rank 0 looks for the newest.
     _agree(group, None, True)
     err, choice = None, None
-    try:
-        choice = _newest(root)
-    except CheckpointError as e:
-        err = e
+    if rank == 0:
+        try:
+            memory = _newest(root)
+            volume = _newest_in(pdir) if pdir else None
+            if volume is not None and (memory is None or volume[1] > memory[1]):
+                choice = ("volume",) + volume
+                _log("restoring step %d from the volume (%s); memory's newest: %s" % (volume[1], pdir, "step %d" % memory[1] if memory else "none"))
+            elif memory is not None:
+                choice = ("memory",) + memory
+        except CheckpointError as e:
+            err = e
     choice, ok = _agree(group, choice, err is None)
     if not ok:
-        raise err or CheckpointError("another rank could not find the newest checkpoint (its log says why)")
+        raise err or CheckpointError("rank 0 could not find the newest checkpoint (its log says why)")
     if choice is None:
         return None
-    name, step = choice
-    dcp.load(state, storage_reader=_reader(root, name), process_group=group)
+    source, name, step = choice
+    if source == "volume":
+        if not pdir:
+            raise CheckpointError("rank 0 restores step %d from the volume, and $%s is unset here" % (step, ENV_PERSIST_DIR))
+        _Reader, _ = _reader_classes()
+        reader = _Reader(os.path.join(pdir, name))
+    else:
+        reader = _reader(root, name)
+    dcp.load(state, storage_reader=reader, process_group=group)
     return step
 
 
