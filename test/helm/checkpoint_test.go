@@ -103,12 +103,14 @@ func TestCheckpointPersistEvery(t *testing.T) {
 		name             string
 		persistence      bool
 		every            any
+		dir              string // checkpoint.persistDir, on a volume of the user's mounted at /mnt/nfs
 		wantDir, wantEvy string
 	}{
-		{"the default with a volume", true, nil, "/data/elastic-training/" + release, "100"},
-		{"every 7 steps", true, 7, "/data/elastic-training/" + release, "7"},
-		{"never", true, 0, "", ""},
-		{"no volume", false, nil, "", ""},
+		{"the default with a volume", true, nil, "", "/data/elastic-training/" + release, "100"},
+		{"every 7 steps", true, 7, "", "/data/elastic-training/" + release, "7"},
+		{"never", true, 0, "", "", ""},
+		{"no volume", false, nil, "", "", ""},
+		{"a volume of the user's", false, 20, "/mnt/nfs/ckpt", "/mnt/nfs/ckpt", "20"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ckpt := map[string]any{"memory": "1Gi"}
@@ -116,6 +118,11 @@ func TestCheckpointPersistEvery(t *testing.T) {
 				ckpt["persistEvery"] = tc.every
 			}
 			vals := map[string]any{"command": []any{"torchrun", "train.py"}, "checkpoint": ckpt}
+			if tc.dir != "" {
+				ckpt["persistDir"] = tc.dir
+				vals["volumes"] = []any{map[string]any{"name": "nfs", "nfs": map[string]any{"server": "nfs.example.com", "path": "/export"}}}
+				vals["volumeMounts"] = []any{map[string]any{"name": "nfs", "mountPath": "/mnt/nfs"}}
+			}
 			if tc.persistence {
 				vals["persistence"] = map[string]any{"enabled": true, "checkStorageClass": false}
 			}

@@ -140,9 +140,9 @@ metadata:
     kubectl.kubernetes.io/default-container: {{ $containerName }}
     elastic-training.io/container: {{ $containerName }}
     {{- include "elastic-training.jobAnnotations" (dict "root" $root "plan" .plan) | nindent 4 }}
-    {{- if and (eq $rv.framework "pytorch") (eq $g.role "worker") $rv.checkpoint.memory $rv.persistence.enabled (gt (int $rv.checkpoint.persistEvery) 0) }}
+    {{- if and (eq $rv.framework "pytorch") (eq $g.role "worker") $rv.checkpoint.memory (or $rv.checkpoint.persistDir $rv.persistence.enabled) (gt (int $rv.checkpoint.persistEvery) 0) }}
     {{- /* in-memory checkpoints copied to the job's volume as well (docs/checkpoints.md) */}}
-    elastic-training.io/checkpoint-persist: {{ printf "%s/elastic-training/%s" (trimSuffix "/" $rv.persistence.mountPath) $job | quote }}
+    elastic-training.io/checkpoint-persist: {{ $rv.checkpoint.persistDir | default (printf "%s/elastic-training/%s" (trimSuffix "/" $rv.persistence.mountPath) $job) | quote }}
     elastic-training.io/checkpoint-persist-every: {{ $rv.checkpoint.persistEvery | int | toString | quote }}
     {{- end }}
     {{- with (include "elastic-training.sidecarPorts" $root | fromYaml).base }}

@@ -121,6 +121,19 @@ unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is 
 {{- if $v.hostNetwork -}}
 {{- fail "checkpoint.memory with hostNetwork: in-memory checkpoints do not run on host networking yet (their port 2382 would be the node's): unset one" -}}
 {{- end -}}
+{{- with $v.checkpoint.persistDir -}}
+{{- $dir := . -}}
+{{- $on := false -}}
+{{- $mounts := concat ($v.volumeMounts | default list) ($v.workers.volumeMounts | default list) -}}
+{{- if $v.persistence.enabled -}}{{- $mounts = append $mounts (dict "mountPath" $v.persistence.mountPath) -}}{{- end -}}
+{{- range $mounts -}}
+{{- $mp := trimSuffix "/" (.mountPath | default "") -}}
+{{- if and $mp (not .readOnly) (or (eq $dir $mp) (hasPrefix (printf "%s/" $mp) $dir)) -}}{{- $on = true -}}{{- end -}}
+{{- end -}}
+{{- if not $on -}}
+{{- fail (printf "checkpoint.persistDir: %s is on no writable volume of the workers (volumeMounts, workers.volumeMounts, persistence.mountPath): copies there would be lost with the pod; mount a shared volume there, or leave it empty for persistence.enabled's" $dir) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $c := include "elastic-training.contract" . | fromJson -}}
 {{- if $v.hostNetwork -}}

@@ -88,6 +88,11 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		// In-memory checkpoints as a user turns them on: the script saves every step with elastic_training.checkpoint
 		// and loads at each restart; the sidecars replicate each save over the pod network.
 		set(v, "checkpoint.memory", "256Mi")
+		// And copied every 10th step to a shared volume (hostPath here, an NFS share or a PVC on a real cluster),
+		// which a reinstall of the job restores from below.
+		sharedDir(t, v, ns)
+		set(v, "checkpoint.persistDir", "/data/checkpoints")
+		set(v, "checkpoint.persistEvery", 10)
 	}
 
 	start := time.Now()
@@ -149,6 +154,41 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		t.Errorf("%d succeeded pods logged the end of training at world size 2, want 2", done)
 	}
 
+	uninstallJob(t, c, ns, job)
+	if backend == "" {
+		requireReinstallRestoresFromVolume(t, c, ns, job, v, steps)
+	}
+}
+
+// requireReinstallRestoresFromVolume: with every pod of the job gone (helm uninstall, and their memory with them), the
+// job installed again restores the last step copied to the shared volume, which is the run's last (a multiple of
+// checkpoint.persistEvery), and ends at once.
+func requireReinstallRestoresFromVolume(t *testing.T, c *framework.Cluster, ns, job string, v map[string]any, steps int) {
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	start := time.Now()
+	installJob(t, c, ns, job, v)
+	waitJobComplete(t, c, ns, naming.Workload(job, "worker"), 3*time.Minute)
+	pods, err := c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "elastic-training.io/job=" + job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := 0
+	for _, p := range pods.Items {
+		logs := c.PodLogs(t, ns, p.Name, trainer)
+		if strings.Contains(logs, fmt.Sprintf("resume_step=%d ", steps)) && strings.Contains(logs, fmt.Sprintf("done steps=%d ", steps)) {
+			restored++
+		}
+		if i := strings.Index(logs, "from the volume"); i >= 0 {
+			t.Logf("%s: ...%s", p.Name, strings.SplitN(logs[max(0, i-40):], "\n", 2)[0])
+		}
+	}
+	if restored != 2 {
+		t.Errorf("%d pods of the job installed again resumed at step %d (from the volume) and ended, want 2", restored, steps)
+	}
+	t.Logf("helm uninstall, helm install again -> restored step %d from the volume and complete: %.1fs", steps, time.Since(start).Seconds())
 	uninstallJob(t, c, ns, job)
 }
 

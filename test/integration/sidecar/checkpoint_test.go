@@ -151,7 +151,7 @@ func TestCheckpointSurvivesANodeLoss(t *testing.T) {
 // no more than that save and the one being copied. Real torchrun on torch 2.14 and 2.6, two pods.
 func TestCheckpointPersistsToTheVolume(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
-		volume := t.TempDir()
+		volume := filepath.Join(t.TempDir(), "job-a") // made by the first copy
 		persist := []string{constants.EnvCheckpointPersistDir + "=" + volume, constants.EnvCheckpointPersistEvery + "=4"}
 		o := newOwnRdzv(t, tr, "ckpt-persist", "2", "TRAIN_STEPS=100000", "STEP_SLEEP=0.2")
 		port := testenv.FreePort(t)

@@ -119,7 +119,13 @@ def _state_bytes(state):
 
 
 def wait():
-    """Wait for the save in flight, if any; raise what it raised."""
+    """Wait for the save in flight, if any, and its copy to the volume; raise what the save raised. Call it before the
+    training program exits: the last save's write and copy would be cut short."""
+    _wait_save()
+    _wait_persist()
+
+
+def _wait_save():
     global _pending, _error
     with _lock:
         done = _pending
@@ -138,7 +144,10 @@ def _saves(root):
     for name in os.listdir(root):
         parts = name.split("-")
         if len(parts) == 3 and parts[0] == "step" and len(parts[1]) == 12 and parts[1].isdigit():
-            out.append((int(parts[1]), os.path.getmtime(os.path.join(root, name)), name))
+            try:
+                out.append((int(parts[1]), os.path.getmtime(os.path.join(root, name)), name))
+            except FileNotFoundError:  # removed meanwhile (the sidecar, rank 0's pruning)
+                continue
     out.sort(reverse=True)
     return [(step, name) for step, _, name in out]
 
@@ -297,11 +306,16 @@ def _persist(stage, pdir, name, step, rank, files):
 
 def _prune_volume(pdir, writing):
     """Rank 0, when every rank's copy to the volume is done: all but the newest complete save and the one about to
-    be written go (an incomplete one is a copy that failed)."""
-    newest = _newest_in(pdir)
-    for _, name in _saves(pdir):
-        if name != writing and (newest is None or name != newest[0]):
-            shutil.rmtree(os.path.join(pdir, name), ignore_errors=True)
+    be written go (an incomplete one is a copy that failed). Never raises: the volume is the fallback."""
+    try:
+        if not os.path.isdir(pdir):
+            return
+        newest = _newest_in(pdir)
+        for _, name in _saves(pdir):
+            if name != writing and (newest is None or name != newest[0]):
+                shutil.rmtree(os.path.join(pdir, name), ignore_errors=True)
+    except OSError as e:
+        _log("removing older saves from the volume %s: %s" % (pdir, e))
 
 
 def _newest_in(root):
@@ -329,7 +343,7 @@ def save(state, step, dir=None):
 
     if not isinstance(step, int) or step < 0:
         raise CheckpointError("step must be a non-negative int, got %r" % (step,))
-    wait()
+    _wait_save()  # not the copy to the volume: the loop never waits for that
     root = _dir(dir)
     rank, world, group = _world()
     if not os.environ.get(ENV_URL):
