@@ -358,6 +358,9 @@ const (
 	EnvCheckpointPersistEvery = "ET_CHECKPOINT_PERSIST_EVERY"
 	CheckpointPort            = 2382
 	CheckpointsPrefix         = "/elastic-training/checkpoints/"
+	// CheckpointIncidentsPrefix + a member's host: that pod's last checkpoint that did not fit (checkpoint.Incident),
+	// which the serving sidecar records as a Warning Event on the Job.
+	CheckpointIncidentsPrefix = "/elastic-training/checkpoint-incidents/"
 	// CheckpointVolumeName is the emptyDir (medium Memory, sizeLimit: what the pod's checkpoints may hold) that a
 	// PyTorch worker's pod brings (the job chart's checkpoint.memory renders it): the webhook mounts it at
 	// CheckpointDir in the trainer and the sidecar and turns the sidecar's checkpoints on. A pod without it gets none.

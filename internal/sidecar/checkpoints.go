@@ -9,12 +9,14 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/elastic-training/elastic-training/internal/checkpoint"
 	"github.com/elastic-training/elastic-training/internal/checkpoint/holder"
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/torchview/jobevents"
 )
 
 // CheckpointConfig: this pod's part of the job's in-memory checkpoints
@@ -72,7 +74,7 @@ func startCheckpoints(ctx context.Context, wg *sync.WaitGroup, c CheckpointConfi
 	peerPort, _ := strconv.Atoi(port)
 	log = log.With("component", "checkpoints")
 	h := holder.New(holder.Config{Dir: c.Dir, Self: self, Replicas: c.Replicas, Memory: c.Memory, Client: cli,
-		Prefix: constants.CheckpointsPrefix, PeerPort: peerPort, Log: log,
+		Prefix: constants.CheckpointsPrefix, IncidentKey: constants.CheckpointIncidentsPrefix + self, PeerPort: peerPort, Log: log,
 		Members: func() []checkpoint.Holder {
 			ms := st.listed()
 			out := make([]checkpoint.Holder, len(ms))
@@ -89,4 +91,32 @@ func startCheckpoints(ctx context.Context, wg *sync.WaitGroup, c CheckpointConfi
 	wg.Go(func() { h.Run(ctx) })
 	log.Info("in-memory checkpoints", "dir", c.Dir, "addr", ln.Addr().String(), "replicas", c.Replicas, "memory_bytes", c.Memory)
 	return nil
+}
+
+// watchIncidents makes every incident a pod's holder writes into the job's store (a save or a copy that did not
+// fit in its checkpoint.memory) a Warning Event on the Job, until ctx ends; a value that does not parse (any pod may
+// write there) is logged and dropped. The recorder's own spam filter bounds the Events of a pod that keeps failing.
+func watchIncidents(ctx context.Context, cli *clientv3.Client, w warner, log *slog.Logger) {
+	for ctx.Err() == nil {
+		for wr := range cli.Watch(clientv3.WithRequireLeader(ctx), constants.CheckpointIncidentsPrefix, clientv3.WithPrefix()) {
+			if wr.Err() != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type != clientv3.EventTypePut {
+					continue
+				}
+				in, err := checkpoint.ParseIncident(ev.Kv.Value)
+				if err != nil {
+					log.Warn("a checkpoint incident in the job's store is not usable", "key", string(ev.Kv.Key), "err", err)
+					continue
+				}
+				w.Warning(jobevents.ReasonCheckpointDoesNotFit, in.Message())
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }

@@ -211,6 +211,10 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 			return err
 		}
 	}
+	if w, ok := events.(warner); ok {
+		cli := etcd.Client()
+		wg.Go(func() { defer cli.Close(); watchIncidents(rctx, cli, w, log.With("component", "checkpoints")) })
+	}
 	if cfg.C10dAddr != "" {
 		if err := startProgress(rctx, &wg, cfg.Progress, loopbackOf(cfg.C10dAddr), cfg.Member.Member.Host, log); err != nil {
 			return err

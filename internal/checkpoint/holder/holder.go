@@ -37,6 +37,9 @@ type Config struct {
 	Memory   int64  // bytes the directory may hold: the trainer's saves and the copies
 	Client   *clientv3.Client
 	Prefix   string // the announcements' key prefix (constants.CheckpointsPrefix)
+	// IncidentKey is where this pod's last Incident (a save or a copy that did not fit) is written, under the
+	// holder's lease; the serving sidecar makes each a Warning Event. Empty: not written.
+	IncidentKey string
 	// Members are the job's members as last listed (the pods that hold pieces, and their nodes).
 	Members  func() []checkpoint.Holder
 	PeerPort int           // where every pod's holder serves its peers (constants.CheckpointPort)
@@ -62,6 +65,7 @@ type Holder struct {
 	local     map[checkpoint.Piece]local // in the directory at the last look
 	announced map[checkpoint.Piece]bool  // by this holder under its current lease
 	refused   map[checkpoint.Piece]bool  // copies that did not fit, logged once
+	lease     clientv3.LeaseID           // the current session's; 0 between sessions
 }
 
 // New returns a holder; Run starts it.
@@ -130,6 +134,14 @@ func (h *Holder) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("lease: %w", err)
 	}
+	h.mu.Lock()
+	h.lease = lease.ID
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.lease = 0
+		h.mu.Unlock()
+	}()
 	resp, err := cli.Get(sctx, h.cfg.Prefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("announcements: %w", err)
@@ -353,6 +365,8 @@ func (h *Holder) fetch(ctx context.Context, p checkpoint.Piece, members []checkp
 		if first {
 			h.cfg.Log.Warn("checkpoint holder: a copy does not fit in checkpoint.memory; it stays where it is",
 				"piece", p.String(), "bytes", m.Bytes(), "used", used, "reserved_for_the_next_save", reserve, "memory", h.cfg.Memory)
+			h.Report(ctx, checkpoint.Incident{Kind: checkpoint.IncidentCopy, Step: m.Step, Rank: p.Rank, Need: m.Bytes(),
+				Free: max(0, h.cfg.Memory-used-reserve)})
 		}
 		return nil
 	}
@@ -387,6 +401,28 @@ func (h *Holder) fetch(ctx context.Context, p checkpoint.Piece, members []checkp
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Report writes in as this pod's last incident (IncidentKey, under the holder's lease, so that it goes with the
+// pod), for the serving sidecar to make it an Event; it fills in the pod and its memory.
+func (h *Holder) Report(ctx context.Context, in checkpoint.Incident) {
+	if h.cfg.IncidentKey == "" {
+		return
+	}
+	in.Host, in.Memory = h.cfg.Self, h.cfg.Memory
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	var opts []clientv3.OpOption
+	if lease != 0 {
+		opts = append(opts, clientv3.WithLease(lease))
+	}
+	value, _ := json.Marshal(in)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := h.cfg.Client.Put(pctx, h.cfg.IncidentKey, string(value), opts...); err != nil {
+		h.cfg.Log.Warn("checkpoint holder: recording an incident", "incident", in.Message(), "err", err)
+	}
 }
 
 // reserve is room for the trainer's next save: the size of its newest. h.mu is held.

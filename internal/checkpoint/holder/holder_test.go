@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,7 +27,10 @@ import (
 	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
 )
 
-const prefix = "/test/checkpoints/"
+const (
+	prefix    = "/test/checkpoints/"
+	incidents = "/test/incidents/"
+)
 
 // pod is one pod's holder on its own loopback address (127.0.0.N), all on one port, as pods of a job are.
 type pod struct {
@@ -61,7 +65,7 @@ func (j *job) start(n int, node string, memory int64) *pod {
 	j.mu.Lock()
 	j.members = append(j.members, checkpoint.Holder{Host: p.host, Node: node})
 	j.mu.Unlock()
-	p.h = New(Config{Dir: p.dir, Self: p.host, Replicas: 1, Memory: memory, Client: j.cli, Prefix: prefix,
+	p.h = New(Config{Dir: p.dir, Self: p.host, Replicas: 1, Memory: memory, Client: j.cli, Prefix: prefix, IncidentKey: incidents + p.host,
 		Members: j.listed, PeerPort: j.port, TTL: 2 * time.Second, Tick: 50 * time.Millisecond,
 		Log: slog.New(slog.NewTextHandler(p.logs, nil))})
 	ln, err := net.Listen("tcp", net.JoinHostPort(p.host, fmt.Sprint(j.port)))
@@ -314,4 +318,74 @@ func FuzzParseAnnouncement(f *testing.F) {
 		assert.Equal(t, p.Save, a.Manifest.Save)
 		assert.NoError(t, checkpoint.NewIndex().Announce(holder, a.Origin, a.Manifest))
 	})
+}
+
+// incident is what the pod's holder last recorded as its incident, if anything.
+func (j *job) incident(p *pod) (checkpoint.Incident, bool) {
+	resp, err := j.cli.Get(context.Background(), incidents+p.host)
+	require.NoError(j.t, err)
+	if len(resp.Kvs) == 0 {
+		return checkpoint.Incident{}, false
+	}
+	in, err := checkpoint.ParseIncident(resp.Kvs[0].Value)
+	require.NoError(j.t, err, "the holder writes what the serving sidecar parses")
+	return in, true
+}
+
+// What did not fit is recorded for an Event, with the figures: the trainer's refused save (its word, checked
+// strictly; a bad one is refused with 400 and records nothing), and a copy that does not fit beside the pod's own
+// next save.
+func TestIncidents(t *testing.T) {
+	j := newJob(t)
+	a, b := j.start(1, "n1", 1<<20), j.start(2, "n2", 3000)
+	post := func(body string) int {
+		resp, err := http.Post(a.url("/checkpoint/refused"), "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, bad := range []string{`{"kind":"copy","step":1,"rank":0,"need":1,"free":0}`, `{"kind":"save","step":1}`, `{"kind":"save","step":1,"rank":0,"need":5,"free":1,"host":"other"}x`, strings.Repeat("{", 5000)} {
+		require.Equal(t, http.StatusBadRequest, post(bad), bad)
+	}
+	_, ok := j.incident(a)
+	require.False(t, ok, "a refused request records nothing")
+	require.Equal(t, http.StatusNoContent, post(`{"kind":"save","step":12,"rank":3,"need":5000000,"free":1000}`))
+	in, ok := j.incident(a)
+	require.True(t, ok)
+	require.Equal(t, checkpoint.Incident{Kind: checkpoint.IncidentSave, Host: a.host, Step: 12, Rank: 3, Need: 5000000, Free: 1000, Memory: 1 << 20}, in)
+
+	// b holds 3000 bytes: its own save of 1500 and room kept for its next leave no room for a's 2000.
+	b.save(t, 1, "aaaaaaaa", 1, 2, 1500)
+	a.save(t, 1, "aaaaaaaa", 0, 2, 2000)
+	testenv.Eventually(t, 10*time.Second, "b records the copy it has no room for", func() error {
+		in, ok := j.incident(b)
+		if !ok {
+			return fmt.Errorf("nothing recorded; b's log: %s", b.logs.String())
+		}
+		if in.Kind != checkpoint.IncidentCopy || in.Rank != 0 || in.Step != 1 || in.Host != b.host || in.Memory != 3000 {
+			return fmt.Errorf("recorded %+v", in)
+		}
+		return nil
+	})
+}
+
+// The trainer's routes answer only the pod's own loopback: a peer (any address of the pod network) is refused
+// before anything is read or recorded.
+func TestTrainerRoutesAreLoopbackOnly(t *testing.T) {
+	j := newJob(t)
+	a := j.start(1, "n1", 1<<20)
+	for _, r := range []struct{ method, path, body string }{
+		{"GET", "/checkpoint/newest", ""},
+		{"GET", "/checkpoint/files/" + checkpoint.SaveName(1, "aaaaaaaa") + "/__0_0.distcp", ""},
+		{"POST", "/checkpoint/saved", ""},
+		{"POST", "/checkpoint/refused", `{"kind":"save","step":1,"rank":0,"need":5,"free":1}`},
+	} {
+		req := httptest.NewRequest(r.method, r.path, strings.NewReader(r.body))
+		req.RemoteAddr = "10.244.1.7:40000"
+		rec := httptest.NewRecorder()
+		a.h.Handler().ServeHTTP(rec, req)
+		assert.Equal(t, http.StatusForbidden, rec.Code, "%s %s from a peer", r.method, r.path)
+	}
+	_, ok := j.incident(a)
+	assert.False(t, ok, "a peer's refused save records nothing")
 }

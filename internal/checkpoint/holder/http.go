@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -25,6 +26,7 @@ const MaxConcurrent = 64
 //	GET  /checkpoint/newest               the newest complete save, as its rank 0's manifest (404: none)    loopback
 //	GET  /checkpoint/files/{save}/{file}  a file of any held piece: from this pod, or through it from a peer  loopback
 //	POST /checkpoint/saved                the trainer finished a save: look now                          loopback
+//	POST /checkpoint/refused              a save of the trainer's did not fit (checkpoint.Incident)      loopback
 //
 // Who reaches the peer route is the job's NetworkPolicy's to say (its pods
 // only); what it serves is only the files of announced pieces, by name.
@@ -37,6 +39,7 @@ func (h *Holder) Handler() http.Handler {
 		h.Wake()
 		w.WriteHeader(http.StatusNoContent)
 	}))
+	mux.HandleFunc("POST /checkpoint/refused", loopback(h.serveRefused))
 	sem := make(chan struct{}, MaxConcurrent)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -74,6 +77,28 @@ func (h *Holder) ServeListener(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	return nil
+}
+
+// serveRefused takes the trainer's word that a save did not fit (elastic_training.checkpoint, before it raises) and
+// records it for an Event.
+func (h *Holder) serveRefused(w http.ResponseWriter, r *http.Request) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, 2<<10))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	in, err := checkpoint.ParseIncident(data)
+	if err == nil && in.Kind != checkpoint.IncidentSave {
+		err = fmt.Errorf("incident: kind %q, want %q", in.Kind, checkpoint.IncidentSave)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	in.Host, in.Memory = h.cfg.Self, h.cfg.Memory
+	h.cfg.Log.Warn("checkpoint holder: the trainer's save does not fit in checkpoint.memory", "incident", in.Message())
+	h.Report(r.Context(), in)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func loopback(f http.HandlerFunc) http.HandlerFunc {

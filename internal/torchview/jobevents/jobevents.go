@@ -37,10 +37,12 @@ type API interface {
 }
 
 // ReasonHang and ReasonStragglers are the reasons of the Warning Events of a round found hung, and of its slow
-// ranks (internal/progress).
+// ranks (internal/progress); ReasonCheckpointDoesNotFit of a checkpoint save or copy that did not fit in a pod's
+// checkpoint.memory (checkpoint.Incident).
 const (
-	ReasonHang       = "TrainingHung"
-	ReasonStragglers = "Stragglers"
+	ReasonHang                 = "TrainingHung"
+	ReasonStragglers           = "Stragglers"
+	ReasonCheckpointDoesNotFit = "CheckpointDoesNotFit"
 )
 
 // Recorder records each message as a Normal Event with reason ReasonRound on

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"strconv"
 	"strings"
@@ -157,7 +158,37 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 	uninstallJob(t, c, ns, job)
 	if backend == "" {
 		requireReinstallRestoresFromVolume(t, c, ns, job, v, steps)
+		requireNoRoomIsAnEvent(t, c, ns, v)
 	}
+}
+
+// requireNoRoomIsAnEvent: a job whose state (4 MiB a rank) does not fit in its checkpoint.memory (2Mi) has its
+// save refused, and says so, with the figures, in a Warning Event on the Job, not only in the trainer's log.
+func requireNoRoomIsAnEvent(t *testing.T, c *framework.Cluster, ns string, v map[string]any) {
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	const job = "small"
+	v = maps.Clone(v)
+	set(v, "args", []any{"--steps=100", "--step-seconds=0.5", "--dim=1048576"})
+	set(v, "checkpoint", map[string]any{"memory": "2Mi"})
+	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 1})
+	set(v, "tests", map[string]any{"minMembers": 1})
+	installJob(t, c, ns, job, v)
+	workerJob := naming.Workload(job, "worker")
+	c.WaitFor(t, 2*time.Minute, "a CheckpointDoesNotFit Event on Job "+workerJob, func(ctx context.Context) (bool, error) {
+		out, err := c.Kubectl(ctx, "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+workerJob+",reason=CheckpointDoesNotFit", "-o", "custom-columns=MSG:.message", "--no-headers")
+		if err != nil {
+			return false, err
+		}
+		if !strings.Contains(out, "could not save step 1 in memory: it needs 4Mi") || !strings.Contains(out, "of 2Mi of checkpoint.memory is free") {
+			return false, fmt.Errorf("Events CheckpointDoesNotFit: %q", out)
+		}
+		t.Logf("kubectl get events: %s", strings.TrimSpace(out))
+		return true, nil
+	})
+	uninstallJob(t, c, ns, job)
 }
 
 // requireReinstallRestoresFromVolume: with every pod of the job gone (helm uninstall, and their memory with them), the

@@ -227,6 +227,20 @@ def _finished(fut, done, root, name, step, rank, world, persist):
         done.set()
 
 
+def _tell_refused(step, rank, need, free):
+    """This rank's save does not fit: its sidecar records it as a Warning Event on the Job (CheckpointDoesNotFit)."""
+    url = os.environ.get(ENV_URL)
+    if not url:
+        return
+    body = json.dumps({"kind": "save", "step": step, "rank": rank, "need": need, "free": free}).encode()
+    try:
+        req = urllib.request.Request(url.rstrip("/") + "/checkpoint/refused", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=2).close()
+    except OSError as e:
+        _log("telling the sidecar that step %d does not fit: %s" % (step, e))
+
+
 def _persist_conf():
     """(the volume's checkpoint directory, every how many steps) or (None, 0)."""
     d = os.environ.get(ENV_PERSIST_DIR)
@@ -360,6 +374,8 @@ def save(state, step, dir=None):
     if not ok:
         msg = "step %d does not fit: this rank needs about %d bytes, %d are free in %s; some rank lacks room (raise checkpoint.memory, or save less)" % (step, need, free, root)
         _log(msg)
+        if need > free:
+            _tell_refused(step, rank, need, free)
         raise CheckpointError(msg)
     name = "step-%012d-%s" % (step, sid)
     persist = pdir if due and idle else None
