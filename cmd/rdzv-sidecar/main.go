@@ -343,7 +343,7 @@ func joinCmd(args []string, _, stderr io.Writer) error {
 	addClientFlags(fs, &cfg.Client)
 	fs.StringVar(&cfg.C10d.Addr, "c10d-addr", "", `where the trainer reaches the job's c10d store (e.g. 127.0.0.1:29400): this sidecar carries those connections to --c10d-upstream while this pod is registered, and closes them when its registration ends, so that a store lost with its node fails torch's agent at once instead of leaving it blocked on a silent connection; "" = off`)
 	fs.StringVar(&cfg.C10d.Upstream, "c10d-upstream", "", "the job's c10d store (host:port of the rendezvous Service), for --c10d-addr")
-	fs.BoolVar(&cfg.C10d.Verify, "c10d-verify", false, "carry the trainer's store connections only to a store that names itself a pod of this pod's job (a name under --member-host's parent domain), dialled there, never where the rendezvous Service leads; refused connections are closed, logged and counted (rdzv_sidecar_c10d_proxy_refused_total)")
+	fs.BoolVar(&cfg.C10d.Verify, "c10d-verify", false, "carry the trainer's store connections only to a store that names itself a pod of this pod's job (a name under --member-host's parent domain), dialled there, never where the rendezvous Service leads; refused connections are closed, logged and counted (elastic_training_sidecar_c10d_proxy_refused_total)")
 	fs.DurationVar(&cfg.C10d.Wait, "c10d-wait", time.Minute, "how long a new store connection waits for this pod to be registered and the store to answer (torch's own store timeout is 60 s)")
 	fs.IntVar(&cfg.C10d.MaxConns, "c10d-max-connections", 64, "most store connections carried at once; more are closed as they come")
 	d := addDaemonFlags(fs, &cfg.Options)

@@ -26,7 +26,7 @@ type warner interface{ Warning(reason, msg string) }
 // rounds is the rounds' hang configuration: each hang a Warning Event on the Job, a log line (the rounds') and a
 // count; stragglers an Event when they change.
 func (c HangConfig) rounds(events torchview.Recorder, reg prometheus.Registerer) c10drounds.HangConfig {
-	hangs := prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_sidecar_training_hangs_total",
+	hangs := prometheus.NewCounter(prometheus.CounterOpts{Name: "elastic_training_job_hangs_total",
 		Help: "Rounds of the elastic-training backend restarted because no rank advanced for the hang timeout."})
 	if reg != nil {
 		reg.MustRegister(hangs)

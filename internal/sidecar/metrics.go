@@ -18,7 +18,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	opts := func(name, help string) prometheus.Opts {
-		return prometheus.Opts{Namespace: "rdzv_sidecar", Name: name, Help: help}
+		return prometheus.Opts{Namespace: "elastic_training_sidecar", Name: name, Help: help}
 	}
 	m := &metrics{
 		members:           prometheus.NewGauge(prometheus.GaugeOpts(opts("members", "Members currently registered under the job's prefix."))),

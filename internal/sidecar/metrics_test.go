@@ -30,8 +30,8 @@ func TestMetricsInTheCallersRegistry(t *testing.T) {
 		require.Equal(t, 200, rec.Code)
 		body, _ := io.ReadAll(rec.Body)
 		for _, want := range []string{
-			"rdzv_sidecar_members 3", "rdzv_sidecar_membership_changes_total 0", "rdzv_sidecar_files_written_total 0",
-			`rdzv_sidecar_rendezvous_rounds_total{backend="etcd-v2"} 1`, "rdzv_sidecar_v2_active_waits 0",
+			"elastic_training_sidecar_members 3", "elastic_training_sidecar_membership_changes_total 0", "elastic_training_sidecar_files_written_total 0",
+			`elastic_training_sidecar_rendezvous_rounds_total{backend="etcd-v2"} 1`, "elastic_training_sidecar_v2_active_waits 0",
 			"go_goroutines", // prometheus' default registry
 		} {
 			require.Contains(t, string(body), want)

@@ -129,7 +129,7 @@ type jobGauges struct{ world, round, step, rate prometheus.Gauge }
 
 func newJobGauges(reg prometheus.Registerer) jobGauges {
 	g := func(name, help string) prometheus.Gauge {
-		m := prometheus.NewGauge(prometheus.GaugeOpts{Name: "rdzv_sidecar_job_" + name, Help: help + " (the serving sidecar only)."})
+		m := prometheus.NewGauge(prometheus.GaugeOpts{Name: "elastic_training_job_" + name, Help: help + " (the serving sidecar only)."})
 		if reg != nil {
 			reg.MustRegister(m)
 		}

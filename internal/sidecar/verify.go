@@ -55,7 +55,7 @@ type verifiedStore struct {
 
 func newVerifiedStore(cli *clientv3.Client, self string, log *slog.Logger, reg prometheus.Registerer) *verifiedStore {
 	v := &verifiedStore{cli: cli, self: self, log: log, refused: prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "rdzv_sidecar", Name: "c10d_proxy_refused_total",
+		Namespace: "elastic_training_sidecar", Name: "c10d_proxy_refused_total",
 		Help: "Trainer store connections closed because the store the rendezvous leads to is not a pod of this job.",
 	})}
 	reg.MustRegister(v.refused)

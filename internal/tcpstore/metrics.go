@@ -3,7 +3,7 @@ package tcpstore
 import "github.com/prometheus/client_golang/prometheus"
 
 // metrics are registered in the Registerer of Config.Metrics, all named
-// rdzv_sidecar_tcpstore_*.
+// elastic_training_sidecar_tcpstore_*.
 type metrics struct {
 	connections prometheus.Gauge
 	ops         [numOps]prometheus.Counter
@@ -32,7 +32,7 @@ const (
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	opts := func(name, help string) prometheus.Opts {
-		return prometheus.Opts{Namespace: "rdzv_sidecar", Subsystem: "tcpstore", Name: name, Help: help}
+		return prometheus.Opts{Namespace: "elastic_training_sidecar", Subsystem: "tcpstore", Name: name, Help: help}
 	}
 	ops := prometheus.NewCounterVec(prometheus.CounterOpts(opts("ops_total", "Requests served, by message type.")), []string{"op"})
 	m := &metrics{

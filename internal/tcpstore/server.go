@@ -23,7 +23,7 @@ import (
 type Config struct {
 	Log *slog.Logger // nil: discard
 	// Metrics is where the server registers its metrics
-	// (rdzv_sidecar_tcpstore_*); nil: nowhere.
+	// (elastic_training_sidecar_tcpstore_*); nil: nowhere.
 	Metrics prometheus.Registerer
 	Limits  Limits // zero fields: DefaultLimits'
 	Quotas  Quotas // zero fields: DefaultQuotas'

@@ -31,7 +31,7 @@ type Recorder interface {
 // Config configures a Tracker. Every field is optional.
 type Config struct {
 	Log *slog.Logger // nil: discard
-	// Metrics is where rdzv_sidecar_rendezvous_rounds_total is registered.
+	// Metrics is where elastic_training_sidecar_rendezvous_rounds_total is registered.
 	Metrics prometheus.Registerer
 	Events  Recorder         // nil: no Events
 	Now     func() time.Time // nil: time.Now
@@ -118,9 +118,9 @@ type seenRound struct {
 // New returns a Tracker that has seen nothing.
 func New(cfg Config) *Tracker {
 	t := &Tracker{log: cfg.Log, events: cfg.Events, now: cfg.Now, slots: cfg.Slots, runs: map[runKey]*run{},
-		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_total",
+		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "elastic_training_sidecar", Name: "rendezvous_rounds_total",
 			Help: "torch rendezvous rounds completed, by backend."}, []string{"backend"}),
-		suppressed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "rendezvous_rounds_unreported_total",
+		suppressed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "elastic_training_sidecar", Name: "rendezvous_rounds_unreported_total",
 			Help: "Rounds neither logged nor recorded as Events: more than the report rate allows."}),
 		report: rate.NewLimiter(rate.Every(reportEvery), reportBurst)}
 	if t.log == nil {

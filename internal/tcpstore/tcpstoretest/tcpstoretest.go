@@ -69,7 +69,7 @@ func Start(t testing.TB, cfg tcpstore.Config) *Server {
 }
 
 // OpsServed is how many requests of each type the server served (its
-// rdzv_sidecar_tcpstore_ops_total counter by op), the types it served none of
+// elastic_training_sidecar_tcpstore_ops_total counter by op), the types it served none of
 // left out.
 func (s *Server) OpsServed(t testing.TB) map[string]int {
 	t.Helper()
@@ -79,7 +79,7 @@ func (s *Server) OpsServed(t testing.TB) map[string]int {
 	}
 	out := map[string]int{}
 	for _, mf := range mfs {
-		if mf.GetName() != "rdzv_sidecar_tcpstore_ops_total" {
+		if mf.GetName() != "elastic_training_sidecar_tcpstore_ops_total" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {

@@ -96,7 +96,7 @@ const maxRuns = 16
 // New returns a Restarter writing to cfg.Store.
 func New(cfg Config) *Restarter {
 	r := &Restarter{store: cfg.Store, name: cfg.Name, log: cfg.Log, now: cfg.Now, runs: map[string]*run{}, gone: map[string]bool{},
-		restarts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "rdzv_sidecar", Name: "survivor_restarts_total",
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "elastic_training_sidecar", Name: "survivor_restarts_total",
 			Help: "Rounds whose survivors were asked to restart after torch dropped a participant."})}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)

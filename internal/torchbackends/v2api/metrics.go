@@ -14,19 +14,19 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "requests_total",
+			Namespace: "elastic_training_sidecar", Subsystem: "v2", Name: "requests_total",
 			Help: "etcd v2 keys API requests by operation and outcome (ok or error_<etcd error code>).",
 		}, []string{"op", "outcome"}),
 		ActiveWaits: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "active_waits",
+			Namespace: "elastic_training_sidecar", Subsystem: "v2", Name: "active_waits",
 			Help: "Open long-poll wait=true requests.",
 		}),
 		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "refused_total",
+			Namespace: "elastic_training_sidecar", Subsystem: "v2", Name: "refused_total",
 			Help: "v2 requests refused by a bound of the sidecar: too_large (a key or value), store_full (--v2-max-bytes), replies_full (--v2-max-reply-bytes).",
 		}, []string{"reason"}),
 		StoreBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "rdzv_sidecar", Subsystem: "v2", Name: "store_bytes",
+			Namespace: "elastic_training_sidecar", Subsystem: "v2", Name: "store_bytes",
 			Help: "What the v2 store holds against --v2-max-bytes: its keys, values and nodes, and the values replaced or deleted that its event history still holds.",
 		}),
 	}

@@ -123,7 +123,7 @@ func TestRendezvousRedirectedOutsideTheJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const sample = "\nrdzv_sidecar_tcpstore_received_bytes_total "
+	const sample = "\nelastic_training_sidecar_tcpstore_received_bytes_total "
 	if got := lineWith(received, sample[1:]); !strings.Contains(received, sample+"0\n") {
 		t.Errorf("the other store received c10d bytes from the job's agents: %q", got)
 	}

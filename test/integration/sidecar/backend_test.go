@@ -86,8 +86,8 @@ func TestElasticTrainingBackendTwoAgents(t *testing.T) {
 		require.Contains(t, b.agent.Output(), "RESULT rank=1 ")
 		require.NotContains(t, o.s.Output(), "/torch.rendezvous.", "torch's own rendezvous played no part")
 		metrics := httpGet(t, "http://"+o.s.Health+"/metrics")
-		require.NotContains(t, metrics, "rdzv_sidecar_survivor_restarts_total", "the survivors' restarter of torch's c10d backend is wired")
-		require.Contains(t, metrics, "rdzv_sidecar_rendezvous_rounds_total", "the view of the rounds is not wired")
+		require.NotContains(t, metrics, "elastic_training_sidecar_survivor_restarts_total", "the survivors' restarter of torch's c10d backend is wired")
+		require.Contains(t, metrics, "elastic_training_sidecar_rendezvous_rounds_total", "the view of the rounds is not wired")
 	})
 }
 

@@ -148,7 +148,7 @@ func TestServeFilledUnderMemoryLimit(t *testing.T) {
 			_, err = fmt.Fprintf(nc, "GET /v2/keys/fill/d%d?recursive=true HTTP/1.1\r\nHost: %s\r\n\r\n", i%3, host)
 			require.NoError(t, err)
 			time.Sleep(100 * time.Millisecond) // built and being written
-			if refused(`rdzv_sidecar_v2_refused_total{reason="replies_full"}`) {
+			if refused(`elastic_training_sidecar_v2_refused_total{reason="replies_full"}`) {
 				return i
 			}
 		}
@@ -194,10 +194,10 @@ func TestServeFilledUnderMemoryLimit(t *testing.T) {
 	})
 
 	for _, reason := range []string{"store_full", "too_many_waiting_keys", "replies_full", "too_many_connections"} {
-		require.True(t, refused(fmt.Sprintf(`rdzv_sidecar_tcpstore_refused_total{reason=%q}`, reason)), "no c10d refusal %s", reason)
+		require.True(t, refused(fmt.Sprintf(`elastic_training_sidecar_tcpstore_refused_total{reason=%q}`, reason)), "no c10d refusal %s", reason)
 	}
 	for _, reason := range []string{"store_full", "replies_full"} {
-		require.True(t, refused(fmt.Sprintf(`rdzv_sidecar_v2_refused_total{reason=%q}`, reason)), "no v2 refusal %s", reason)
+		require.True(t, refused(fmt.Sprintf(`elastic_training_sidecar_v2_refused_total{reason=%q}`, reason)), "no v2 refusal %s", reason)
 	}
 	require.NoError(t, s.Cmd.Process.Signal(syscall.Signal(0)), "serve died:\n%s", s.Output())
 	waitReady(t, s.Proc, s.Health)

@@ -54,13 +54,13 @@ func TestTorchrunTwoAgents(t *testing.T) {
 				}
 			}
 			metrics := httpGet(t, "http://"+s.Health+"/metrics")
-			require.Contains(t, metrics, `rdzv_sidecar_rendezvous_rounds_total{backend="`+backend+`"} 1`)
+			require.Contains(t, metrics, `elastic_training_sidecar_rendezvous_rounds_total{backend="`+backend+`"} 1`)
 			if backend == "c10d" {
-				require.Contains(t, metrics, `rdzv_sidecar_tcpstore_ops_total{op="COMPARE_SET"}`)
-				require.Contains(t, metrics, `rdzv_sidecar_tcpstore_waiters 0`)
+				require.Contains(t, metrics, `elastic_training_sidecar_tcpstore_ops_total{op="COMPARE_SET"}`)
+				require.Contains(t, metrics, `elastic_training_sidecar_tcpstore_waiters 0`)
 			} else {
-				require.Contains(t, metrics, `rdzv_sidecar_v2_requests_total{op="compareAndSwap",outcome="ok"}`)
-				require.Contains(t, metrics, `rdzv_sidecar_v2_active_waits 0`)
+				require.Contains(t, metrics, `elastic_training_sidecar_v2_requests_total{op="compareAndSwap",outcome="ok"}`)
+				require.Contains(t, metrics, `elastic_training_sidecar_v2_active_waits 0`)
 			}
 			require.Contains(t, metrics, `etcd_server_has_leader 1`, "etcd's own metrics")
 		})

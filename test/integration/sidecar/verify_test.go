@@ -45,8 +45,8 @@ func TestVerifyingSidecarRefusesAStoreOfAnotherJob(t *testing.T) {
 			}
 			testenv.WaitOutput(t, j, "refusing to carry the trainer's store connections", 10*time.Second)
 			assert.Regexp(t, regexp.MustCompile(c.want), j.Output())
-			assert.Equal(t, 3, metric(t, health, "rdzv_sidecar_c10d_proxy_refused_total"), "every refused connection counted")
-			assert.Zero(t, metric(t, s.Health, "rdzv_sidecar_tcpstore_received_bytes_total"), "the store saw nothing of the trainer")
+			assert.Equal(t, 3, metric(t, health, "elastic_training_sidecar_c10d_proxy_refused_total"), "every refused connection counted")
+			assert.Zero(t, metric(t, s.Health, "elastic_training_sidecar_tcpstore_received_bytes_total"), "the store saw nothing of the trainer")
 
 			// Without --c10d-verify the same store gets the connection: the check is what stops it.
 			plain := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
@@ -54,7 +54,7 @@ func TestVerifyingSidecarRefusesAStoreOfAnotherJob(t *testing.T) {
 			cl, err := tcpstoretest.Dial(plain)
 			require.NoError(t, err)
 			cl.Close()
-			assert.NotZero(t, metric(t, s.Health, "rdzv_sidecar_tcpstore_received_bytes_total"))
+			assert.NotZero(t, metric(t, s.Health, "elastic_training_sidecar_tcpstore_received_bytes_total"))
 		})
 	}
 }
