@@ -492,6 +492,24 @@ func TestWebhookChartValues(t *testing.T) {
 			assert.True(t, slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == "metrics" }))
 			assert.Contains(t, r.Notes, "ServiceMonitor elastic-training-webhook")
 		}},
+		{"PrometheusRule and the Grafana dashboard when enabled", []string{"metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=kps", "grafanaDashboard.enabled=true", "grafanaDashboard.namespace=monitoring"}, func(t *testing.T, r *chartrender.Rendered) {
+			rule := r.Find("PrometheusRule", "elastic-training-webhook")
+			require.NotNil(t, rule)
+			assert.Equal(t, "kps", rule.GetLabels()["release"])
+			groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+			require.Len(t, groups, 1)
+			assert.Contains(t, fmt.Sprint(groups), "ElasticTrainingWebhookErrors")
+			cm := convert[corev1.ConfigMap](t, r.Find("ConfigMap", "elastic-training-webhook-dashboard"))
+			assert.Equal(t, "monitoring", cm.Namespace)
+			assert.Equal(t, "1", cm.Labels["grafana_dashboard"], "what kube-prometheus-stack's Grafana sidecar selects")
+			file, err := os.ReadFile(filepath.Join(webhookChartDir, "dashboards", "elastic-training.json"))
+			require.NoError(t, err)
+			assert.JSONEq(t, string(file), cm.Data["elastic-training.json"], "the chart's dashboard file, as it is")
+		}},
+		{"no PrometheusRule or dashboard by default", nil, func(t *testing.T, r *chartrender.Rendered) {
+			assert.Nil(t, r.Find("PrometheusRule", ""))
+			assert.Nil(t, r.Find("ConfigMap", "elastic-training-webhook-dashboard"))
+		}},
 		{"ServiceMonitor with the Prometheus' default interval", []string{"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.interval="}, func(t *testing.T, r *chartrender.Rendered) {
 			eps, _, _ := unstructured.NestedSlice(r.Find("ServiceMonitor", "").Object, "spec", "endpoints")
 			require.Len(t, eps, 1)

@@ -96,3 +96,18 @@ over the tag.
 {{- printf "%s:%s" $repo (toString .image.tag | default .root.Chart.AppVersion) -}}
 {{- end -}}
 {{- end }}
+
+{{/* The webhook's alert rules (metrics.prometheusRule), as the spec of a PrometheusRule: also a rules file of
+Prometheus itself (test/integration checks them with promtool and a real Prometheus). */}}
+{{- define "elastic-training-webhook.alertRules" -}}
+groups:
+  - name: elastic-training-webhook
+    rules:
+      - alert: ElasticTrainingWebhookErrors
+        expr: sum(increase(elastic_training_webhook_pods_total{result="errored"}[10m])) > 0
+        labels:
+          severity: critical
+        annotations:
+          summary: The elastic-training webhook failed to mutate pods.
+          description: Pods of elastic-training jobs were refused for an error of the webhook itself (not a denial of their values) in the last 10 minutes; their Jobs and StatefulSets show FailedCreate. See the webhook's log (kubectl logs -n {{ .Release.Namespace }} deploy/{{ include "elastic-training-webhook.fullname" . }}).
+{{- end -}}

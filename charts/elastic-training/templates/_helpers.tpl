@@ -613,3 +613,35 @@ karpenter.sh/do-not-disrupt: "true"
 cluster-autoscaler.kubernetes.io/safe-to-evict: "false"
 {{- end -}}
 {{- end -}}
+
+{{/* The job's alert rules (monitoring.prometheusRule), as the spec of a PrometheusRule: also a rules file of
+Prometheus itself (test/integration checks them with promtool and a real Prometheus). . = dict "job" "namespace" "m" */}}
+{{- define "elastic-training.alertRules" -}}
+{{- $sel := printf "namespace=%q, training_job=%q" .namespace .job -}}
+{{- $min := int .m.noProgressMinutes -}}
+groups:
+  - name: elastic-training.{{ .job }}
+    rules:
+      - alert: ElasticTrainingNoProgress
+        expr: max by (namespace, training_job) (elastic_training_job_step{ {{- $sel -}} }) > 0 and max by (namespace, training_job) (changes(elastic_training_job_step{ {{- $sel -}} }[{{ $min }}m])) == 0
+        for: 1m
+        labels:
+          severity: warning
+        annotations:
+          summary: Job {{ .job }} has trained no step for {{ $min }} minutes.
+          description: The ranks of {{ .namespace }}/{{ .job }} said a step (elastic_training.progress) and then none for {{ $min }} minutes; a hang of the elastic-training backend is restarted sooner (TrainingHung Events), so look at kubectl describe job {{ .job }}-worker and the pods' logs.
+      - alert: ElasticTrainingRoundChurn
+        expr: sum by (namespace, training_job) (increase(elastic_training_sidecar_rendezvous_rounds_total{ {{- $sel -}} }[10m])) >= {{ int .m.roundChurn }}
+        labels:
+          severity: warning
+        annotations:
+          summary: Job {{ .job }} formed {{ int .m.roundChurn }} or more rounds in 10 minutes.
+          description: Every round restarts every worker of {{ .namespace }}/{{ .job }}; this many in 10 minutes is a crash loop, a flapping node or a scale that keeps changing. The RendezvousRound Events name the members of each.
+      - alert: ElasticTrainingHung
+        expr: sum by (namespace, training_job) (increase(elastic_training_job_hangs_total{ {{- $sel -}} }[15m])) > 0
+        labels:
+          severity: warning
+        annotations:
+          summary: A round of job {{ .job }} hung and was restarted.
+          description: No rank of {{ .namespace }}/{{ .job }} advanced for the hang timeout; the TrainingHung Event names the rank that stopped first. Repeated hangs of one pod point at its node.
+{{- end -}}
