@@ -8,12 +8,13 @@
 #            mmdebstrap (the trainer root filesystems, hack/rootfs.sh).
 #   test     everything `make test` needs (.ci/run): the cluster set, and etcd 3.4 (etcd-server, etcd-client: the
 #            conformance reference and etcdctl), Open MPI and MPICH with mpi4py (host MPI places ranks in the
-#            integration tests' fake hosts), shellcheck (actionlint runs it on the release workflow's scripts).
+#            integration tests' fake hosts), shellcheck (actionlint runs it on the release workflow's scripts),
+#            prometheus (promtool and a real Prometheus: the charts' PodMonitor, alert rules and Grafana dashboard).
 # Nothing of torch, MPI's pods or sshd: pods and the integration tests run those from the root filesystems.
 # Usage: deps.sh [cluster|test]...
 set -euo pipefail
 cluster_pkgs=(containerd runc containernetworking-plugins iptables iproute2 ipset nftables busybox-static openssl curl util-linux procps mmdebstrap)
-test_pkgs=("${cluster_pkgs[@]}" etcd-server etcd-client openmpi-bin libopenmpi-dev mpich libmpich-dev python3-mpi4py shellcheck)
+test_pkgs=("${cluster_pkgs[@]}" etcd-server etcd-client openmpi-bin libopenmpi-dev mpich libmpich-dev python3-mpi4py shellcheck prometheus)
 pkgs=()
 for set in "${@:-cluster}"; do
   case $set in

@@ -1,7 +1,13 @@
 package helm_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -55,4 +61,60 @@ func TestMonitoring(t *testing.T) {
 	assert.Equal(t, `max by (namespace, training_job) (elastic_training_job_step`+sel2+`) > 0 and max by (namespace, training_job) (changes(elastic_training_job_step`+sel2+`[7m])) == 0`, exprs["ElasticTrainingNoProgress"])
 	assert.Contains(t, exprs["ElasticTrainingRoundChurn"], ">= 3")
 	assert.Contains(t, exprs["ElasticTrainingHung"], "elastic_training_job_hangs_total"+sel2)
+}
+
+// The Grafana dashboard file loads as Grafana needs it: one JSON object with a uid and a title, panels with unique
+// ids inside Grafana's 24 columns, every panel and annotation on the dashboard's data source variable, and only the
+// job's metrics (elastic_training_*) and its variables in the queries. That each query returns series is
+// TestMonitoringThroughPrometheus's (test/integration/sidecar), with a real Prometheus.
+func TestGrafanaDashboard(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(webhookChartDir, "dashboards", "elastic-training.json"))
+	require.NoError(t, err)
+	var d struct {
+		UID, Title    string
+		SchemaVersion int
+		Panels        []struct {
+			ID         int
+			Title      string
+			Datasource struct{ UID string }
+			GridPos    struct{ X, Y, W, H int }
+			Targets    []struct{ Expr string }
+		}
+		Annotations struct {
+			List []struct {
+				Expr       string
+				Datasource struct{ UID string }
+			}
+		}
+		Templating struct{ List []struct{ Name string } }
+	}
+	require.NoError(t, json.NewDecoder(bytes.NewReader(data)).Decode(&d))
+	assert.Equal(t, "elastic-training-jobs", d.UID)
+	assert.NotEmpty(t, d.Title)
+	assert.GreaterOrEqual(t, d.SchemaVersion, 36)
+	var vars []string
+	for _, v := range d.Templating.List {
+		vars = append(vars, v.Name)
+	}
+	assert.Equal(t, []string{"datasource", "namespace", "job"}, vars)
+	metric := regexp.MustCompile(`\b[a-z_]+_(total|size|step|second|round|members)\b`)
+	ids := map[int]bool{}
+	require.NotEmpty(t, d.Panels)
+	for _, p := range d.Panels {
+		assert.False(t, ids[p.ID], "panel id %d twice", p.ID)
+		ids[p.ID] = true
+		assert.Equal(t, "${datasource}", p.Datasource.UID, p.Title)
+		assert.LessOrEqual(t, p.GridPos.X+p.GridPos.W, 24, p.Title)
+		assert.Positive(t, p.GridPos.H, p.Title)
+		require.Len(t, p.Targets, 1, p.Title)
+		e := p.Targets[0].Expr
+		assert.Contains(t, e, `namespace="$namespace", training_job=~"$job"`, p.Title)
+		for _, m := range metric.FindAllString(e, -1) {
+			assert.True(t, strings.HasPrefix(m, "elastic_training_"), "%s: %s is not one of the product's metrics", p.Title, m)
+		}
+	}
+	for _, a := range d.Annotations.List {
+		assert.Equal(t, "${datasource}", a.Datasource.UID)
+		assert.Contains(t, a.Expr, `training_job=~"$job"`)
+	}
 }
