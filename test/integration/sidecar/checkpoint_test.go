@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"fmt"
+	"net"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -200,10 +201,24 @@ func TestCheckpointSaveIsASnapshot(t *testing.T) {
 		require.NoError(t, err)
 		files := t.TempDir()
 		require.NoError(t, trainerpy.Install(files))
-		env := torchrunEnv("PYTHONPATH="+filepath.Join(files, trainerpy.Dir), constants.EnvCheckpointDir+"="+t.TempDir())
+		// A save is progress too: the pod's sidecar would hear "rank r finished step 1" from each rank.
+		sidecar, err := net.ListenPacket("udp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer sidecar.Close()
+		env := torchrunEnv("PYTHONPATH="+filepath.Join(files, trainerpy.Dir), constants.EnvCheckpointDir+"="+t.TempDir(),
+			constants.EnvProgressAddr+"="+sidecar.LocalAddr().String())
 		p := tr.startAgent(t, "torchrun", env, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
 			fmt.Sprintf("--rdzv-endpoint=127.0.0.1:%d", testenv.FreePort(t)), "--local-addr=127.0.0.1", script)
 		require.NoError(t, p.Wait(t, 180*time.Second), p.Output())
 		require.Contains(t, p.Output(), "SNAPSHOT min=0.0 max=0.0", "the saved step holds the state at save()")
+		heard := map[string]bool{}
+		buf := make([]byte, 64)
+		for len(heard) < 2 {
+			require.NoError(t, sidecar.SetReadDeadline(time.Now().Add(5*time.Second)))
+			n, _, err := sidecar.ReadFrom(buf)
+			require.NoError(t, err, "the ranks' saves said no progress; heard %v", heard)
+			heard[string(buf[:n])] = true
+		}
+		require.Equal(t, map[string]bool{"et1 0 1 0": true, "et1 1 1 0": true}, heard, "each rank's save of step 1")
 	})
 }

@@ -227,6 +227,14 @@ def _finished(fut, done, root, name, step, rank, world, persist):
         done.set()
 
 
+def _progress(step):
+    """A save is progress (docs/hangs.md): a program that saves every step but never calls elastic_training.progress
+    has its hangs found too, at the pace of its saves."""
+    from ._progress import progress
+
+    progress(step)
+
+
 def _tell_refused(step, rank, need, free):
     """This rank's save does not fit: its sidecar records it as a Warning Event on the Job (CheckpointDoesNotFit)."""
     url = os.environ.get(ENV_URL)
@@ -398,13 +406,15 @@ def save(state, step, dir=None):
         except Exception as e:  # noqa: BLE001 - raised below through _finished
             fut.set_exception(e)
         _finished(fut, threading.Event(), root, name, step, rank, world, persist)
-        wait()
+        _wait_save()
+        _progress(step)
         return
     fut = dcp.async_save(state, storage_writer=writer, process_group=group)
     done = threading.Event()
     with _lock:
         _pending = done
     fut.add_done_callback(lambda f: _finished(f, done, root, name, step, rank, world, persist))
+    _progress(step)
 
 
 def load(state, dir=None):
