@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/jobstatus"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/testcert"
 	"github.com/elastic-training/elastic-training/internal/torchview"
@@ -133,6 +134,9 @@ func testElasticPyTorch(t *testing.T, img framework.Trainer, backend string) {
 		if backend == "" && n == 3 {
 			requireRestoredFromMemory(t, c, ns, sel, n)
 		}
+		if backend == "" {
+			requireStatus(t, c, ns, workerJob, n, steps)
+		}
 	}
 
 	waitJobComplete(t, c, ns, naming.Workload(job, "worker"), 5*time.Minute)
@@ -221,6 +225,27 @@ func requireReinstallRestoresFromVolume(t *testing.T, c *framework.Cluster, ns, 
 	}
 	t.Logf("helm uninstall, helm install again -> restored step %d from the volume and complete: %.1fs", steps, time.Since(start).Seconds())
 	uninstallJob(t, c, ns, job)
+}
+
+// requireStatus: the job's status on its Job (what the command NOTES print shows, docs/hangs.md) follows the job
+// within seconds of a scale: the new world size, the ranks' step of the total, a rate, an ETA, and the scale as the
+// last incident.
+func requireStatus(t *testing.T, c *framework.Cluster, ns, workerJob string, n, steps int) {
+	t.Helper()
+	c.WaitFor(t, 30*time.Second, fmt.Sprintf("the status of Job %s at world %d", workerJob, n), func(ctx context.Context) (bool, error) {
+		j, err := c.Client.BatchV1().Jobs(ns).Get(ctx, workerJob, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		a := j.Annotations
+		if a[jobstatus.World] != strconv.Itoa(n) || a[jobstatus.Phase] != "Training" || !strings.HasSuffix(a[jobstatus.Step], fmt.Sprintf("/%d", steps)) ||
+			a[jobstatus.Rate] == "-" || a[jobstatus.ETA] == "-" || !strings.Contains(a[jobstatus.Incident], fmt.Sprintf("-> %d", n)) {
+			return false, fmt.Errorf("status %s=%s %s=%s %s=%s %s=%s %s=%s %s=%q", jobstatus.Phase, a[jobstatus.Phase], jobstatus.World, a[jobstatus.World],
+				jobstatus.Step, a[jobstatus.Step], jobstatus.Rate, a[jobstatus.Rate], jobstatus.ETA, a[jobstatus.ETA], jobstatus.Incident, a[jobstatus.Incident])
+		}
+		t.Logf("status at world %d: phase %s, step %s, %s steps/s, ETA %s, last incident %q", n, a[jobstatus.Phase], a[jobstatus.Step], a[jobstatus.Rate], a[jobstatus.ETA], a[jobstatus.Incident])
+		return true, nil
+	})
 }
 
 // requireRestoredFromMemory: after a scale-up to world n, every worker, the new pod's too, restored the job's newest

@@ -34,13 +34,13 @@ type ownRdzv struct {
 	env   []string
 }
 
-func newOwnRdzv(t *testing.T, tr trainer, runID, nnodes string, env ...string) *ownRdzv {
+func newOwnRdzv(t testing.TB, tr trainer, runID, nnodes string, env ...string) *ownRdzv {
 	t.Helper()
 	return newOwnRdzvServe(t, tr, runID, nnodes, nil, env...)
 }
 
 // newOwnRdzvServe is newOwnRdzv with serve's flags serveArgs added.
-func newOwnRdzvServe(t *testing.T, tr trainer, runID, nnodes string, serveArgs []string, env ...string) *ownRdzv {
+func newOwnRdzvServe(t testing.TB, tr trainer, runID, nnodes string, serveArgs []string, env ...string) *ownRdzv {
 	t.Helper()
 	files := t.TempDir()
 	o := &ownRdzv{tr: tr, files: files}
@@ -60,13 +60,13 @@ type node struct {
 	host        string
 }
 
-func (o *ownRdzv) start(t *testing.T, i int) node {
+func (o *ownRdzv) start(t testing.TB, i int) node {
 	t.Helper()
 	return o.startAs(t, i, fmt.Sprintf("127.0.0.%d", i+1))
 }
 
 // startAs is start with member host host and env added to the agent's.
-func (o *ownRdzv) startAs(t *testing.T, i int, host string, env ...string) node {
+func (o *ownRdzv) startAs(t testing.TB, i int, host string, env ...string) node {
 	t.Helper()
 	join := startJoin(t, o.s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i))
 	args := append(append([]string{"--local_addr=" + host}, o.args...), trainScript(t))

@@ -22,7 +22,7 @@ var (
 )
 
 // startHung is agent i of o with its joining sidecar hearing its ranks' progress (as the webhook sets both up).
-func (o *ownRdzv) startHung(t *testing.T, i int, runID string, port int) node {
+func (o *ownRdzv) startHung(t testing.TB, i int, runID string, port int) node {
 	t.Helper()
 	host := fmt.Sprintf("127.0.0.%d", i+1)
 	addr := fmt.Sprintf("%s:%d", host, port)

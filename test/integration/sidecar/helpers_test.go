@@ -50,7 +50,7 @@ type server struct {
 	cgroup               string // if set, the cgroup.procs file serve joins before it starts
 }
 
-func startServe(t *testing.T, extra ...string) *server {
+func startServe(t testing.TB, extra ...string) *server {
 	t.Helper()
 	s := newServe(t, extra...)
 	s.start(t)
@@ -58,7 +58,7 @@ func startServe(t *testing.T, extra ...string) *server {
 }
 
 // newServe is startServe without the start.
-func newServe(t *testing.T, extra ...string) *server {
+func newServe(t testing.TB, extra ...string) *server {
 	t.Helper()
 	s := &server{port: testenv.FreePort(t), DataDir: filepath.Join(t.TempDir(), "data")}
 	s.URL = fmt.Sprintf("http://127.0.0.1:%d", s.port)
@@ -71,7 +71,7 @@ func newServe(t *testing.T, extra ...string) *server {
 	return s
 }
 
-func (s *server) start(t *testing.T) {
+func (s *server) start(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(sidecarBin, s.args...)
 	if s.cgroup != "" {
@@ -83,7 +83,7 @@ func (s *server) start(t *testing.T) {
 
 // restart stops the server with SIGTERM and starts it again on the same
 // ports and data dir.
-func (s *server) restart(t *testing.T) {
+func (s *server) restart(t testing.TB) {
 	t.Helper()
 	s.Signal(15)
 	if err := s.Wait(t, 30*time.Second); err != nil {
@@ -93,19 +93,19 @@ func (s *server) restart(t *testing.T) {
 }
 
 // waitReady waits until p's /readyz on health answers 200.
-func waitReady(t *testing.T, p *testenv.Proc, health string) {
+func waitReady(t testing.TB, p *testenv.Proc, health string) {
 	t.Helper()
 	testenv.WaitHTTP(t, p, "http://"+health+"/readyz", http.StatusOK, 60*time.Second)
 }
 
-func startJoin(t *testing.T, endpoint, host string, slots int, filesDir string, extra ...string) *testenv.Proc {
+func startJoin(t testing.TB, endpoint, host string, slots int, filesDir string, extra ...string) *testenv.Proc {
 	t.Helper()
 	p, _ := startJoinHealth(t, endpoint, host, slots, filesDir, extra...)
 	return p
 }
 
 // startJoinHealth is startJoin, and the address of the join's health port (/metrics).
-func startJoinHealth(t *testing.T, endpoint, host string, slots int, filesDir string, extra ...string) (*testenv.Proc, string) {
+func startJoinHealth(t testing.TB, endpoint, host string, slots int, filesDir string, extra ...string) (*testenv.Proc, string) {
 	t.Helper()
 	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	args := append([]string{"join", "--endpoints=" + endpoint, "--health-addr=" + health,
@@ -127,7 +127,7 @@ func readFile(path string) string {
 // filesystems that hack/rootfs.sh builds (testenv.Rootfs), never
 // from the host.
 
-func trainScript(t *testing.T) string {
+func trainScript(t testing.TB) string {
 	t.Helper()
 	p, err := filepath.Abs("testdata/train.py")
 	if err != nil {
@@ -142,7 +142,7 @@ type trainer struct {
 	suite, root, version string
 }
 
-func newTrainer(t *testing.T, suite string) trainer {
+func newTrainer(t testing.TB, suite string) trainer {
 	t.Helper()
 	root := testenv.Rootfs(t, suite)
 	return trainer{suite: suite, root: root, version: testenv.TorchVersion(t, root)}
@@ -182,7 +182,7 @@ func torchrunEnv(extra ...string) []string {
 	return testenv.TorchEnv(extra...)
 }
 
-func (tr trainer) startAgent(t *testing.T, name string, env []string, args ...string) *testenv.Proc {
+func (tr trainer) startAgent(t testing.TB, name string, env []string, args ...string) *testenv.Proc {
 	t.Helper()
 	cmd := tr.command("/usr/bin/torchrun", args...)
 	cmd.Env = env
