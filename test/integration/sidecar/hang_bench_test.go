@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -61,26 +60,7 @@ func hangRecovery(b *testing.B, tr trainer, backend string, bound time.Duration)
 		o.args = testenv.TorchrunArgs(constants.BackendC10d, o.s.C10d, run, "2", "--rdzv_conf=join_timeout=60")
 	}
 	o.args = append(slices.DeleteFunc(slices.Clone(o.args), func(a string) bool { return a == "--max_restarts=5" }), "--max_restarts=0")
-	port := testenv.FreePort(b)
-	a, c := o.startHung(b, 0, run, port), o.startHung(b, 1, run, port)
-	testenv.Eventually(b, 120*time.Second, "both train", func() error {
-		for _, n := range []node{a, c} {
-			if len(stepRe.FindAllString(n.agent.Output(), -1)) < 2 {
-				return fmt.Errorf("%s has not trained 20 steps", n.agent.Name)
-			}
-		}
-		return nil
-	})
-	pids, _, _ := workers(c.agent.Output(), 0)
-	if len(pids) != 1 {
-		b.Fatalf("workers of %s: %v", c.agent.Name, pids)
-	}
-	before := []int{len(a.agent.Output()), len(c.agent.Output())}
-	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
-		b.Fatal(err)
-	}
-	frozen := time.Now()
-	b.Cleanup(func() { syscall.Kill(pids[0], syscall.SIGCONT) })
+	a, c, before, frozen := o.freezeOne(b, run)
 	for time.Since(frozen) < bound {
 		again := true
 		for i, n := range []node{a, c} {

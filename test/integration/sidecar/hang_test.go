@@ -35,6 +35,29 @@ func (o *ownRdzv) startHung(t testing.TB, i int, runID string, port int) node {
 	return node{agent: agent, join: join, host: host}
 }
 
+// freezeOne starts two agents of run with their joining sidecars, waits until both train, and freezes the second's
+// worker (SIGSTOP; SIGCONT at the test's end): the agents, each one's output length at the freeze, and when.
+func (o *ownRdzv) freezeOne(t testing.TB, run string) (a, b node, before []int, frozen time.Time) {
+	t.Helper()
+	port := testenv.FreePort(t)
+	a, b = o.startHung(t, 0, run, port), o.startHung(t, 1, run, port)
+	testenv.Eventually(t, 120*time.Second, "both train", func() error {
+		for _, n := range []node{a, b} {
+			if len(stepRe.FindAllString(n.agent.Output(), -1)) < 2 {
+				return fmt.Errorf("%s has not trained 20 steps", n.agent.Name)
+			}
+		}
+		return nil
+	})
+	pids, _, _ := workers(b.agent.Output(), 0)
+	require.Len(t, pids, 1)
+	before = []int{len(a.agent.Output()), len(b.agent.Output())}
+	require.NoError(t, syscall.Kill(pids[0], syscall.SIGSTOP), "freeze b's worker")
+	frozen = time.Now()
+	t.Cleanup(func() { syscall.Kill(pids[0], syscall.SIGCONT) })
+	return a, b, before, frozen
+}
+
 // workers are the workers an agent started after offset: pid, world and torch's restart count.
 func workers(out string, after int) (pids []int, worlds, restarts []string) {
 	for _, loc := range workerRe.FindAllStringSubmatchIndex(out, -1) {
@@ -57,22 +80,7 @@ func TestHangRestartsTheRound(t *testing.T) {
 		o := newOwnRdzvServe(t, tr, run, "2", []string{"--hang-timeout=10s"})
 		o.args = slices.DeleteFunc(slices.Clone(o.args), func(a string) bool { return a == "--max_restarts=5" })
 		o.args = append(o.args, "--max_restarts=0")
-		port := testenv.FreePort(t)
-		a, b := o.startHung(t, 0, run, port), o.startHung(t, 1, run, port)
-		testenv.Eventually(t, 120*time.Second, "both train", func() error {
-			for _, n := range []node{a, b} {
-				if len(stepRe.FindAllString(n.agent.Output(), -1)) < 2 {
-					return fmt.Errorf("%s has not trained 20 steps", n.agent.Name)
-				}
-			}
-			return nil
-		})
-		pids, _, _ := workers(b.agent.Output(), 0)
-		require.Len(t, pids, 1)
-		before := []int{len(a.agent.Output()), len(b.agent.Output())}
-		require.NoError(t, syscall.Kill(pids[0], syscall.SIGSTOP), "freeze b's worker")
-		frozen := time.Now()
-		t.Cleanup(func() { syscall.Kill(pids[0], syscall.SIGCONT) })
+		a, b, before, frozen := o.freezeOne(t, run)
 
 		testenv.Eventually(t, 120*time.Second, "both agents' workers start again and train", func() error {
 			for i, n := range []node{a, b} {
