@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"syscall"
 
 	"github.com/elastic-training/elastic-training/internal/checkpoint"
 )
@@ -121,9 +122,11 @@ func writeChecked(dir, name string, r io.Reader, size int64, sum string) error {
 	return os.Rename(tmp.Name(), filepath.Join(dir, name))
 }
 
-// usage is the bytes of the files under dir.
+// usage is the bytes of the files under dir, each file once: the trainer hard-links a save it copies to the job's
+// volume (.persist-<pid>-<save>), and those links hold no bytes more.
 func usage(dir string) (int64, error) {
 	var total int64
+	seen := map[uint64]bool{}
 	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
@@ -133,9 +136,16 @@ func usage(dir string) (int64, error) {
 		}
 		if d.Type().IsRegular() {
 			info, err := d.Info()
-			if err == nil {
-				total += info.Size()
+			if err != nil {
+				return nil
 			}
+			if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+				if seen[st.Ino] {
+					return nil
+				}
+				seen[st.Ino] = true
+			}
+			total += info.Size()
 		}
 		return nil
 	})

@@ -389,3 +389,22 @@ func TestTrainerRoutesAreLoopbackOnly(t *testing.T) {
 	_, ok := j.incident(a)
 	assert.False(t, ok, "a peer's refused save records nothing")
 }
+
+// The trainer's hard links of a save it copies to the volume count once in what the directory holds.
+func TestUsageCountsLinksOnce(t *testing.T) {
+	dir := t.TempDir()
+	save := filepath.Join(dir, checkpoint.SaveName(1, "aaaaaaaa"))
+	require.NoError(t, os.MkdirAll(save, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(save, "__0_0.distcp"), make([]byte, 1000), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(save, "rank-0.json"), make([]byte, 10), 0o644))
+	stage := filepath.Join(dir, ".persist-1-"+filepath.Base(save))
+	require.NoError(t, os.MkdirAll(stage, 0o755))
+	require.NoError(t, os.Link(filepath.Join(save, "__0_0.distcp"), filepath.Join(stage, "__0_0.distcp")))
+	n, err := usage(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1010), n)
+	require.NoError(t, os.RemoveAll(save)) // the sidecar drops the save; the copy's link still holds the bytes
+	n, err = usage(dir)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1000), n)
+}
