@@ -20,6 +20,10 @@ const (
 	StragglerFactor = 2
 	// maxBlamed is the most ranks a verdict names.
 	maxBlamed = 8
+	// FrozenAfter: a rank not heard for this long (elastic_training.progress says its last step again every second
+	// from a thread of its own) while another rank of the round was is frozen whole (stopped, or stuck holding
+	// Python's lock), which ranks blocked in a collective are not: of a hung round, it is the one to blame.
+	FrozenAfter = 5 * time.Second
 )
 
 // Job is one round's ranks as the serving sidecar follows them, from every pod's reports.
@@ -34,6 +38,7 @@ type jobRank struct {
 	step, total int64
 	advanced    time.Time
 	stepTime    time.Duration
+	heard       time.Time
 }
 
 // NewJob returns the ranks of a round formed at since: none yet.
@@ -53,7 +58,8 @@ func (j *Job) Update(host string, r Report, now time.Time) {
 		if old, ok := j.ranks[x.Rank]; ok {
 			j.hosts[old.host] = slices.DeleteFunc(j.hosts[old.host], func(n int) bool { return n == x.Rank })
 		}
-		j.ranks[x.Rank] = jobRank{host: host, step: x.Step, total: x.Total, advanced: advanced, stepTime: time.Duration(x.StepMs) * time.Millisecond}
+		j.ranks[x.Rank] = jobRank{host: host, step: x.Step, total: x.Total, advanced: advanced, stepTime: time.Duration(x.StepMs) * time.Millisecond,
+			heard: now.Add(-time.Duration(x.SilentMs) * time.Millisecond)}
 		mine = append(mine, x.Rank)
 	}
 	if len(mine) > 0 {
@@ -80,21 +86,30 @@ type Verdict struct {
 	Idle        time.Duration // since any rank last advanced
 	Timeout     time.Duration // the hang timeout that applies
 	Hung        bool          // no rank advanced for Timeout
-	Stopped     []Blame       // with Hung: the ranks that stopped first (least step, then earliest)
+	Stopped     []Blame       // with Hung: the ranks frozen whole (not heard while others were), else those that stopped first (least step, then earliest)
 	Stragglers  []Straggler   // ranks that advance, StragglerFactor or more times slower than the median
 	LastAdvance time.Time
 }
 
-// Blame is a rank that stopped: its host, its step, and when it last advanced.
+// Blame is a rank that stopped: its host, its step, when it last advanced, and how long it has said nothing when
+// it is frozen whole (0: it is not, or it cannot be told: the hint of its step alone).
 type Blame struct {
 	Rank     int
 	Host     string
 	Step     int64
 	Advanced time.Time
+	Silent   time.Duration
 }
 
-// String is "rank 3 (host) at step 120": the logs' and Events' one way to name it.
-func (b Blame) String() string { return fmt.Sprintf("rank %d (%s) at step %d", b.Rank, b.Host, b.Step) }
+// String is "rank 3 (host) at step 120", with ", frozen (silent 62s)" when it is: the logs' and Events' one way to
+// name it.
+func (b Blame) String() string {
+	s := fmt.Sprintf("rank %d (%s) at step %d", b.Rank, b.Host, b.Step)
+	if b.Silent > 0 {
+		s += fmt.Sprintf(", frozen (silent %s)", b.Silent.Round(time.Second))
+	}
+	return s
+}
 
 // Straggler is a slow rank and how many times the median its step time is.
 type Straggler struct {
@@ -154,7 +169,7 @@ func (j *Job) Judge(now time.Time, timeout time.Duration) Verdict {
 		if r.advanced.After(v.LastAdvance) {
 			v.LastAdvance = r.advanced
 		}
-		all = append(all, Blame{Rank: n, Host: r.host, Step: r.step, Advanced: r.advanced})
+		all = append(all, Blame{Rank: n, Host: r.host, Step: r.step, Advanced: r.advanced, Silent: now.Sub(r.heard)})
 	}
 	if len(times) > 0 {
 		slices.Sort(times)
@@ -166,10 +181,7 @@ func (j *Job) Judge(now time.Time, timeout time.Duration) Verdict {
 	}
 	v.Idle = now.Sub(v.LastAdvance)
 	if v.Hung = v.Idle >= v.Timeout; v.Hung {
-		slices.SortFunc(all, func(a, b Blame) int {
-			return cmp.Or(cmp.Compare(a.Step, b.Step), a.Advanced.Compare(b.Advanced), cmp.Compare(a.Rank, b.Rank))
-		})
-		v.Stopped = all[:min(len(all), maxBlamed)]
+		v.Stopped = blame(all)
 		return v
 	}
 	if v.StepTime > 0 {
@@ -182,4 +194,23 @@ func (j *Job) Judge(now time.Time, timeout time.Duration) Verdict {
 		v.Stragglers = v.Stragglers[:min(len(v.Stragglers), maxBlamed)]
 	}
 	return v
+}
+
+// blame orders a hung round's ranks, the ones to name first: those frozen whole, when others are not (the longest
+// silent first); else, with no heartbeat to tell them apart (all silent, or none), the least step, then the
+// earliest to stop, which in synchronous training is a hint (a rank that hangs inside a step leaves every other at
+// that step).
+func blame(all []Blame) []Blame {
+	frozen := slices.DeleteFunc(slices.Clone(all), func(b Blame) bool { return b.Silent < FrozenAfter })
+	if len(frozen) > 0 && len(frozen) < len(all) {
+		slices.SortFunc(frozen, func(a, b Blame) int { return cmp.Or(cmp.Compare(b.Silent, a.Silent), cmp.Compare(a.Rank, b.Rank)) })
+		return frozen[:min(len(frozen), maxBlamed)]
+	}
+	for i := range all {
+		all[i].Silent = 0
+	}
+	slices.SortFunc(all, func(a, b Blame) int {
+		return cmp.Or(cmp.Compare(a.Step, b.Step), a.Advanced.Compare(b.Advanced), cmp.Compare(a.Rank, b.Rank))
+	})
+	return all[:min(len(all), maxBlamed)]
 }

@@ -66,9 +66,11 @@ type rank struct {
 	step, total int64
 	advanced    time.Time     // when step last grew (or the rank began again)
 	stepTime    time.Duration // a smoothed time between advances; 0 until two
+	heard       time.Time     // its last word: elastic_training.progress says its last step again every second
 }
 
 func (r *rank) observe(u Update, now time.Time) bool {
+	defer func() { r.heard = now }()
 	switch {
 	case r.advanced.IsZero() || u.Step < r.step: // first word, or its worker began again (a new round)
 		*r = rank{step: u.Step, total: u.Total, advanced: now}
@@ -83,7 +85,8 @@ func (r *rank) observe(u Update, now time.Time) bool {
 		r.total = cmpOr(u.Total, r.total)
 	default:
 		if u.Total == 0 || u.Total == r.total {
-			return false
+			// The same step again: the rank's process is alive (its heartbeat), which a rank frozen whole is not.
+			return now.Sub(r.heard) >= time.Second/2
 		}
 		r.total = u.Total
 	}
@@ -131,7 +134,7 @@ func (l *Local) Report(now time.Time) Report {
 	rep := Report{Ranks: make([]RankReport, 0, len(l.ranks))}
 	for n, r := range l.ranks {
 		rep.Ranks = append(rep.Ranks, RankReport{Rank: n, Step: r.step, Total: r.total,
-			AgeMs: now.Sub(r.advanced).Milliseconds(), StepMs: r.stepTime.Milliseconds()})
+			AgeMs: now.Sub(r.advanced).Milliseconds(), StepMs: r.stepTime.Milliseconds(), SilentMs: now.Sub(r.heard).Milliseconds()})
 	}
 	slices.SortFunc(rep.Ranks, func(a, b RankReport) int { return a.Rank - b.Rank })
 	return rep
@@ -142,14 +145,15 @@ type Report struct {
 	Ranks []RankReport `json:"ranks"`
 }
 
-// RankReport is one rank: its step, the steps in all (0: unknown), how long ago it last advanced and its usual
-// time per step (0: not known yet), in milliseconds.
+// RankReport is one rank: its step, the steps in all (0: unknown), how long ago it last advanced, its usual time
+// per step (0: not known yet) and how long ago it last said anything (its heartbeat), in milliseconds.
 type RankReport struct {
-	Rank   int   `json:"rank"`
-	Step   int64 `json:"step"`
-	Total  int64 `json:"total,omitempty"`
-	AgeMs  int64 `json:"age_ms"`
-	StepMs int64 `json:"step_ms,omitempty"`
+	Rank     int   `json:"rank"`
+	Step     int64 `json:"step"`
+	Total    int64 `json:"total,omitempty"`
+	AgeMs    int64 `json:"age_ms"`
+	StepMs   int64 `json:"step_ms,omitempty"`
+	SilentMs int64 `json:"silent_ms,omitempty"`
 }
 
 // Encode is the report's value in the store.
@@ -177,7 +181,7 @@ func ParseReport(b []byte) (Report, error) {
 	}
 	seen := make(map[int]bool, len(r.Ranks))
 	for _, x := range r.Ranks {
-		if x.Rank < 0 || x.Rank >= maxRank || x.Step < 0 || x.Total < 0 || x.AgeMs < 0 || x.StepMs < 0 {
+		if x.Rank < 0 || x.Rank >= maxRank || x.Step < 0 || x.Total < 0 || x.AgeMs < 0 || x.StepMs < 0 || x.SilentMs < 0 {
 			return Report{}, fmt.Errorf("progress report: rank %d: a figure out of range", x.Rank)
 		}
 		if seen[x.Rank] {

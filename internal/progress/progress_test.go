@@ -50,12 +50,16 @@ func TestLocalReport(t *testing.T) {
 	rep := l.Report(t0.Add(1500 * time.Millisecond))
 	require.False(t, l.Changed())
 	assert.Equal(t, Report{Ranks: []RankReport{
-		{Rank: 0, Step: 1, AgeMs: 1500},
-		{Rank: 1, Step: 4, Total: 100, AgeMs: 300, StepMs: 400},
+		{Rank: 0, Step: 1, AgeMs: 1500, SilentMs: 1500},
+		{Rank: 1, Step: 4, Total: 100, AgeMs: 300, StepMs: 400, SilentMs: 300},
 	}}, rep)
-	// The same step again changes nothing; a lower one is the rank's worker begun again.
-	l.Observe(Update{Rank: 1, Step: 4}, t0.Add(2*time.Second))
+	// The same step again within half a second changes nothing; later it is the rank's heartbeat (its process is
+	// alive), which the report carries; a lower step is the rank's worker begun again.
+	l.Observe(Update{Rank: 1, Step: 4}, t0.Add(1600*time.Millisecond))
 	require.False(t, l.Changed())
+	l.Observe(Update{Rank: 1, Step: 4}, t0.Add(2600*time.Millisecond))
+	require.True(t, l.Changed())
+	assert.Equal(t, RankReport{Rank: 1, Step: 4, Total: 100, AgeMs: 1500, StepMs: 400, SilentMs: 100}, l.Report(t0.Add(2700*time.Millisecond)).Ranks[1])
 	l.Observe(Update{Rank: 1, Step: 0}, t0.Add(3*time.Second))
 	assert.Equal(t, RankReport{Rank: 1, Step: 0, AgeMs: 0}, l.Report(t0.Add(3 * time.Second)).Ranks[1])
 
@@ -196,4 +200,30 @@ func FuzzParseReport(f *testing.F) {
 		j.Update("h", r, time.Unix(100, 0))
 		j.Judge(time.Unix(200, 0), 0)
 	})
+}
+
+// Of a hung round, the rank frozen whole is named, with its silence: its heartbeat stopped while the others, blocked
+// in their next collective at the same step, kept saying it; without heartbeats to tell them apart (every rank
+// silent) the step rule names them, with no silence.
+func TestJudgeBlamesTheFrozenRank(t *testing.T) {
+	formed := time.Unix(1000, 0)
+	j := NewJob(formed)
+	at := formed.Add(10 * time.Second)
+	// b's only rank froze at step 30: its sidecar's last report came then, and none after (nothing changed).
+	j.Update("b", Report{Ranks: []RankReport{{Rank: 1, Step: 30, AgeMs: 100, StepMs: 200}}}, at)
+	// a's rank waits in the all_reduce of step 31, at step 30 too, and its heartbeat goes on.
+	later := at.Add(MinTimeout + 2*time.Second)
+	j.Update("a", Report{Ranks: []RankReport{{Rank: 0, Step: 30, AgeMs: (MinTimeout + 2*time.Second).Milliseconds(), StepMs: 200, SilentMs: 300}}}, later)
+	v := j.Judge(later, 0)
+	require.True(t, v.Hung)
+	require.Len(t, v.Stopped, 1)
+	assert.Equal(t, "rank 1 (b) at step 30, frozen (silent 1m2s)", v.Stopped[0].String())
+
+	// No heartbeat from anyone (a trainer of an older package, a shell loop): the hint of the steps.
+	j = NewJob(formed)
+	j.Update("b", Report{Ranks: []RankReport{{Rank: 1, Step: 30, AgeMs: 100}}}, at)
+	j.Update("a", Report{Ranks: []RankReport{{Rank: 0, Step: 29, AgeMs: 100}}}, at)
+	v = j.Judge(later, 0)
+	require.True(t, v.Hung)
+	assert.Equal(t, "rank 0 (a) at step 29, rank 1 (b) at step 30", Join(v.Stopped))
 }

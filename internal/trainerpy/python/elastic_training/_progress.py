@@ -4,14 +4,33 @@ One UDP datagram to the pod's sidecar on loopback ($ET_PROGRESS_ADDR, which the 
 sidecar reports the pod's ranks to the serving sidecar, which restarts a round whose ranks stopped advancing (a hung
 rank blocks every other in its next collective) and shows the job's step, rate and ETA. Outside a job (no
 $ET_PROGRESS_ADDR) it does nothing. Standard library only.
+
+From the first call on, a thread of its own says the last step again every second: the heartbeat of the rank's
+process. A rank blocked in a collective (which releases Python's lock) goes on beating; one frozen whole (stopped,
+or stuck in a call that holds the lock) does not, and that is the rank a hung round's Event names.
 """
 
 import os
 import socket
+import threading
+import time
 
 _sock = None
 _addr = None
 _rank = None
+_last = None  # the last datagram, said again by the heartbeat
+_beating = None  # the pid whose heartbeat thread runs (a forked child has none)
+
+HEARTBEAT_SECONDS = 1.0
+
+
+def _heartbeat():
+    while True:
+        time.sleep(HEARTBEAT_SECONDS)
+        try:
+            _sock.sendto(_last, _addr)
+        except (OSError, ValueError, TypeError):
+            pass
 
 
 def _setup():
@@ -34,7 +53,12 @@ def progress(step, total=None):
         _setup()
     if not _addr:
         return
+    global _last, _beating
+    _last = b"et1 %d %d %d" % (_rank, int(step), int(total or 0))
     try:
-        _sock.sendto(b"et1 %d %d %d" % (_rank, int(step), int(total or 0)), _addr)
+        _sock.sendto(_last, _addr)
     except (OSError, ValueError):
         pass  # a full socket buffer or a sidecar not yet up: the next step says it again
+    if _beating != os.getpid():
+        _beating = os.getpid()
+        threading.Thread(target=_heartbeat, name="elastic-training-heartbeat", daemon=True).start()
