@@ -59,7 +59,7 @@ func TestLocalReport(t *testing.T) {
 	require.False(t, l.Changed())
 	l.Observe(Update{Rank: 1, Step: 4}, t0.Add(2600*time.Millisecond))
 	require.True(t, l.Changed())
-	assert.Equal(t, RankReport{Rank: 1, Step: 4, Total: 100, AgeMs: 1500, StepMs: 400, SilentMs: 100}, l.Report(t0.Add(2700*time.Millisecond)).Ranks[1])
+	assert.Equal(t, RankReport{Rank: 1, Step: 4, Total: 100, AgeMs: 1500, StepMs: 400, SilentMs: 100}, l.Report(t0.Add(2700 * time.Millisecond)).Ranks[1])
 	l.Observe(Update{Rank: 1, Step: 0}, t0.Add(3*time.Second))
 	assert.Equal(t, RankReport{Rank: 1, Step: 0, AgeMs: 0}, l.Report(t0.Add(3 * time.Second)).Ranks[1])
 
