@@ -49,9 +49,16 @@ func TestNotesCommands(t *testing.T) {
 			return strings.Contains(out, "MUTATED") && strings.Contains(out, job+"-worker-0") && !strings.Contains(out, constants.SchedulingGate)
 		},
 		// The job's status on its Job, which the serving sidecar writes within 5 s (the test waits below).
+		// Both pods may form round 1 together or worker-0 alone first (min 1), so the round is 1 or 2 and the last
+		// incident is <none> or that scale; the columns before LAST-INCIDENT are one word each.
 		"world-size": func(out string) bool {
-			f := strings.Fields(out)
-			return len(f) == 16 && f[8] == job+"-worker" && (f[9] == "Running" || f[9] == "Training") && f[10] == "2" && f[11] == "1"
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 2 || !strings.HasPrefix(lines[0], "JOB ") {
+				return false
+			}
+			f := strings.Fields(lines[1])
+			return len(f) >= 8 && f[0] == job+"-worker" && (f[1] == "Running" || f[1] == "Training") && f[2] == "2" &&
+				(f[3] == "1" || f[3] == "2") && strings.Contains(f[4], "/")
 		},
 		"--prefix": func(out string) bool {
 			return strings.Contains(out, "[pod/"+job+"-worker-1-") && strings.Contains(out, "/trainer] ")
