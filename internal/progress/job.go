@@ -31,6 +31,28 @@ type Job struct {
 	since time.Time // when the round formed: a rank that last advanced before it is of an earlier round
 	ranks map[int]jobRank
 	hosts map[string][]int // each host's ranks in its last report
+	// expect is the round's ranks' hosts, by rank (Expect).
+	expect []string
+	// BlameAbsent: a rank that Expect names and that said nothing in the round is the one to blame when it hangs.
+	// That holds where every rank reports (a rank frozen before its first step leaves the others waiting in their
+	// first collective), not in a program whose rank 0 alone calls progress: set it once every rank has reported.
+	BlameAbsent bool
+}
+
+// Expect tells the job its round's ranks: hosts[r] is rank r's host.
+func (j *Job) Expect(hosts []string) { j.expect = hosts }
+
+// Complete says whether every rank that Expect names has reported in this round.
+func (j *Job) Complete() bool {
+	if len(j.expect) == 0 {
+		return false
+	}
+	for r := range j.expect {
+		if _, ok := j.ranks[r]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 type jobRank struct {
@@ -99,11 +121,15 @@ type Blame struct {
 	Step     int64
 	Advanced time.Time
 	Silent   time.Duration
+	Absent   bool // it said nothing in this round (Silent: since the round formed)
 }
 
-// String is "rank 3 (host) at step 120", with ", frozen (silent 62s)" when it is: the logs' and Events' one way to
-// name it.
+// String is "rank 3 (host) at step 120", with ", frozen (silent 62s)" when it is, or "rank 3 (host), no step said
+// in this round (62s since it formed)": the logs' and Events' one way to name it.
 func (b Blame) String() string {
+	if b.Absent {
+		return fmt.Sprintf("rank %d (%s), no step said in this round (%s since it formed)", b.Rank, b.Host, b.Silent.Round(time.Second))
+	}
 	s := fmt.Sprintf("rank %d (%s) at step %d", b.Rank, b.Host, b.Step)
 	if b.Silent > 0 {
 		s += fmt.Sprintf(", frozen (silent %s)", b.Silent.Round(time.Second))
@@ -182,6 +208,9 @@ func (j *Job) Judge(now time.Time, timeout time.Duration) Verdict {
 	v.Idle = now.Sub(v.LastAdvance)
 	if v.Hung = v.Idle >= v.Timeout; v.Hung {
 		v.Stopped = blame(all)
+		if absent := j.absent(now); j.BlameAbsent && len(absent) > 0 && len(absent) < len(j.expect) && !frozenAmong(v.Stopped) {
+			v.Stopped = absent[:min(len(absent), maxBlamed)]
+		}
 		return v
 	}
 	if v.StepTime > 0 {
@@ -194,6 +223,22 @@ func (j *Job) Judge(now time.Time, timeout time.Duration) Verdict {
 		v.Stragglers = v.Stragglers[:min(len(v.Stragglers), maxBlamed)]
 	}
 	return v
+}
+
+// absent are the expected ranks that said nothing in this round, by rank.
+func (j *Job) absent(now time.Time) []Blame {
+	var out []Blame
+	for r, host := range j.expect {
+		if _, ok := j.ranks[r]; !ok {
+			out = append(out, Blame{Rank: r, Host: host, Absent: true, Silent: now.Sub(j.since)})
+		}
+	}
+	return out
+}
+
+// frozenAmong says whether blame found ranks frozen whole (their heartbeat stopped while others' went on).
+func frozenAmong(bs []Blame) bool {
+	return len(bs) > 0 && bs[0].Silent > 0
 }
 
 // blame orders a hung round's ranks, the ones to name first: those frozen whole, when others are not (the longest

@@ -21,28 +21,31 @@ import (
 const (
 	// MaxRanks is the most ranks one pod reports (an 8-GPU node has 8; a CPU pod may run more processes).
 	MaxRanks = 1024
-	// MaxUpdate is the longest update a trainer sends: "et1 <rank> <step> <total>".
-	MaxUpdate = 80
+	// MaxUpdate is the longest update a trainer sends: "et1 <rank> <step> <total> <pid>".
+	MaxUpdate = 96
 	// MaxReport is the longest report of a pod: MaxRanks ranks of about 90 bytes.
 	MaxReport = 128 << 10
 	maxRank   = 1 << 24
 )
 
-// Update is one rank's word: it finished step Step of Total (0: unknown).
+// Update is one rank's word: it finished step Step of Total (0: unknown). Pid is the process that says it (0:
+// unknown, a shell's line): a new process is a new start even at the step its predecessor last said, which a
+// worker restarted from a checkpoint of that step is.
 type Update struct {
 	Rank        int
 	Step, Total int64
+	Pid         int
 }
 
-// ParseUpdate reads "et1 <rank> <step> [<total>]" (a trailing newline allowed): the datagram that
+// ParseUpdate reads "et1 <rank> <step> [<total> [<pid>]]" (a trailing newline allowed): the datagram that
 // elastic_training.progress sends to its pod's sidecar, and what a shell writes to it.
 func ParseUpdate(b []byte) (Update, error) {
 	if len(b) > MaxUpdate {
 		return Update{}, fmt.Errorf("progress update: %d bytes, want at most %d", len(b), MaxUpdate)
 	}
 	f := bytes.Fields(b)
-	if len(f) < 3 || len(f) > 4 || string(f[0]) != "et1" {
-		return Update{}, errors.New(`progress update: want "et1 <rank> <step> [<total>]"`)
+	if len(f) < 3 || len(f) > 5 || string(f[0]) != "et1" {
+		return Update{}, errors.New(`progress update: want "et1 <rank> <step> [<total> [<pid>]]"`)
 	}
 	var u Update
 	rank, err := strconv.Atoi(string(f[1]))
@@ -53,9 +56,14 @@ func ParseUpdate(b []byte) (Update, error) {
 	if u.Step, err = strconv.ParseInt(string(f[2]), 10, 64); err != nil || u.Step < 0 {
 		return Update{}, fmt.Errorf("progress update: step %.20q: want a count", f[2])
 	}
-	if len(f) == 4 {
+	if len(f) >= 4 {
 		if u.Total, err = strconv.ParseInt(string(f[3]), 10, 64); err != nil || u.Total < 0 {
 			return Update{}, fmt.Errorf("progress update: total %.20q: want a count", f[3])
+		}
+	}
+	if len(f) == 5 {
+		if u.Pid, err = strconv.Atoi(string(f[4])); err != nil || u.Pid <= 0 || u.Pid >= 1<<31 {
+			return Update{}, fmt.Errorf("progress update: pid %.20q: want a process id", f[4])
 		}
 	}
 	return u, nil
@@ -67,13 +75,16 @@ type rank struct {
 	advanced    time.Time     // when step last grew (or the rank began again)
 	stepTime    time.Duration // a smoothed time between advances; 0 until two
 	heard       time.Time     // its last word: elastic_training.progress says its last step again every second
+	pid         int           // the process that said it (0: unknown)
 }
 
 func (r *rank) observe(u Update, now time.Time) bool {
 	defer func() { r.heard = now }()
 	switch {
-	case r.advanced.IsZero() || u.Step < r.step: // first word, or its worker began again (a new round)
-		*r = rank{step: u.Step, total: u.Total, advanced: now}
+	case r.advanced.IsZero() || u.Step < r.step || u.Pid != r.pid:
+		// First word, or its worker began again (a new round): a new process may resume at the step its
+		// predecessor said last, and is not that one's heartbeat.
+		*r = rank{step: u.Step, total: u.Total, advanced: now, pid: u.Pid}
 	case u.Step > r.step:
 		per := now.Sub(r.advanced) / time.Duration(min(u.Step-r.step, 1<<20))
 		if r.stepTime == 0 {

@@ -17,7 +17,12 @@ func TestParseUpdate(t *testing.T) {
 	}{
 		{"et1 0 12", Update{Rank: 0, Step: 12}, ""},
 		{"et1 3 12 1000\n", Update{Rank: 3, Step: 12, Total: 1000}, ""},
-		{"et1 3 12 1000 9", Update{}, "want"},
+		{"et1 3 12 1000 9", Update{Rank: 3, Step: 12, Total: 1000, Pid: 9}, ""},
+		{"et1 3 12 0 77\n", Update{Rank: 3, Step: 12, Pid: 77}, ""},
+		{"et1 3 12 1000 9 1", Update{}, "want"},
+		{"et1 3 12 1000 0", Update{}, "pid"},
+		{"et1 3 12 1000 2147483648", Update{}, "pid"},
+		{"et1 3 12 1000 x", Update{}, "pid"},
 		{"et2 3 12", Update{}, "want"},
 		{"et1 -1 12", Update{}, "rank"},
 		{"et1 16777216 1", Update{}, "rank"},
@@ -25,7 +30,7 @@ func TestParseUpdate(t *testing.T) {
 		{"et1 0 x", Update{}, "step"},
 		{"et1 0 1 -1", Update{}, "total"},
 		{"et1 0 99999999999999999999", Update{}, "step"},
-		{"et1 0 1 " + strings.Repeat("1", 80), Update{}, "bytes"},
+		{"et1 0 1 " + strings.Repeat("1", 96), Update{}, "bytes"},
 		{"", Update{}, "want"},
 	} {
 		got, err := ParseUpdate([]byte(tc.in))
@@ -62,6 +67,14 @@ func TestLocalReport(t *testing.T) {
 	assert.Equal(t, RankReport{Rank: 1, Step: 4, Total: 100, AgeMs: 1500, StepMs: 400, SilentMs: 100}, l.Report(t0.Add(2700 * time.Millisecond)).Ranks[1])
 	l.Observe(Update{Rank: 1, Step: 0}, t0.Add(3*time.Second))
 	assert.Equal(t, RankReport{Rank: 1, Step: 0, AgeMs: 0}, l.Report(t0.Add(3 * time.Second)).Ranks[1])
+
+	// A worker restarted from a checkpoint of the step its predecessor said last: a new process, so a new start
+	// (it advanced now), not the old one's heartbeat; its own same step again later is.
+	l.Observe(Update{Rank: 0, Step: 7, Pid: 40}, t0.Add(4*time.Second))
+	l.Observe(Update{Rank: 0, Step: 7, Pid: 41}, t0.Add(9*time.Second))
+	assert.Equal(t, RankReport{Rank: 0, Step: 7, AgeMs: 1000, SilentMs: 1000}, l.Report(t0.Add(10 * time.Second)).Ranks[0])
+	l.Observe(Update{Rank: 0, Step: 7, Pid: 41}, t0.Add(11*time.Second))
+	assert.Equal(t, RankReport{Rank: 0, Step: 7, AgeMs: 3000, SilentMs: 1000}, l.Report(t0.Add(12 * time.Second)).Ranks[0])
 
 	back, err := ParseReport(rep.Encode())
 	require.NoError(t, err)
@@ -226,4 +239,34 @@ func TestJudgeBlamesTheFrozenRank(t *testing.T) {
 	v = j.Judge(later, 0)
 	require.True(t, v.Hung)
 	assert.Equal(t, "rank 0 (a) at step 29, rank 1 (b) at step 30", Join(v.Stopped))
+}
+
+// A rank frozen before its first step of a round said nothing in it: the others, that did and then wait for it in
+// their next collective (heartbeating), would otherwise be the ones named. Where every rank has reported in an
+// earlier round the absent rank is named; in a program whose rank 0 alone calls progress, the absent are no hint.
+func TestJudgeBlamesTheAbsentRank(t *testing.T) {
+	formed := time.Unix(1000, 0)
+	later := formed.Add(MinTimeout + 5*time.Second)
+	judge := func(blameAbsent bool) Verdict {
+		j := NewJob(formed)
+		j.Expect([]string{"a", "b", "c"})
+		j.BlameAbsent = blameAbsent
+		j.Update("a", Report{Ranks: []RankReport{{Rank: 0, Step: 5, AgeMs: (MinTimeout + 3*time.Second).Milliseconds(), SilentMs: 400}}}, later)
+		j.Update("c", Report{Ranks: []RankReport{{Rank: 2, Step: 5, AgeMs: (MinTimeout + 3*time.Second).Milliseconds(), SilentMs: 700}}}, later)
+		require.False(t, j.Complete())
+		return j.Judge(later, 0)
+	}
+	v := judge(true)
+	require.True(t, v.Hung)
+	require.Len(t, v.Stopped, 1)
+	assert.Equal(t, "rank 1 (b), no step said in this round (1m5s since it formed)", v.Stopped[0].String())
+	v = judge(false)
+	require.True(t, v.Hung)
+	assert.Equal(t, "rank 0 (a) at step 5", v.Stopped[0].String(), "the step rule, as without Expect")
+
+	// Every rank reported: Complete, and nothing is absent.
+	j := NewJob(formed)
+	j.Expect([]string{"a", "a"})
+	j.Update("a", Report{Ranks: []RankReport{{Rank: 0, Step: 1}, {Rank: 1, Step: 1}}}, formed.Add(time.Second))
+	require.True(t, j.Complete())
 }

@@ -171,11 +171,12 @@ type run struct {
 	// last expired.
 	idleSince, expired time.Time
 	// progress: the current round's ranks as the pods report them; hung: the last round restarted for a hang;
-	// stragglers: the ranks last reported slow.
+	// stragglers: the ranks last reported slow; everyRank: in some round every rank reported (progress.Job.Expect).
 	progress   *progress.Job
 	hung       int
 	stragglers string
 	verdict    progress.Verdict
+	everyRank  bool
 }
 
 // State is a run's as the sidecar shows it.
@@ -281,6 +282,9 @@ func (rs *Rounds) Tick() {
 		round := r.core.Current().Number
 		v := r.progress.Judge(now, rs.cfg.Hang.Timeout)
 		r.verdict = v
+		if !r.everyRank && r.progress.Complete() {
+			r.everyRank, r.progress.BlameAbsent = true, true
+		}
 		if r.core.Closed() || r.core.Waiting() > 0 || r.core.Ended() > 0 {
 			continue // re-forming (a scale, a loss, a restart) or ending: its ranks stop for that, not for a hang
 		}
@@ -539,6 +543,19 @@ func (rs *Rounds) writeStateLocked(r *run, st State) bool {
 func (rs *Rounds) writeRoundLocked(r *run, round rdzv.Round) {
 	world := len(round.Participants)
 	r.progress, r.verdict, r.stragglers = progress.NewJob(rs.cfg.Now()), progress.Verdict{}, ""
+	// Global ranks as torch gives them: each node's processes in turn, in node rank order.
+	var hosts []string
+	for _, h := range round.Participants {
+		slots := 1
+		if m, ok := rs.cfg.Member(h); ok && m.Slots > 0 {
+			slots = m.Slots
+		}
+		for range slots {
+			hosts = append(hosts, h)
+		}
+	}
+	r.progress.Expect(hosts)
+	r.progress.BlameAbsent = r.everyRank
 	for rank, h := range round.Participants {
 		rs.writeRankLocked(r, round, rank, r.core.Answered(h))
 	}

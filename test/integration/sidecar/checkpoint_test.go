@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/progress"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
@@ -217,8 +218,11 @@ func TestCheckpointSaveIsASnapshot(t *testing.T) {
 			require.NoError(t, sidecar.SetReadDeadline(time.Now().Add(5*time.Second)))
 			n, _, err := sidecar.ReadFrom(buf)
 			require.NoError(t, err, "the ranks' saves said no progress; heard %v", heard)
-			heard[string(buf[:n])] = true
+			u, err := progress.ParseUpdate(buf[:n])
+			require.NoError(t, err, "%q", buf[:n])
+			require.NotZero(t, u.Pid, "%q names its process", buf[:n])
+			heard[fmt.Sprintf("rank %d step %d", u.Rank, u.Step)] = true
 		}
-		require.Equal(t, map[string]bool{"et1 0 1 0": true, "et1 1 1 0": true}, heard, "each rank's save of step 1")
+		require.Equal(t, map[string]bool{"rank 0 step 1": true, "rank 1 step 1": true}, heard, "each rank's save of step 1")
 	})
 }

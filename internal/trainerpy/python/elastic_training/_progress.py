@@ -54,11 +54,13 @@ def progress(step, total=None):
     if not _addr:
         return
     global _last, _beating
-    _last = b"et1 %d %d %d" % (_rank, int(step), int(total or 0))
+    pid = os.getpid()
+    # The pid tells the sidecar a restarted worker from its predecessor's heartbeat at the same step.
+    _last = b"et1 %d %d %d %d" % (_rank, int(step), int(total or 0), pid)
     try:
         _sock.sendto(_last, _addr)
     except (OSError, ValueError):
         pass  # a full socket buffer or a sidecar not yet up: the next step says it again
-    if _beating != os.getpid():
-        _beating = os.getpid()
+    if _beating != pid:
+        _beating = pid
         threading.Thread(target=_heartbeat, name="elastic-training-heartbeat", daemon=True).start()
