@@ -106,6 +106,10 @@ const (
 	// renders both with persistence.enabled and checkpoint.memory: <persistence.mountPath>/elastic-training/<job>.
 	AnnotationCheckpointPersist      = Domain + "/checkpoint-persist"
 	AnnotationCheckpointPersistEvery = Domain + "/checkpoint-persist-every"
+	// AnnotationWarmStart "false" starts every worker of a PyTorch pod as a fresh `python -u <script>`, as torchrun
+	// does by default; absent or "true": from a fork server with torch imported once per pod where the trainer's
+	// command allows it (docs/warm-start.md). The job chart renders it only for workers.warmStart: false.
+	AnnotationWarmStart = Domain + "/warm-start"
 	// AnnotationRdzvTLSSecret names a Secret (tls.crt, tls.key, ca.crt) for rendezvous TLS; empty = plain HTTP.
 	AnnotationRdzvTLSSecret = Domain + "/rdzv-tls-secret"
 	// AnnotationSlots overrides the slot count the webhook computes from accelerators.
@@ -167,7 +171,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
 	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
 	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationCheckpointReplicas, AnnotationCheckpointPersist,
-	AnnotationCheckpointPersistEvery}
+	AnnotationCheckpointPersistEvery, AnnotationWarmStart}
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.
@@ -377,6 +381,10 @@ const (
 
 // Progress and hangs (docs/hangs.md): the trainer's elastic_training.progress sends each rank's step to its pod's
 // sidecar at EnvProgressAddr (UDP on loopback, ProgressPort), which reports the pod's ranks to the serving sidecar.
+// EnvWarmStart "1" tells the elastic-training backend, in torchrun's agent, to preload elastic_training._warm in the
+// fork server the workers start from (docs/warm-start.md); the webhook sets it with PET_RUN_PATH and PET_START_METHOD.
+const EnvWarmStart = "ET_WARM_START"
+
 const (
 	EnvProgressAddr = "ET_PROGRESS_ADDR"
 	ProgressPort    = 2383

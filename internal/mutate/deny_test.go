@@ -56,6 +56,8 @@ func TestDenied(t *testing.T) {
 			[]string{"annotation elastic-training.io/run-id is missing"}},
 		{"run id with a slash", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRunID] = "a/b" },
 			[]string{`elastic-training.io/run-id="a/b" is invalid`}},
+		{"warm start not a boolean", func(p *corev1.Pod) { p.Annotations[constants.AnnotationWarmStart] = "yes" },
+			[]string{`elastic-training.io/warm-start="yes" is invalid: want one of true, false`}},
 		{"unknown backend", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvBackend] = "zookeeper" },
 			[]string{`elastic-training.io/rdzv-backend="zookeeper" is invalid: want one of etcd-v2, etcd, c10d`}},
 		{"negative timeout", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvLastCallTimeout] = "-5" },

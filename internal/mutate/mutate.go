@@ -155,6 +155,14 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 		// torchrun finds the elastic-training backend through its entry point, in the dist-info the sidecar installs there.
 		prependPath(e, path, c, constants.EnvPythonPath, constants.PythonDir)
 	}
+	if warm, why := warmStart(s, c); warm {
+		for _, v := range WarmStartEnv() {
+			setEnv(e, path, c, v)
+		}
+	} else if s.warmStart == "true" {
+		e.warn("annotation %s=true: container %q starts its workers cold, as torchrun does by default: %s (docs/warm-start.md)",
+			constants.AnnotationWarmStart, c.Name, why)
+	}
 	if err := setMount(e, path, c, constants.FilesVolumeName, constants.FilesDir, true); err != nil {
 		return err
 	}

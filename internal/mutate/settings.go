@@ -59,6 +59,7 @@ type settings struct {
 	monitor                     float64 // seconds; the job's own, or the webhook's scaled to maxNodes (monitorInterval)
 	monitorSet                  bool    // the job set monitor (AnnotationMonitorInterval)
 	hangOff                     bool    // AnnotationHangTimeout "off": no round is restarted for a hang
+	warmStart                   string  // AnnotationWarmStart: "" (absent), "true" or "false"
 	hangTimeout                 int     // AnnotationHangTimeout in seconds; 0: the serving sidecar's rule
 	checkpointReplicas          int     // AnnotationCheckpointReplicas, with the checkpoint volume
 	keepAlive                   int
@@ -384,6 +385,7 @@ func (s *settings) parseAgent(ann map[string]string, d Defaults) (errs field.Err
 	s.maxRestarts = parseInt(&errs, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
 	s.monitor, s.monitorSet = parseSeconds(&errs, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, MinMonitorInterval, MaxMonitorInterval)
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
+	s.warmStart = parseEnum(&errs, ann, constants.AnnotationWarmStart, "", []string{"true", "false"})
 	switch v := ann[constants.AnnotationHangTimeout]; v {
 	case "":
 	case "off":

@@ -119,6 +119,7 @@ func TestRejected(t *testing.T) {
 		{"torchrun's --nnodes from a PyTorchJob", []string{"command={torchrun,--nnodes=4,--nproc-per-node=8,train.py}"},
 			"workers.command/args: torchrun's --nnodes would override what the chart and the webhook set (torchrun's flags win over its PET_* environment): remove it; here it comes from workers.minReplicas/maxReplicas (summed over the groups)"},
 		{"torchrun's --rdzv_endpoint with a value apart", []string{"command={torchrun,--rdzv_endpoint,master:29400,train.py}"}, "torchrun's --rdzv_endpoint would override"},
+		{"torchrun's --nnodes after -r with a value apart", []string{"command={torchrun,-r,x3,--nnodes=2,train.py}"}, "torchrun's --nnodes would override"},
 		{"torchrun's --rdzv-backend in a shell command", []string{"command={sh,-c}", "args={pip install -q x && torchrun --rdzv-backend=c10d train.py}"}, "torchrun's --rdzv-backend would override"},
 		{"python -m torch.distributed.run --nproc_per_node", []string{"command={python3,-m,torch.distributed.run,--nproc_per_node=8,train.py}"}, "torchrun's --nproc_per_node would override what the chart and the webhook set (torchrun's flags win over its PET_* environment): remove it; here it comes from gpus (or slots)"},
 		{"torchrun's --standalone in a group", []string{"command={torchrun,t.py}", "workerGroups.big.replicas=1", "workerGroups.big.command={torchrun,--standalone,t.py}"}, "workerGroups.big.command/args: torchrun's --standalone would override"},

@@ -72,7 +72,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/hang-timeout",
     "elastic-training.io/checkpoint-replicas",
     "elastic-training.io/checkpoint-persist",
-    "elastic-training.io/checkpoint-persist-every"
+    "elastic-training.io/checkpoint-persist-every",
+    "elastic-training.io/warm-start"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "contractVersion": 2,

@@ -205,6 +205,9 @@ elastic-training.io/hang-timeout: "off"
 {{- else if $v.hang.timeout }}
 elastic-training.io/hang-timeout: {{ $v.hang.timeout | int | toString | quote }}
 {{- end }}
+{{- if eq $v.warmStart false }}
+elastic-training.io/warm-start: "false"
+{{- end }}
 {{- end }}
 {{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.restartSurvivors false) }}
 elastic-training.io/rdzv-restart-survivors: "false"

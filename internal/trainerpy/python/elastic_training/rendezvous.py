@@ -258,6 +258,13 @@ def connect(dist, host, port, read_timeout, deadline):
 def create(params):
     """torch's creator: RendezvousParameters in, a RendezvousHandler out."""
     import torch.distributed as dist
+
+    if os.environ.get("ET_WARM_START") == "1":
+        # The warm start (elastic_training._warm, docs/warm-start.md): torchrun's agent creates its rendezvous
+        # before it starts any worker, so the fork server it starts them from is not running yet.
+        import multiprocessing
+
+        multiprocessing.set_forkserver_preload(["elastic_training._warm"])
     from torch.distributed.elastic.rendezvous import api
 
     host, _, port = params.endpoint.rpartition(":")

@@ -1,0 +1,77 @@
+package sidecar_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/trainerpy"
+)
+
+// warmWorkerRe is a worker's line; its end is matched exactly, as the workers' unbuffered lines may run together.
+var warmWorkerRe = regexp.MustCompile(`WORKER rank=(\d) restart=(\d) warm=(True|False) ready=([\d.]+) (helper=\S+ method=\S+ loader=\S+ fork=\S+ pool=\[[^\]]*\] world=\S+ cuda=\S+ badfork=(?:True|False))`)
+
+// TestWarmStart runs one torchrun agent of two workers on the elastic-training backend, torch 2.14 and 2.6, cold (as
+// torchrun does by default) and warm (with the env the webhook sets: mutate.WarmStartEnv), and a training program
+// doing what users' programs do that a warm start could change (testdata/warm/train.py): each of its workers, in
+// both restarts, must import the module beside the script, find no start method set and set its own (a spawn
+// Pool), run a data loader with worker processes and os.fork, and print without flushing; a worker killed with
+// SIGKILL costs one restart, the agent stops the other with SIGTERM (whose handler exits 0: the worker ends then),
+// and a worker's exit code 3 is the failure it reports. Warm, each worker began with torch imported (its age at the script's first line is printed, cold and
+// warm). No GPU here: the check that the fork server never initialised CUDA (elastic_training._warm) is not
+// exercised beyond torch's own answer on a CPU build (cuda=False badfork=False).
+func TestWarmStart(t *testing.T) {
+	script, err := filepath.Abs("testdata/warm/train.py")
+	require.NoError(t, err)
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		for _, warm := range []bool{false, true} {
+			t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
+				var env []string
+				if warm {
+					for _, v := range mutate.WarmStartEnv() {
+						env = append(env, v.Name+"="+v.Value)
+					}
+				}
+				files := t.TempDir()
+				s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
+				args := testenv.TorchrunArgs(trainerpy.Backend, s.C10d, "warm", "1", "--max_restarts=1", "--rdzv_conf=last_call_timeout=1")
+				args = slices.DeleteFunc(args, func(a string) bool { return a == "--nproc_per_node=1" })
+				args = append(args, "--nproc_per_node=2", "--local_addr=127.0.0.1", script)
+				// Without PYTHONUNBUFFERED (which testenv.TorchEnv sets): the program's unflushed lines must reach
+				// the log by the workers' own unbuffered output, as with torchrun's python -u.
+				agentEnv := slices.DeleteFunc(torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, trainerpy.Dir)}, env...)...),
+					func(kv string) bool { return strings.HasPrefix(kv, "PYTHONUNBUFFERED=") })
+				startJoin(t, s.URL, "127.0.0.1", 2, "", "--member-index=0")
+				agent := tr.startAgent(t, "agent", agentEnv, args...)
+				require.Error(t, agent.Wait(t, 240*time.Second), "rank 0's exit 3 with no restart left fails the agent")
+				out := agent.Output()
+
+				seen := map[string]bool{}
+				var ready []string
+				for _, m := range warmWorkerRe.FindAllStringSubmatch(out, -1) {
+					seen["rank="+m[1]+" restart="+m[2]] = true
+					require.Equal(t, fmt.Sprint(warm), strings.ToLower(m[3]), "torch imported before the script: %s", m[0])
+					require.Equal(t, "helper=42 method=None loader=28.0 fork=7 pool=[1, 4, 9] world=2 cuda=False badfork=False", m[5], m[0])
+					ready = append(ready, m[4]+" s")
+				}
+				require.Equal(t, map[string]bool{"rank=0 restart=0": true, "rank=1 restart=0": true, "rank=0 restart=1": true, "rank=1 restart=1": true},
+					seen, "every worker of both attempts (the SIGKILL counted one restart):\n%s", out)
+				require.Contains(t, out, "SIGTERM rank=0 restart=0", "the agent stopped the SIGKILLed worker's peer")
+				require.Contains(t, out, "SIGTERM rank=1 restart=1", "the agent stopped the failed worker's peer")
+				require.Regexp(t, `exitcode\s*: 3 `, out, "the failure reported is the worker's exit code")
+				// Each worker that exits 0 on SIGTERM ends then: torch's worker of a function would wait for the
+				// agent to read its result, and the agent, stopping its workers, SIGKILLs it 30 s later.
+				require.NotContains(t, out, "forcefully exiting via SIGKILL", "a worker outlived its SIGTERM handler's exit")
+				t.Logf("torch %s, %s: the workers' age at the script's first line: %s", tr.version, map[bool]string{false: "cold", true: "warm"}[warm], strings.Join(ready, ", "))
+			})
+		}
+	})
+}
