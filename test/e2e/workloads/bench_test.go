@@ -25,15 +25,15 @@ import (
 // rendezvous).
 type scaling struct{ install, up, joined, down, newAgent, workersStart time.Duration }
 
-func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) scaling {
+func measureScaling(b *testing.B, c *framework.Cluster, vals map[string]any) scaling {
 	ns := c.Namespace(b)
 	const job = "bench"
 	v := jobValues(b, c, pytorchValues, trainScript)
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
 	// torchrun's INFO log says when an agent joins a rendezvous and when it starts the workers.
 	v["env"] = append(v["env"].([]any), map[string]any{"name": "LOGLEVEL", "value": "INFO"})
-	for k, x := range rdzv {
-		set(v, "rendezvous."+k, x)
+	for k, x := range vals { // dotted keys, as --set takes them
+		set(v, k, x)
 	}
 	sel := groupSelector(job, "worker")
 	var s scaling
@@ -58,7 +58,8 @@ func measureScaling(b *testing.B, c *framework.Cluster, rdzv map[string]any) sca
 // trains at the new world size, with the chart's rendezvous defaults (the elastic-training backend), with torch's c10d
 // rendezvous at the chart's settings, and with torch's own defaults (c10d, last_call_timeout 30 s, close_timeout
 // 30 s; all three at torch's monitor_interval of 0.1 s, the webhook's for a job this small), on the default trainer
-// image (torch 2.14). Goal: the chart's defaults <= 10 s and <= 0.5x torch's. BENCH_SCALING_REPS
+// image (torch 2.14); and the chart's defaults with the workers started cold (warmStart: false, docs/warm-start.md),
+// for what the warm start saves. Goal: the chart's defaults <= 10 s and <= 0.5x torch's. BENCH_SCALING_REPS
 // sets the repetitions (default 2); runs alternate between the settings so machine noise hits them alike. Run it
 // with `make bench-e2e`.
 func BenchmarkScaling(b *testing.B) {
@@ -70,17 +71,18 @@ func BenchmarkScaling(b *testing.B) {
 	installWebhook(b, c)
 	configs := []struct {
 		name string
-		rdzv map[string]any
+		vals map[string]any
 	}{
 		{"chart defaults", nil},
-		{"c10d, chart's", map[string]any{"backend": constants.BackendC10d}},
-		{"torch defaults", map[string]any{"backend": constants.BackendC10d, "lastCallTimeout": 30, "closeTimeout": 30}},
+		{"defaults, cold", map[string]any{"warmStart": false}},
+		{"c10d, chart's", map[string]any{"rendezvous.backend": constants.BackendC10d}},
+		{"torch defaults", map[string]any{"rendezvous.backend": constants.BackendC10d, "rendezvous.lastCallTimeout": 30, "rendezvous.closeTimeout": 30}},
 	}
 	torch := len(configs) - 1 // the ratio's baseline
 	got := make([][]scaling, len(configs))
 	for i := 0; i < b.N*reps; i++ {
 		for j, cfg := range configs {
-			s := measureScaling(b, c, cfg.rdzv)
+			s := measureScaling(b, c, cfg.vals)
 			// Printed, not logged: a benchmark's log is cut short, and each run is a figure of the spread.
 			fmt.Printf("%s, run %d: install %.1fs, scale up %.1fs (joined %.1fs, new agent %.1fs, workers %.1fs), scale down %.1fs\n",
 				cfg.name, i+1, s.install.Seconds(), s.up.Seconds(), s.joined.Seconds(), s.newAgent.Seconds(), s.workersStart.Seconds(), s.down.Seconds())
@@ -97,7 +99,7 @@ func BenchmarkScaling(b *testing.B) {
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nelastic PyTorch on the local cluster (%s, torch %s), median of %d runs each (seconds)\n",
 		framework.TrainerImages[0].Image, framework.TrainerImages[0].Torch, reps*b.N)
-	fmt.Fprintf(&out, "%-32s %14s %14s %14s %8s\n", "", configs[0].name, configs[1].name, configs[torch].name, "ratio")
+	fmt.Fprintf(&out, "%-32s %14s %14s %14s %14s %8s\n", "", configs[0].name, configs[1].name, configs[2].name, configs[torch].name, "ratio")
 	for _, m := range []struct {
 		name string
 		f    func(scaling) time.Duration
@@ -109,8 +111,8 @@ func BenchmarkScaling(b *testing.B) {
 		{"  of which: workers' own start", func(s scaling) time.Duration { return s.workersStart }},
 		{"scale down 3->2 -> all at world 2", func(s scaling) time.Duration { return s.down }},
 	} {
-		a, c10d, t := pick(0, m.f), pick(1, m.f), pick(torch, m.f)
-		fmt.Fprintf(&out, "%-32s %14.1f %14.1f %14.1f %8.2f\n", m.name, a.Seconds(), c10d.Seconds(), t.Seconds(), a.Seconds()/t.Seconds())
+		a, cold, c10d, t := pick(0, m.f), pick(1, m.f), pick(2, m.f), pick(torch, m.f)
+		fmt.Fprintf(&out, "%-32s %14.1f %14.1f %14.1f %14.1f %8.2f\n", m.name, a.Seconds(), cold.Seconds(), c10d.Seconds(), t.Seconds(), a.Seconds()/t.Seconds())
 		if !strings.HasPrefix(m.name, " ") {
 			b.ReportMetric(a.Seconds(), strings.Fields(m.name)[0]+"-"+strings.Fields(m.name)[1]+"-s")
 		}
@@ -169,7 +171,8 @@ func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since
 // BenchmarkNodeLoss measures, on the two-node cluster and in one run, what a crashed worker node costs an elastic
 // PyTorch job (3 workers, worker 0 serving the rendezvous on the node that stays, the others spread): the time from
 // the crash until every survivor trains at the smaller world size, and until every worker trains at the full size
-// again (Kubernetes replaced the lost pods). Once with the chart's defaults (the elastic-training backend), once with torch's
+// again (Kubernetes replaced the lost pods). Once with the chart's defaults (the elastic-training backend; and once
+// more with its workers started cold, warmStart: false), once with torch's
 // c10d rendezvous at the chart's settings (the survivors' restarter), once with torch's own behaviour (c10d,
 // rendezvous.restartSurvivors false, last_call and close timeouts 30 s): its survivors wait for the collective
 // timeout (gloo: 30 min), so the wait for them stops at 180 s and reports "> 180". On the default trainer image
@@ -184,6 +187,7 @@ func BenchmarkNodeLoss(b *testing.B) {
 		run  lossRun
 	}{
 		{"chart defaults", lossRun{}},
+		{"defaults, cold", lossRun{values: map[string]any{"warmStart": false}}},
 		{"c10d, chart's", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}}},
 		{"torch's own", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d, "restartSurvivors": false, "lastCallTimeout": 30, "closeTimeout": 30},
 			smallerLimit: limit}},
@@ -202,10 +206,10 @@ func BenchmarkNodeLoss(b *testing.B) {
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nworker node crash, elastic PyTorch 3 workers on 2 nodes (%s, torch %s), seconds after the crash\n", img.Image, img.Torch)
-	fmt.Fprintf(&out, "%-40s %14s %14s %14s\n", "", configs[0].name, configs[1].name, configs[2].name)
-	fmt.Fprintf(&out, "%-40s %14s %14s %14s\n", fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors),
-		secs(got[0].trainAgain), secs(got[1].trainAgain), secs(got[2].trainAgain))
-	fmt.Fprintf(&out, "%-40s %14s %14s %14s\n", "all 3 train again (lost pods replaced)", secs(got[0].replaced), secs(got[1].replaced), secs(got[2].replaced))
+	fmt.Fprintf(&out, "%-40s %14s %14s %14s %14s\n", "", configs[0].name, configs[1].name, configs[2].name, configs[3].name)
+	fmt.Fprintf(&out, "%-40s %14s %14s %14s %14s\n", fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors),
+		secs(got[0].trainAgain), secs(got[1].trainAgain), secs(got[2].trainAgain), secs(got[3].trainAgain))
+	fmt.Fprintf(&out, "%-40s %14s %14s %14s %14s\n", "all 3 train again (lost pods replaced)", secs(got[0].replaced), secs(got[1].replaced), secs(got[2].replaced), secs(got[3].replaced))
 	fmt.Print(out.String())
 	b.ReportMetric(got[0].trainAgain.Seconds(), "smaller-size-s")
 	b.ReportMetric(got[0].replaced.Seconds(), "full-size-s")

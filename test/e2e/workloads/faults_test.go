@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -125,12 +126,7 @@ func TestFaults(t *testing.T) {
 	t.Run("kill -9 of a training process", func(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(1)
 		start := time.Now()
-		// torchrun starts the training script as `python3 -u <script>`; the agent's command line and this shell's
-		// own do not start with python.
-		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "sh", "-c", `kill -9 $(pgrep -f -- "^[^ ]*python[0-9.]* -u /etc/elastic-training-script/")`)
-		if err != nil {
-			t.Fatalf("kill: %v: %s", err, out)
-		}
+		signalWorkers(t, c, ns, p.Name, "KILL")
 		t.Logf("recovered from kill -9 of the trainer in %s in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 	})
 
@@ -141,10 +137,7 @@ func TestFaults(t *testing.T) {
 	t.Run("a frozen training process (SIGSTOP)", func(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(1)
 		start := time.Now()
-		out, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "sh", "-c", `kill -STOP $(pgrep -f -- "^[^ ]*python[0-9.]* -u /etc/elastic-training-script/")`)
-		if err != nil {
-			t.Fatalf("kill -STOP: %v: %s", err, out)
-		}
+		signalWorkers(t, c, ns, p.Name, "STOP")
 		t.Logf("recovered from a frozen trainer in %s in %.1fs (hang timeout 60 s)", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 		workerJob := naming.Workload(job, constants.GroupWorker)
 		c.WaitFor(t, time.Minute, "a TrainingHung Event on Job "+workerJob, func(ctx context.Context) (bool, error) {
@@ -307,4 +300,52 @@ func TestC10dOutlivesWorkerZero(t *testing.T) {
 	t.Logf("c10d: recovered from deleting the rendezvous pod %s in %.1fs", rdzvPod, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 	waitJobComplete(t, c, ns, naming.Workload(job, constants.GroupWorker), 5*time.Minute)
 	uninstallJob(t, c, ns, job)
+}
+
+// signalWorkers sends sig to the training processes of pod's trainer, as a user with kubectl exec would.
+func signalWorkers(t *testing.T, c *framework.Cluster, ns, pod, sig string) {
+	t.Helper()
+	ps, err := c.Kubectl(t.Context(), "-n", ns, "exec", pod, "-c", trainer, "--", "ps", "-eo", "pid=,ppid=,args=")
+	if err != nil {
+		t.Fatalf("ps: %v: %s", err, ps)
+	}
+	pids := workerPids(string(ps))
+	if len(pids) == 0 {
+		t.Fatalf("no training process in %s:\n%s", pod, ps)
+	}
+	if out, err := c.Kubectl(t.Context(), "-n", ns, "exec", pod, "-c", trainer, "--", "sh", "-c", "kill -"+sig+" "+strings.Join(pids, " ")); err != nil {
+		t.Fatalf("kill -%s %v: %v: %s", sig, pids, err, out)
+	}
+}
+
+// workerPids are the torchrun workers in ps's lines (pid, ppid, command line): the agent's children, each a
+// `python3 -u <script>`, or with the warm start (docs/warm-start.md) the children of the agent's fork server,
+// whose command line is the fork server's.
+func workerPids(ps string) []string {
+	type proc struct{ pid, ppid, args string }
+	var procs []proc
+	for _, line := range strings.Split(ps, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 {
+			procs = append(procs, proc{f[0], f[1], strings.Join(f[2:], " ")})
+		}
+	}
+	children := func(pid string) []proc {
+		return slices.DeleteFunc(slices.Clone(procs), func(p proc) bool { return p.ppid != pid })
+	}
+	var pids []string
+	for _, agent := range procs {
+		if !strings.Contains(agent.args, "/torchrun ") {
+			continue
+		}
+		for _, ch := range children(agent.pid) {
+			if strings.Contains(ch.args, "multiprocessing.forkserver") {
+				for _, w := range children(ch.pid) {
+					pids = append(pids, w.pid)
+				}
+			} else if strings.Contains(ch.args, "python") {
+				pids = append(pids, ch.pid)
+			}
+		}
+	}
+	return pids
 }

@@ -123,6 +123,7 @@ type nodeLoss struct {
 // never get there).
 type lossRun struct {
 	rdzv         map[string]any
+	values       map[string]any // more values, dotted keys
 	smallerLimit time.Duration
 }
 
@@ -182,6 +183,9 @@ func placeWorkerLoss(t testing.TB, c *framework.Cluster, ns string, img framewor
 	useTrainer(v, img)
 	for k, x := range run.rdzv {
 		set(v, "rendezvous."+k, x)
+	}
+	for k, x := range run.values {
+		set(v, k, x)
 	}
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})

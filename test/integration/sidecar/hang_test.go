@@ -73,11 +73,12 @@ func workers(out string, after int) (pids []int, worlds, restarts []string) {
 // A frozen rank (SIGSTOP: alive, its pod's lease renewed, every other rank blocked in its next all_reduce) is found
 // from the ranks' progress and its round restarted: both agents start their workers again at world 2, training goes
 // on, and torch counts no restart (max_restarts is 0: a counted one would end the job). torch's own timeout is
-// gloo's 30 minutes. Real torchrun, torch 2.14 and 2.6, a 10 s hang timeout.
+// gloo's 30 minutes. Real torchrun, torch 2.14 and 2.6, a 10 s hang timeout, with the warm start as the webhook
+// sets it by default (the frozen worker is the fork server's child, not the agent's: docs/warm-start.md).
 func TestHangRestartsTheRound(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		const run = "hang"
-		o := newOwnRdzvServe(t, tr, run, "2", []string{"--hang-timeout=10s"})
+		o := newOwnRdzvServe(t, tr, run, "2", []string{"--hang-timeout=10s"}, warmStartEnv()...)
 		o.args = slices.DeleteFunc(slices.Clone(o.args), func(a string) bool { return a == "--max_restarts=5" })
 		o.args = append(o.args, "--max_restarts=0")
 		a, b, before, frozen := o.freezeOne(t, run)

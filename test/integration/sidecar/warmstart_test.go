@@ -36,9 +36,7 @@ func TestWarmStart(t *testing.T) {
 			t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
 				var env []string
 				if warm {
-					for _, v := range mutate.WarmStartEnv() {
-						env = append(env, v.Name+"="+v.Value)
-					}
+					env = warmStartEnv()
 				}
 				files := t.TempDir()
 				s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
@@ -74,4 +72,13 @@ func TestWarmStart(t *testing.T) {
 			})
 		}
 	})
+}
+
+// warmStartEnv is the warm start's env as the webhook sets it (mutate.WarmStartEnv), as NAME=value.
+func warmStartEnv() []string {
+	var env []string
+	for _, v := range mutate.WarmStartEnv() {
+		env = append(env, v.Name+"="+v.Value)
+	}
+	return env
 }

@@ -67,9 +67,9 @@ def parse_state(raw):
     return out
 
 
-def _workers():
-    """The agent's workers: its children that carry torchelastic's environment (not a multiprocessing helper)."""
-    me, pids = os.getpid(), []
+def _children(pid):
+    """pid's live children: (pid, command line, environment at their start), from /proc."""
+    out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -77,14 +77,51 @@ def _workers():
             with open(f"/proc/{d}/stat", "rb") as f:
                 stat = f.read()
             fields = stat[stat.rindex(b")") + 2:].split()
-            if int(fields[1]) != me or fields[0] == b"Z":
+            if int(fields[1]) != pid or fields[0] == b"Z":
                 continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmdline = f.read()
             with open(f"/proc/{d}/environ", "rb") as f:
-                if b"TORCHELASTIC_RESTART_COUNT=" in f.read():
-                    pids.append(int(d))
+                environ = f.read()
+            out.append((int(d), cmdline, environ))
         except (OSError, ValueError, IndexError):
             pass  # gone meanwhile
+    return out
+
+
+def _workers():
+    """The agent's workers: its children that carry torchelastic's environment (not a multiprocessing helper), or
+    with the warm start (elastic_training._warm) the children of its fork server, which are forked, not started with
+    that environment."""
+    pids = []
+    for pid, cmdline, environ in _children(os.getpid()):
+        if b"TORCHELASTIC_RESTART_COUNT=" in environ:
+            pids.append(pid)
+        elif b"multiprocessing.forkserver" in cmdline:
+            pids.extend(p for p, _, _ in _children(pid))
     return pids
+
+
+def _monitor_interval():
+    """torchrun's monitor interval as the webhook sets it (PET_MONITOR_INTERVAL); 1 s when it is not there."""
+    try:
+        return max(0.0, float(os.environ.get("PET_MONITOR_INTERVAL", "1")))
+    except ValueError:
+        return 1.0
+
+
+# How long an agent's workers stay frozen before it stops them when their round hung: every agent of the round ticks
+# within a monitor interval (the same for every pod of a job), twice here, and a second more.
+FREEZE_WAIT = 2 * _monitor_interval() + 1.0
+
+
+def signal_workers(sig):
+    """Send sig to this agent's workers."""
+    for pid in _workers():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 def stop_workers(why, grace=3.0):
@@ -123,6 +160,7 @@ class Rendezvous:
         self.join_timeout = join_timeout
         self.keys = Keys(run_id)
         self.stopped_hung = 0  # the last hung round whose workers this agent stopped
+        self.freezing, self.frozen_at = 0, 0.0  # the last hung round whose workers this agent froze, and when
         # torch's: the run is closed, no round in time, a wait that timed out, the connection to the store broke.
         self.closed_error, self.timeout_error, self.wait_error, self.lost_error = errors
 
@@ -154,13 +192,30 @@ class Rendezvous:
         try:
             st = self.state()
             if st["hung"] and st["waiting"] and st["round"] != self.stopped_hung:
+                # Two steps: first freeze this agent's workers (SIGSTOP: their connections stay open, so no worker
+                # of another agent fails on them, which its agent would count as a restart, and with none left end
+                # the job), and give every agent of the round a tick to do the same; then stop them. An agent that
+                # stopped its workers at once made the others' fail before their agents' next tick.
+                if self.freezing != st["round"]:
+                    self.freezing, self.frozen_at = st["round"], time.monotonic()
+                    signal_workers(signal.SIGSTOP)
+                    return 0
+                if time.monotonic() - self.frozen_at < FREEZE_WAIT:
+                    return 0
                 self.stopped_hung = st["round"]
                 stop_workers(f"round {st['round']} hung: no rank advanced for the hang timeout")
+            elif self.freezing and self.freezing != self.stopped_hung:
+                self.stopped_hung = self.freezing  # frozen, then the round changed: they must not stay frozen
+                stop_workers(f"round {self.freezing} hung, then changed")
+                return max(st["waiting"], 1)
             return st["waiting"]
         except self.lost_error as e:
             log.warning("elastic-training rendezvous: lost the store (%s); stopping the workers for the next round",
                         first_line(e))
             self.store = None
+            if self.freezing and self.freezing != self.stopped_hung:
+                self.stopped_hung = self.freezing
+                stop_workers("the store is lost while the workers are frozen")
             return 1
 
     def next(self):
