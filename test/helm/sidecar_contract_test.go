@@ -158,11 +158,7 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 // webhook's default configuration, cluster domain domain) and returns the injected sidecar and the pod's volumes.
 func injectedSidecar(t *testing.T, pod *corev1.Pod, domain string) (corev1.Container, []corev1.Volume) {
 	t.Helper()
-	cfg := mutate.DefaultConfig()
-	cfg.SidecarImage = "example.com/rdzv-sidecar:contract"
-	cfg.ClusterDomain = domain
-	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
-	require.NoError(t, err)
+	res := webhookMutated(t, pod, domain)
 	for _, c := range res.Pod.Spec.InitContainers {
 		if c.Name == constants.SidecarContainerName {
 			return c, res.Pod.Spec.Volumes
@@ -283,4 +279,15 @@ func parseSidecarArgs(t *testing.T, args []string) (string, map[string]string) {
 		flags[name] = value
 	}
 	return args[0], flags
+}
+
+// webhookMutated is pod as the webhook (its defaults) mutates it.
+func webhookMutated(t *testing.T, pod *corev1.Pod, domain string) mutate.Result {
+	t.Helper()
+	cfg := mutate.DefaultConfig()
+	cfg.SidecarImage = "example.com/rdzv-sidecar:contract"
+	cfg.ClusterDomain = domain
+	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
+	require.NoError(t, err)
+	return res
 }

@@ -32,11 +32,7 @@ func TestWarmStartValue(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := renderedServingPod(t, ch, tc.vals)
 			require.Equal(t, tc.annotation, pod.Annotations[constants.AnnotationWarmStart])
-			cfg := mutate.DefaultConfig()
-			cfg.SidecarImage = "example.com/rdzv-sidecar:contract"
-			cfg.ClusterDomain = naming.DefaultClusterDomain
-			res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
-			require.NoError(t, err)
+			res := webhookMutated(t, pod, naming.DefaultClusterDomain)
 			i := slices.IndexFunc(res.Pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == "trainer" })
 			require.GreaterOrEqual(t, i, 0)
 			for _, v := range mutate.WarmStartEnv() {
