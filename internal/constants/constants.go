@@ -108,7 +108,7 @@ const (
 	AnnotationCheckpointPersistEvery = Domain + "/checkpoint-persist-every"
 	// AnnotationWarmStart "false" starts every worker of a PyTorch pod as a fresh `python -u <script>`, as torchrun
 	// does by default; absent or "true": from a fork server with torch imported once per pod where the trainer's
-	// command allows it (docs/warm-start.md). The job chart renders it only for workers.warmStart: false.
+	// command allows it (docs/warm-start.md). The job chart renders it only for warmStart: false.
 	AnnotationWarmStart = Domain + "/warm-start"
 	// AnnotationRdzvTLSSecret names a Secret (tls.crt, tls.key, ca.crt) for rendezvous TLS; empty = plain HTTP.
 	AnnotationRdzvTLSSecret = Domain + "/rdzv-tls-secret"

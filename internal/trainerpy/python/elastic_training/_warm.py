@@ -31,15 +31,13 @@ import threading
 import torch
 import torch.distributed.run as _run
 
-_torch_run_script_path = _run.run_script_path
-
 
 def run_script_path(training_script, *training_script_args):
     """torch.distributed.run.run_script_path as a fresh `python -u <training_script>` would run it."""
     if torch.cuda._is_in_bad_fork():
         raise RuntimeError(
             "elastic-training warm start: this worker was forked from a fork server that had initialised CUDA, so it "
-            "cannot use CUDA; turn the warm start off (the job chart's workers.warmStart: false, or annotation "
+            "cannot use CUDA; turn the warm start off (the job chart's warmStart: false, or the pod annotation "
             "elastic-training.io/warm-start: \"false\") and report it (docs/warm-start.md)")
     multiprocessing.set_start_method(None, force=True)  # a fresh interpreter has none set
     sys.path[0] = os.path.dirname(os.path.realpath(training_script))
