@@ -10,7 +10,8 @@ import (
 )
 
 // valued are torchrun's flags that take a value (the word after them, or after '='), by their dashed long name;
-// every other flag of torchrun's is a switch. Short forms are in short.
+// every other flag of torchrun's is a switch. Short forms are in short. The job chart's checks read the same list
+// (ValuedFlags, through internal/chartcontract).
 var valued = []string{"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
 	"max-restarts", "monitor-interval", "start-method", "event-log-handler", "role", "log-dir", "redirects", "tee",
 	"log-line-prefix-template", "local-ranks-filter", "duplicate-stdout-filters", "duplicate-stderr-filters",
@@ -19,6 +20,19 @@ var valued = []string{"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint
 
 // short maps torchrun's one-letter flags to their long names.
 var short = map[string]string{"m": "module", "r": "redirects", "t": "tee"}
+
+// ValuedFlags are torchrun's flags that take a value, as a command line spells them without dashes: the dashed long
+// names and the one-letter forms of those ("r", "t"), sorted.
+func ValuedFlags() []string {
+	out := slices.Clone(valued)
+	for s, long := range short {
+		if slices.Contains(valued, long) {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Launch is what a command line asks of torchrun.
 type Launch struct {

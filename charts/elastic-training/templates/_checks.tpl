@@ -146,8 +146,8 @@ flags count: those before the script (or -m module) it runs. . = dict "path" "ar
 with spaces, as in sh -c "...", are split into words). */}}
 {{- define "elastic-training.checkTorchrunFlags" -}}
 {{- $owned := dict "nnodes" "workers.minReplicas/maxReplicas (summed over the groups)" "nproc-per-node" "gpus (or slots)" "rdzv-backend" "rendezvous.backend" "rdzv-endpoint" "the rendezvous Service (the webhook)" "rdzv-id" "runId" "rdzv-conf" "rendezvous.* timeouts" "max-restarts" "rendezvous.maxRestarts" "monitor-interval" "rendezvous.monitorInterval" "local-addr" "the pod's own name (the webhook)" "master-addr" "the rendezvous (a static master is not elastic)" "master-port" "the rendezvous (a static master is not elastic)" "node-rank" "the rendezvous (ranks are assigned per round)" "standalone" "the job's rendezvous (standalone trains on one node)" -}}
-{{- /* torchrun's flags that take a value (torch 2.6 to 2.14; internal/torchrunargv has the same list), and -r, -t. */ -}}
-{{- $withValue := list "nnodes" "nproc-per-node" "rdzv-backend" "rdzv-endpoint" "rdzv-id" "rdzv-conf" "max-restarts" "monitor-interval" "local-addr" "master-addr" "master-port" "node-rank" "start-method" "role" "log-dir" "redirects" "tee" "local-ranks-filter" "logs-specs" "rdzv-timeout" "numa-binding" "event-log-handler" "signals-to-handle" "log-line-prefix-template" "duplicate-stdout-filters" "duplicate-stderr-filters" "shutdown-timeout" "print-completion" "r" "t" -}}
+{{- /* torchrun's flags that take a value, -r and -t included: internal/torchrunargv's, which the webhook reads too. */ -}}
+{{- $withValue := (include "elastic-training.contract" dict | fromJson).torchrunValuedFlags -}}
 {{- $words := list -}}
 {{- range .argv -}}{{- $words = concat $words (splitList " " (toString . | replace "\n" " " | replace "\t" " ") | compact) -}}{{- end -}}
 {{- $in := false -}}

@@ -1,6 +1,7 @@
 package sidecar_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/mutate"
 	"github.com/elastic-training/elastic-training/internal/testenv"
+	"github.com/elastic-training/elastic-training/internal/torchrunargv"
 	"github.com/elastic-training/elastic-training/internal/trainerpy"
 )
 
@@ -81,4 +83,36 @@ func warmStartEnv() []string {
 		env = append(env, v.Name+"="+v.Value)
 	}
 	return env
+}
+
+// TestTorchrunValuedFlags: the flags that internal/torchrunargv (the webhook's warm start) and the job chart's checks
+// (through the generated contract) read as taking a value are torchrun's own, from its argument parser in torch 2.14
+// and 2.6: one missing makes its value read as the script (the warm start then judges the wrong word, and the
+// chart stops checking there); one torch does not have is a stale name.
+func TestTorchrunValuedFlags(t *testing.T) {
+	ours := torchrunargv.ValuedFlags()
+	seen := map[string]bool{}
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		out, err := tr.python("-c", `
+import json
+from torch.distributed.run import get_args_parser
+names = set()
+for a in get_args_parser()._actions:
+    if a.option_strings and a.nargs != 0:
+        names.update(o.lstrip("-").replace("_", "-") for o in a.option_strings)
+print("VALUED " + json.dumps(sorted(names)))
+`).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		_, js, ok := strings.Cut(string(out), "VALUED ")
+		require.True(t, ok, "no VALUED line: %s", out)
+		var theirs []string
+		require.NoError(t, json.Unmarshal([]byte(js), &theirs))
+		for _, f := range theirs {
+			seen[f] = true
+			require.Contains(t, ours, f, "torchrun's --%s takes a value; internal/torchrunargv's valued list lacks it", f)
+		}
+	})
+	for _, f := range ours {
+		require.True(t, seen[f], "internal/torchrunargv lists %q as a torchrun flag with a value; neither torch has it", f)
+	}
 }
