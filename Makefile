@@ -6,7 +6,7 @@ GO ?= go
 TESTTIMES = set -o pipefail; $(GO) test -json
 TIMES = | $(GO) run ./hack/testtimes
 
-.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint bench-progress bench-hang demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint bench-progress bench-hang bench-lease demo cluster-build cluster-up cluster-down cluster-status images
 
 ## all: build (the default target).
 all: build
@@ -79,7 +79,7 @@ demo:
 	hack/demo.sh
 
 ## bench: every performance measurement, each printing ratios against a baseline measured in the same run.
-bench: bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint bench-progress bench-hang
+bench: bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint bench-progress bench-hang bench-lease
 
 ## bench-progress: what elastic_training.progress costs a training step (the host's python3 sending to a reader that
 ## parses every datagram as the sidecar does), against an empty Python call in the same run.
@@ -90,6 +90,11 @@ bench-progress:
 ## elastic-training backend at the default hang timeout and on torch's own c10d backend, same run (docs/hangs.md).
 bench-hang: rootfs
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkHangRecovery -benchtime 1x ./test/integration/sidecar
+
+## bench-lease: a member lease's TTL (2, 3, 5 s): leases lost while the machine is saturated by busy loops weighted as a
+## trainer (the sidecars in cgroups weighted as the webhook's requests), and a frozen member -> its key gone (root).
+bench-lease:
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkLeaseTTL -benchtime 1x ./test/bench/sidecar
 
 ## bench-e2e: elastic PyTorch on the local cluster (root): helm install -> first step, scale up/down -> every
 ## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run; and how long

@@ -213,7 +213,7 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 	})
 	fs.StringVar(&o.Progress.Addr, "progress-addr", "", "loopback UDP address where this pod's ranks say their steps (elastic_training.progress, $"+constants.EnvProgressAddr+"; a line `et1 <rank> <step> [<total> [<pid>]]` from a shell): reported to the serving sidecar, which restarts a hung round (empty: off; needs --run-id)")
 	fs.StringVar(&o.Progress.RunID, "run-id", "", "the job's rendezvous run id (the agents' --rdzv-id), whose rounds the progress is of")
-	fs.DurationVar(&m.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
+	fs.DurationVar(&m.LeaseTTL, "lease-ttl", constants.DefaultLeaseTTL*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
 	return d
 }
 

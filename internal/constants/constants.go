@@ -129,6 +129,10 @@ const (
 	// AnnotationRdzvRestartSurvivors "false" turns off the serving sidecar's restart of torch's survivors when
 	// torch drops a lost participant (internal/torchbackends/survivors; PyTorch, c10d). Default true.
 	AnnotationRdzvRestartSurvivors = Domain + "/rdzv-restart-survivors"
+	// AnnotationRdzvLeaseTTL: whole seconds (MinLeaseTTL to MaxLeaseTTL) that a member's registration outlives its
+	// pod's last word: a pod whose node is lost, or that stops answering, leaves the membership (and its job's round)
+	// this long after. Absent: the sidecar's default (docs/failures.md).
+	AnnotationRdzvLeaseTTL = Domain + "/rdzv-lease-ttl"
 	// AnnotationRdzvPorts moves a job's sidecar ports off their defaults (host networking: two jobs' pods on one
 	// node share its ports): the rendezvous client port is its value, the peer, health and c10d ports the three
 	// after it (PortsFrom).
@@ -171,7 +175,17 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
 	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
 	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationCheckpointReplicas, AnnotationCheckpointPersist,
-	AnnotationCheckpointPersistEvery, AnnotationWarmStart}
+	AnnotationCheckpointPersistEvery, AnnotationWarmStart, AnnotationRdzvLeaseTTL}
+
+// MinLeaseTTL and MaxLeaseTTL bound AnnotationRdzvLeaseTTL, in seconds: etcd grants no shorter lease, and a member
+// that stays listed longer than a minute after its node is gone only delays the job.
+// DefaultLeaseTTL is the sidecar's, without the annotation: the shortest etcd grants, which loses no lease while a
+// node's CPU is saturated (`make bench-lease`) and finds a lost node 1.2 to 2.1 s after its last word.
+const (
+	MinLeaseTTL     = 2
+	MaxLeaseTTL     = 60
+	DefaultLeaseTTL = 2
+)
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no
 // node has more, and a typo such as 40000 must not become 40000 processes.

@@ -62,6 +62,8 @@ func TestDenied(t *testing.T) {
 			[]string{`elastic-training.io/rdzv-backend="zookeeper" is invalid: want one of etcd-v2, etcd, c10d`}},
 		{"negative timeout", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvLastCallTimeout] = "-5" },
 			[]string{`elastic-training.io/rdzv-last-call-timeout="-5" is invalid: want a whole number from 1 to 86400 (seconds)`}},
+		{"lease TTL below etcd's minimum", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvLeaseTTL] = "1" },
+			[]string{`elastic-training.io/rdzv-lease-ttl="1" is invalid: want a whole number from 2 to 60 (seconds)`}},
 		{"hang timeout not seconds", func(p *corev1.Pod) { p.Annotations[constants.AnnotationHangTimeout] = "soon" },
 			[]string{`elastic-training.io/hang-timeout="soon" is invalid: want a whole number from 1 to 86400 (seconds, or "off")`}},
 		{"monitor interval below torch's", func(p *corev1.Pod) { p.Annotations[constants.AnnotationMonitorInterval] = "0.01" },

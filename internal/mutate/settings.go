@@ -61,6 +61,7 @@ type settings struct {
 	hangOff                     bool    // AnnotationHangTimeout "off": no round is restarted for a hang
 	warmStart                   string  // AnnotationWarmStart: "" (absent), "true" or "false"
 	hangTimeout                 int     // AnnotationHangTimeout in seconds; 0: the serving sidecar's rule
+	leaseTTL                    int     // AnnotationRdzvLeaseTTL in seconds; 0: the sidecar's default
 	checkpointReplicas          int     // AnnotationCheckpointReplicas, with the checkpoint volume
 	keepAlive                   int
 	keepAliveAttempts           int
@@ -385,6 +386,7 @@ func (s *settings) parseAgent(ann map[string]string, d Defaults) (errs field.Err
 	s.maxRestarts = parseInt(&errs, ann, constants.AnnotationMaxRestarts, d.MaxRestarts, 0, 10000, "")
 	s.monitor, s.monitorSet = parseSeconds(&errs, ann, constants.AnnotationMonitorInterval, d.MonitorInterval, MinMonitorInterval, MaxMonitorInterval)
 	s.keepAlive, s.keepAliveAttempts = d.KeepAliveInterval, d.KeepAliveMaxAttempts
+	s.leaseTTL = parseInt(&errs, ann, constants.AnnotationRdzvLeaseTTL, 0, constants.MinLeaseTTL, constants.MaxLeaseTTL, "seconds")
 	s.warmStart = parseEnum(&errs, ann, constants.AnnotationWarmStart, "", []string{"true", "false"})
 	switch v := ann[constants.AnnotationHangTimeout]; v {
 	case "":

@@ -174,6 +174,9 @@ func memberArgs(s *settings, register bool, fqdn string) []string {
 		"--member-group=" + s.group,
 		"--member-index=" + strconv.Itoa(s.index),
 	}
+	if s.leaseTTL > 0 {
+		args = append(args, "--lease-ttl="+strconv.Itoa(s.leaseTTL)+"s")
+	}
 	if s.role == constants.RoleLauncher {
 		args = append(args, "--install-helper")
 	}

@@ -40,6 +40,37 @@ func MemoryCgroup(t testing.TB, limit int64) string {
 	return filepath.Join(dir, "cgroup.procs")
 }
 
+// CPUCgroup makes a CPU cgroup weighted as Kubernetes weights a container
+// that requests milliCPU (cgroup v1 cpu.shares = milliCPU*1024/1000, at
+// least 2; v2 cpu.weight converted from those shares as the kubelet does),
+// removed when the test ends, and returns its cgroup.procs file. Needs root.
+func CPUCgroup(t testing.TB, milliCPU int64) string {
+	t.Helper()
+	shares := max(milliCPU*1024/1000, 2)
+	name := fmt.Sprintf("et-test-%d-%s", os.Getpid(), filepath.Base(t.TempDir()))
+	var dir, file, value string
+	switch {
+	case fileExists("/sys/fs/cgroup/cgroup.controllers"):
+		dir, file, value = filepath.Join("/sys/fs/cgroup", name), "cpu.weight", strconv.FormatInt(1+((shares-2)*9999)/262142, 10)
+	case fileExists("/sys/fs/cgroup/cpu/cpu.shares"):
+		dir, file, value = filepath.Join("/sys/fs/cgroup/cpu", name), "cpu.shares", strconv.FormatInt(shares, 10)
+	default:
+		t.Fatal("no CPU cgroup: neither cgroup v2 (/sys/fs/cgroup/cgroup.controllers) nor v1 (/sys/fs/cgroup/cpu) is mounted")
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("CPU cgroup (needs root): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Logf("removing CPU cgroup %s: %v", dir, err)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644); err != nil {
+		t.Fatalf("CPU cgroup %s: %v", dir, err)
+	}
+	return filepath.Join(dir, "cgroup.procs")
+}
+
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil

@@ -66,3 +66,42 @@ func TestCheckpointReplicas(t *testing.T) {
 		})
 	}
 }
+
+// rendezvous.leaseTTL, from the chart through the webhook to every sidecar's --lease-ttl (the members register with
+// it; the serving one waits that long for a previous holder's members), and into the dedicated rendezvous pod's own
+// command line; 0 (the default) renders no annotation: the sidecar's default, and no newer webhook needed.
+func TestLeaseTTLValues(t *testing.T) {
+	ch := chartrender.Load(t, chartDir)
+	for _, tc := range []struct {
+		ttl        int
+		annotation string
+		flag       []string
+	}{{0, "", []string{}}, {3, "3", []string{"--lease-ttl=3s"}}, {60, "60", []string{"--lease-ttl=60s"}}} {
+		t.Run(strconv.Itoa(tc.ttl), func(t *testing.T) {
+			flags := func(args []string) []string {
+				return slices.DeleteFunc(slices.Clone(args), func(a string) bool { return !strings.HasPrefix(a, "--lease-ttl") })
+			}
+			for _, placement := range []string{"auto", "dedicated"} {
+				r, err := render(ch, merge(pinned(t), map[string]any{"command": []any{"torchrun", "train.py"},
+					"rendezvous": map[string]any{"leaseTTL": tc.ttl, "placement": placement}}), chartrender.Options{})
+				require.NoError(t, err)
+				n := 0
+				for _, o := range r.Objects {
+					switch o.Kind {
+					case "Job":
+						pod := servingPod(t, o)
+						require.Equal(t, tc.annotation, pod.Annotations[constants.AnnotationRdzvLeaseTTL], placement)
+						sc, _ := injectedSidecar(t, pod, naming.DefaultClusterDomain)
+						require.Equal(t, tc.flag, flags(sc.Args), "%s: the injected sidecar", placement)
+						n++
+					case "Deployment": // the dedicated rendezvous pod: the chart's own sidecar
+						pod := servingPod(t, o)
+						require.Equal(t, tc.flag, flags(pod.Spec.Containers[0].Args), "the dedicated rendezvous pod")
+						n++
+					}
+				}
+				require.Equal(t, map[string]int{"auto": 1, "dedicated": 2}[placement], n, placement)
+			}
+		})
+	}
+}

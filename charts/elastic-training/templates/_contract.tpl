@@ -73,7 +73,8 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/checkpoint-replicas",
     "elastic-training.io/checkpoint-persist",
     "elastic-training.io/checkpoint-persist-every",
-    "elastic-training.io/warm-start"
+    "elastic-training.io/warm-start",
+    "elastic-training.io/rdzv-lease-ttl"
   ],
   "mutatedAnnotation": "elastic-training.io/mutated",
   "contractVersion": 2,

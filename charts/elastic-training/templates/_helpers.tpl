@@ -209,6 +209,9 @@ elastic-training.io/hang-timeout: {{ $v.hang.timeout | int | toString | quote }}
 elastic-training.io/warm-start: "false"
 {{- end }}
 {{- end }}
+{{- with $v.rendezvous.leaseTTL }}
+elastic-training.io/rdzv-lease-ttl: {{ . | int | toString | quote }}
+{{- end }}
 {{- if and (eq $v.framework "pytorch") (eq $v.rendezvous.restartSurvivors false) }}
 elastic-training.io/rdzv-restart-survivors: "false"
 {{- end }}

@@ -85,6 +85,9 @@ spec:
         - --member-host={{ $job }}-rdzv-0.{{ $job }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
         - --member-group=rdzv
         - --member-index=0
+        {{- with $r.leaseTTL }}
+        - --lease-ttl={{ . | int }}s
+        {{- end }}
         {{- if eq .Values.framework "pytorch" }}
         - --backend={{ include "elastic-training.backend" . }}
         {{- if eq $r.restartSurvivors false }}

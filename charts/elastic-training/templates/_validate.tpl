@@ -22,6 +22,9 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- fail (printf "rendezvous.monitorInterval: %s seconds is outside 0.1..3600" .) -}}
 {{- end -}}
 {{- end -}}
+{{- if eq (int $v.rendezvous.leaseTTL) 1 -}}
+{{- fail "rendezvous.leaseTTL: 1 second is below etcd's shortest lease (2): set 2 to 60, or 0 for the default (2)" -}}
+{{- end -}}
 {{- $plan := include "elastic-training.plan" . | fromYaml -}}
 {{- $members := 0 -}}
 {{- range $g := $plan.groups -}}

@@ -241,15 +241,30 @@ type server struct {
 
 func startSidecar(b *testing.B, extra ...string) *server {
 	b.Helper()
+	return startSidecarIn(b, "", extra...)
+}
+
+// startSidecarIn is startSidecar with serve in the cgroup whose cgroup.procs file is procs ("": this one's).
+func startSidecarIn(b *testing.B, procs string, extra ...string) *server {
+	b.Helper()
 	client := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(b))
 	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
 	c10d := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(b))
 	args := append([]string{"serve", "--data-dir=" + filepath.Join(b.TempDir(), "data"), "--listen-client-urls=" + client,
 		"--advertise-client-urls=" + client, fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", testenv.FreePort(b)),
 		"--health-addr=" + health, "--c10d-addr=" + c10d}, extra...)
-	p := testenv.Start(b, "serve", exec.Command(sidecarBin, args...))
+	p := testenv.Start(b, "serve", inCgroup(procs, sidecarBin, args...))
 	testenv.WaitHTTP(b, p, "http://"+health+"/readyz", http.StatusOK, 60*time.Second)
 	return &server{Proc: p, clientURL: client, c10d: c10d}
+}
+
+// inCgroup is the command that runs name with args in the cgroup whose cgroup.procs file is procs ("": this one's),
+// joined before it starts, so that everything it starts is counted there too.
+func inCgroup(procs, name string, args ...string) *exec.Cmd {
+	if procs == "" {
+		return exec.Command(name, args...)
+	}
+	return exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, procs, name}, args...)...)
 }
 
 func startEtcd34(b *testing.B) *server {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,15 +183,25 @@ func BenchmarkNodeLoss(b *testing.B) {
 	installWebhook(b, c)
 	const limit = 180 * time.Second
 	img := framework.TrainerImages[0]
-	configs := []struct {
+	type lossConfig struct {
 		name string
 		run  lossRun
-	}{
+	}
+	configs := []lossConfig{
 		{"chart defaults", lossRun{}},
+		{"defaults, lease 3 s", lossRun{rdzv: map[string]any{"leaseTTL": 3}}},
+		{"defaults, lease 5 s", lossRun{rdzv: map[string]any{"leaseTTL": 5}}},
 		{"defaults, cold", lossRun{values: map[string]any{"warmStart": false}}},
 		{"c10d, chart's", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}}},
 		{"torch's own", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d, "restartSurvivors": false, "lastCallTimeout": 30, "closeTimeout": 30},
 			smallerLimit: limit}},
+	}
+	// BENCH_NODE_LOSS_CONFIGS (names, separated by ";") runs only those; the first of the list is always the chart's
+	// defaults.
+	if only := os.Getenv("BENCH_NODE_LOSS_CONFIGS"); only != "" {
+		configs = slices.DeleteFunc(configs, func(c lossConfig) bool {
+			return c.name != "chart defaults" && !slices.Contains(strings.Split(only, ";"), c.name)
+		})
 	}
 	got := make([]nodeLoss, len(configs))
 	for i := 0; i < b.N; i++ {
@@ -206,10 +217,16 @@ func BenchmarkNodeLoss(b *testing.B) {
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nworker node crash, elastic PyTorch 3 workers on 2 nodes (%s, torch %s), seconds after the crash\n", img.Image, img.Torch)
-	fmt.Fprintf(&out, "%-40s %14s %14s %14s %14s\n", "", configs[0].name, configs[1].name, configs[2].name, configs[3].name)
-	fmt.Fprintf(&out, "%-40s %14s %14s %14s %14s\n", fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors),
-		secs(got[0].trainAgain), secs(got[1].trainAgain), secs(got[2].trainAgain), secs(got[3].trainAgain))
-	fmt.Fprintf(&out, "%-40s %14s %14s %14s %14s\n", "all 3 train again (lost pods replaced)", secs(got[0].replaced), secs(got[1].replaced), secs(got[2].replaced), secs(got[3].replaced))
+	line := func(head string, cell func(j int) string) {
+		fmt.Fprintf(&out, "%-40s", head)
+		for j := range configs {
+			fmt.Fprintf(&out, " %20s", cell(j))
+		}
+		out.WriteString("\n")
+	}
+	line("", func(j int) string { return configs[j].name })
+	line(fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors), func(j int) string { return secs(got[j].trainAgain) })
+	line("all 3 train again (lost pods replaced)", func(j int) string { return secs(got[j].replaced) })
 	fmt.Print(out.String())
 	b.ReportMetric(got[0].trainAgain.Seconds(), "smaller-size-s")
 	b.ReportMetric(got[0].replaced.Seconds(), "full-size-s")
