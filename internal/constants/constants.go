@@ -179,12 +179,14 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 
 // MinLeaseTTL and MaxLeaseTTL bound AnnotationRdzvLeaseTTL, in seconds: etcd grants no shorter lease, and a member
 // that stays listed longer than a minute after its node is gone only delays the job.
-// DefaultLeaseTTL is the sidecar's, without the annotation: the shortest etcd grants, which loses no lease while a
-// node's CPU is saturated (`make bench-lease`) and finds a lost node 1.2 to 2.1 s after its last word.
+// DefaultLeaseTTL is the sidecar's, without the annotation. 2 s (etcd's shortest) loses no lease while a node's CPU is
+// saturated (`make bench-lease`) and halves a lost node's cost, but a serving pod cut off from the others then forms a
+// round alone before it learns that it is cut off (TestNodeLossPyTorch/partition, CI 2026-12-07): 5 s until that is
+// fixed (docs/failures.md, "The member lease").
 const (
 	MinLeaseTTL     = 2
 	MaxLeaseTTL     = 60
-	DefaultLeaseTTL = 2
+	DefaultLeaseTTL = 5
 )
 
 // MaxSlots bounds a pod's slot count (accelerators or AnnotationSlots): no

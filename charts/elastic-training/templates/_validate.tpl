@@ -23,7 +23,7 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- end -}}
 {{- end -}}
 {{- if eq (int $v.rendezvous.leaseTTL) 1 -}}
-{{- fail "rendezvous.leaseTTL: 1 second is below etcd's shortest lease (2): set 2 to 60, or 0 for the default (2)" -}}
+{{- fail "rendezvous.leaseTTL: 1 second is below etcd's shortest lease (2): set 2 to 60, or 0 for the default (5)" -}}
 {{- end -}}
 {{- $plan := include "elastic-training.plan" . | fromYaml -}}
 {{- $members := 0 -}}

@@ -11,7 +11,7 @@
 // reason only: a node on the rendezvous' wait list.
 //
 // The job's membership knows of the loss first: each pod's sidecar keeps a
-// lease-bound registration, which ends a lease TTL (2 s) after its node is
+// lease-bound registration, which ends a lease TTL (5 s) after its node is
 // gone. When a participant's host leaves the membership, the serving sidecar
 // writes torch's state back (compare-and-set, as torch writes it) without that
 // participant and with a placeholder node on the wait list. Every survivor
