@@ -25,18 +25,7 @@ func MemoryCgroup(t testing.TB, limit int64) string {
 	default:
 		t.Fatal("no memory cgroup: neither cgroup v2 (/sys/fs/cgroup/cgroup.controllers) nor v1 (/sys/fs/cgroup/memory) is mounted")
 	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("memory cgroup (needs root): %v", err)
-	}
-	// Removed after the test's processes (registered earlier) have ended.
-	t.Cleanup(func() {
-		if err := os.Remove(dir); err != nil {
-			t.Logf("removing memory cgroup %s: %v", dir, err)
-		}
-	})
-	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte(strconv.FormatInt(limit, 10)), 0o644); err != nil {
-		t.Fatalf("memory cgroup %s: %v", dir, err)
-	}
+	makeCgroup(t, "memory", dir, limitFile, strconv.FormatInt(limit, 10))
 	return filepath.Join(dir, "cgroup.procs")
 }
 
@@ -57,18 +46,25 @@ func CPUCgroup(t testing.TB, milliCPU int64) string {
 	default:
 		t.Fatal("no CPU cgroup: neither cgroup v2 (/sys/fs/cgroup/cgroup.controllers) nor v1 (/sys/fs/cgroup/cpu) is mounted")
 	}
+	makeCgroup(t, "CPU", dir, file, value)
+	return filepath.Join(dir, "cgroup.procs")
+}
+
+// makeCgroup creates the cgroup dir with its file set to value, removed after the test's processes (registered
+// earlier) have ended.
+func makeCgroup(t testing.TB, what, dir, file, value string) {
+	t.Helper()
 	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("CPU cgroup (needs root): %v", err)
+		t.Fatalf("%s cgroup (needs root): %v", what, err)
 	}
 	t.Cleanup(func() {
 		if err := os.Remove(dir); err != nil {
-			t.Logf("removing CPU cgroup %s: %v", dir, err)
+			t.Logf("removing %s cgroup %s: %v", what, dir, err)
 		}
 	})
 	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644); err != nil {
-		t.Fatalf("CPU cgroup %s: %v", dir, err)
+		t.Fatalf("%s cgroup %s: %v", what, dir, err)
 	}
-	return filepath.Join(dir, "cgroup.procs")
 }
 
 func fileExists(path string) bool {

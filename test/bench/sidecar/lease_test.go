@@ -131,7 +131,8 @@ func leaseRun(b *testing.B, ttl, members int, window time.Duration, stops int) (
 	var detect []time.Duration
 	for k := range stops {
 		i := k % members
-		// Frozen at a point of the renewal cycle that varies from stop to stop, as a real crash is.
+		// Not a wait for anything: the freeze lands at a different point of the member's renewal cycle each time (a
+		// crash comes at any point of it), which nothing outside the member can observe to wait on.
 		time.Sleep(time.Duration(k) * 170 * time.Millisecond)
 		frozen := time.Now()
 		joins[i].Signal(syscall.SIGSTOP)
