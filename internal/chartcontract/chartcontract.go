@@ -43,6 +43,8 @@ type contract struct {
 	// TorchrunValuedFlags: where the chart reads a torchrun command line for flags it refuses, the word after one of
 	// these is its value, not the script (as the webhook reads it for the warm start).
 	TorchrunValuedFlags []string `json:"torchrunValuedFlags"`
+	// LeaseTTL: rendezvous.leaseTTL's bounds and the sidecar's default, in seconds.
+	LeaseTTL map[string]int `json:"leaseTTL"`
 }
 
 // current is the contract as this module defines it.
@@ -68,6 +70,7 @@ func current() contract {
 		SidecarPlaceholder:  constants.SidecarImagePlaceholder,
 		Accelerators:        gpu.Rules,
 		TorchrunValuedFlags: torchrunargv.ValuedFlags(),
+		LeaseTTL:            map[string]int{"min": constants.MinLeaseTTL, "max": constants.MaxLeaseTTL, "default": constants.DefaultLeaseTTL},
 	}
 }
 

@@ -17,20 +17,21 @@
 //     is cut off itself) and the Lease has not changed for its whole duration
 //     (measured on the standby's own clock, as client-go does: clocks may
 //     disagree, their rates do not).
-//   - The holder renews the Lease every Retry. When it cannot tell that it
-//     still holds the Lease (its last renewal is older than Stale, or the last
-//     one failed, or one hangs past Retry/2) it keeps serving only while no
-//     member has left since, and it
-//     steps down at the first departure, before anyone else hears of it (the
-//     survivors' restart among them: a holder cut off with a few members must
-//     not start a round of its own). A standby's registration ends at the
-//     holder too, so a standby that may take over has left the holder's
-//     membership first: a holder cut off from the API server and from the
-//     standby steps down before the standby can serve. A holder that only lost
-//     the API server keeps every member and serves on; it takes the Lease back
-//     once it can. (Patroni's failsafe mode rests on the same argument: a
-//     primary that cannot reach its store stays primary only while it reaches
-//     every member.)
+//   - The holder renews the Lease every Retry, and before anyone acts on a
+//     member's departure (the survivors' restart) it renews once more: only
+//     a renewal begun after the departure lets the change through; one that
+//     fails or does not return within Confirm makes it step down first. A
+//     holder cut off with a few members sees the others depart (their
+//     registrations end on its store) and must not start a round of its own,
+//     however short their lease: the renewal that would let it cannot reach
+//     the API server. A standby's registration ends at the holder too, so a
+//     standby that may take over has left the holder's membership first: a
+//     holder cut off from the API server and from the standby steps down
+//     before the standby can serve. A holder that only lost the API server
+//     keeps every member and serves on; it takes the Lease back once it can.
+//     (Patroni's failsafe mode rests on the same argument: a primary that
+//     cannot reach its store stays primary only while it reaches every
+//     member.)
 //   - A holder that sees another pod hold the Lease steps down at once.
 //
 // client-go's leaderelection speaks the same Lease protocol, but its
@@ -43,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -86,11 +88,11 @@ type Config struct {
 	// Address is this pod's IP, what the EndpointSlice points at while it holds the Lease.
 	Address string
 	// Duration is how long a Lease nobody renews stays its holder's; the
-	// holder renews every Retry; a holder whose last renewal is older than
-	// Stale (or failed, or hangs past Retry/2) steps down at a member's
-	// departure. Duration > Stale > Retry (Check).
-	Duration, Stale, Retry time.Duration
-	Log                    *slog.Logger
+	// holder renews every Retry, and once more at a member's departure,
+	// waiting at most Confirm before it steps down. Duration > Retry >=
+	// Confirm > 0 (Check).
+	Duration, Retry, Confirm time.Duration
+	Log                      *slog.Logger
 	// Now is the clock (tests); nil = time.Now.
 	Now func() time.Time
 }
@@ -98,14 +100,16 @@ type Config struct {
 // Defaults: a standby serves about Duration after the holder's last renewal.
 const (
 	DefaultDuration = 10 * time.Second
-	DefaultStale    = 4 * time.Second // one renewal missed
 	DefaultRetry    = 2 * time.Second
+	// DefaultConfirm: an API server answers a Lease write in milliseconds; the survivors of a lost node wait for
+	// it, and a holder whose API server is slower than this at a departure hands the rendezvous to a standby.
+	DefaultConfirm = time.Second
 )
 
 // Check says whether the durations are usable.
 func (c Config) Check() error {
-	if !(c.Duration > c.Stale && c.Stale > c.Retry && c.Retry > 0) {
-		return fmt.Errorf("lease durations: want duration (%s) > stale (%s) > retry (%s) > 0", c.Duration, c.Stale, c.Retry)
+	if !(c.Duration > c.Retry && c.Retry >= c.Confirm && c.Confirm > 0) {
+		return fmt.Errorf("lease durations: want duration (%s) > retry (%s) >= confirm (%s) > 0", c.Duration, c.Retry, c.Confirm)
 	}
 	if c.Duration%time.Second != 0 {
 		return fmt.Errorf("lease duration %s: whole seconds (the Lease counts in seconds)", c.Duration)
@@ -121,12 +125,14 @@ type Candidate struct {
 	cfg Config
 	log *slog.Logger
 
-	mu       sync.Mutex
-	seen     Record    // the last record read or written
-	seenAt   time.Time // when seen last changed, on this pod's clock
-	standing standing
-	down     bool // decided to step down: it serves no more
-	kick     chan struct{}
+	mu      sync.Mutex
+	seen    Record    // the last record read or written
+	seenAt  time.Time // when seen last changed, on this pod's clock
+	renewed time.Time // when the last successful renewal began
+	down    error     // why it serves no more (nil: it serves)
+	kick    chan struct{}
+	// renewing holds one renewal at a time: two would write the same version, and one would fail.
+	renewing chan struct{}
 }
 
 // New returns a candidate.
@@ -144,7 +150,7 @@ func New(cfg Config) (*Candidate, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Candidate{cfg: cfg, log: log, kick: make(chan struct{}, 1)}, nil
+	return &Candidate{cfg: cfg, log: log, kick: make(chan struct{}, 1), renewing: make(chan struct{}, 1)}, nil
 }
 
 // observe records rec as seen at now.
@@ -217,7 +223,7 @@ func (c *Candidate) tryAcquire(ctx context.Context, may func() bool) (Handover, 
 		return Handover{}, false, rec.Holder, fmt.Errorf("take the lease from %q: %w", rec.Holder, err)
 	}
 	c.mu.Lock()
-	c.seen, c.seenAt, c.standing = got, now, standing{renewed: now}
+	c.seen, c.seenAt, c.renewed = got, now, now
 	c.mu.Unlock()
 	c.log.Info("this pod serves the rendezvous now: it holds the lease", "previous_holder", rec.Holder, "released", h.Released, "transitions", got.Transitions)
 	return h, true, c.cfg.Identity, nil
@@ -237,20 +243,61 @@ func mayTake(rec Record, me string, seenAt, now time.Time, may func() bool) bool
 	}
 }
 
-// MembersChanged tells the holder of the membership's changes: a member that
-// left while the Lease went unrenewed makes it step down, at once (Serving
-// says so to whoever hears of the change next).
+// MembersChanged tells the holder of the membership's changes. At a
+// departure it returns only once it has renewed the Lease since, or decided
+// to step down (Serving says so to the listeners after it): it blocks its
+// caller for at most Confirm.
 func (c *Candidate) MembersChanged(_, left []string) {
-	if len(left) == 0 {
+	if len(left) == 0 || !c.Serving() {
 		return
 	}
+	departed := c.cfg.Now()
+	err := c.confirm(departed)
+	if err == nil {
+		return
+	}
+	if !errors.Is(err, ErrSteppedDown) {
+		err = fmt.Errorf("%w: %d member(s) left (%s) and the lease could not be renewed since (it may serve elsewhere now): %w",
+			ErrSteppedDown, len(left), strings.Join(left, ","), err)
+	}
 	c.mu.Lock()
-	c.standing.departed = c.cfg.Now()
+	if c.down == nil {
+		c.down = err
+	}
 	c.mu.Unlock()
-	c.stepDown()
 	select {
 	case c.kick <- struct{}{}:
 	default:
+	}
+}
+
+// confirm returns nil once a renewal begun at or after since has succeeded, waiting at most Confirm (for the
+// renewal under way, then for one of its own).
+func (c *Candidate) confirm(since time.Time) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Confirm)
+	defer cancel()
+	select {
+	case c.renewing <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("the renewal under way has not returned within %s", c.cfg.Confirm)
+	}
+	c.mu.Lock()
+	renewed := c.renewed
+	c.mu.Unlock()
+	if !renewed.Before(since) {
+		<-c.renewing
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-c.renewing }()
+		done <- c.renewHeld(ctx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no answer within %s", c.cfg.Confirm)
 	}
 }
 
@@ -258,36 +305,7 @@ func (c *Candidate) MembersChanged(_, left []string) {
 func (c *Candidate) Serving() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.down
-}
-
-// stepDown applies mustStepDown now, and remembers it.
-func (c *Candidate) stepDown() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.down = c.down || mustStepDown(c.standing, c.cfg.Now(), c.cfg.Stale, c.cfg.Retry/2)
-	return c.down
-}
-
-// standing is what the holder knows of its own hold on the Lease.
-type standing struct {
-	renewed  time.Time // the last successful renewal
-	attempt  time.Time // when the renewal now in flight began (zero: none)
-	failed   bool      // the last renewal failed
-	departed time.Time // the last time a member left while this pod served
-}
-
-// mustStepDown is the holder's rule: a member left since its last renewal, and it cannot tell that it still holds
-// the Lease: the renewal is older than stale, the last one failed, or one has gone unanswered for longer than slow
-// (an API server answers a Lease write in milliseconds). The last two matter: a holder cut off just after a renewal
-// hears of its members' departure (their registrations expire) 3 to 5 s later, when the renewal may be younger than
-// stale but the next one hangs, and the survivors' restart at that departure would let its own agent start a round
-// alone (seen in TestNodeLossPyTorch/store/partition).
-func mustStepDown(s standing, now time.Time, stale, slow time.Duration) bool {
-	if !s.departed.After(s.renewed) {
-		return false
-	}
-	return now.Sub(s.renewed) > stale || s.failed || (!s.attempt.IsZero() && now.Sub(s.attempt) > slow)
+	return c.down == nil
 }
 
 // Lead keeps the Lease and points the EndpointSlice at this pod, from
@@ -305,10 +323,8 @@ func (c *Candidate) Lead(ctx context.Context, publish time.Time) error {
 	}
 	tick := time.NewTicker(c.cfg.Retry)
 	defer tick.Stop()
-	// The rule is looked at again between renewals, and a renewal runs on its own: one that hangs (the API server
-	// cut off) must not keep this pod serving past the moment it must step down.
-	check := time.NewTicker(c.cfg.Retry / 4)
-	defer check.Stop()
+	// A renewal runs on its own: one that hangs (the API server cut off) must not keep this pod from hearing that
+	// it must step down (MembersChanged kicks).
 	results := make(chan error, 1)
 	inFlight := false
 	for n := 1; ; {
@@ -322,7 +338,7 @@ func (c *Candidate) Lead(ctx context.Context, publish time.Time) error {
 				// write failed.
 				publish := n%5 == 0
 				n++
-				go func() { results <- c.attemptRenewal(ctx, publish) }()
+				go func() { results <- c.renewAndPublish(ctx, publish) }()
 			}
 		case err := <-results:
 			inFlight = false
@@ -333,24 +349,19 @@ func (c *Candidate) Lead(ctx context.Context, publish time.Time) error {
 				c.log.Warn("cannot renew the rendezvous lease; serving on while no member leaves", "err", err)
 			}
 		case <-c.kick:
-		case <-check.C:
 		}
-		if c.stepDown() {
-			return fmt.Errorf("%w: a member left meanwhile and the lease's last renewal is %s old (it may serve elsewhere now)",
-				ErrSteppedDown, c.renewalAge().Round(time.Millisecond))
+		c.mu.Lock()
+		down := c.down
+		c.mu.Unlock()
+		if down != nil {
+			return down
 		}
 	}
 }
 
-// attemptRenewal renews the Lease, keeping the standing up to date, and with publish points the Service here too.
-func (c *Candidate) attemptRenewal(ctx context.Context, publish bool) error {
-	c.mu.Lock()
-	c.standing.attempt = c.cfg.Now()
-	c.mu.Unlock()
+// renewAndPublish renews the Lease, and with publish points the Service here too.
+func (c *Candidate) renewAndPublish(ctx context.Context, publish bool) error {
 	err := c.renew(ctx)
-	c.mu.Lock()
-	c.standing.attempt, c.standing.failed = time.Time{}, err != nil
-	c.mu.Unlock()
 	if err == nil && publish {
 		if err := c.publish(ctx); err != nil && ctx.Err() == nil {
 			c.log.Error("cannot point the rendezvous Service at this pod; retrying", "err", err)
@@ -359,14 +370,19 @@ func (c *Candidate) attemptRenewal(ctx context.Context, publish bool) error {
 	return err
 }
 
-func (c *Candidate) renewalAge() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cfg.Now().Sub(c.standing.renewed)
+// renew writes the Lease again, after the renewal under way (confirm's); ErrSteppedDown when another pod holds it.
+func (c *Candidate) renew(ctx context.Context) error {
+	select {
+	case c.renewing <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-c.renewing }()
+	return c.renewHeld(ctx)
 }
 
-// renew writes the Lease again; ErrSteppedDown when another pod holds it.
-func (c *Candidate) renew(ctx context.Context) error {
+// renewHeld is renew, its caller holding c.renewing.
+func (c *Candidate) renewHeld(ctx context.Context) error {
 	c.mu.Lock()
 	rec := c.seen
 	c.mu.Unlock()
@@ -396,7 +412,7 @@ func (c *Candidate) renew(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	c.seen, c.seenAt, c.standing.renewed = got, now, now
+	c.seen, c.seenAt, c.renewed = got, now, now
 	c.mu.Unlock()
 	return nil
 }

@@ -37,38 +37,73 @@ func TestMayTake(t *testing.T) {
 	}
 }
 
-func TestMustStepDown(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	const stale, slow = 4 * time.Second, time.Second
+// TestDepartureConfirmed: a member's departure reaches the listeners only once the holder has renewed the Lease
+// since; a renewal that fails, does not return, or finds another holder makes it step down first.
+func TestDepartureConfirmed(t *testing.T) {
 	for _, tc := range []struct {
-		name              string
-		departed, now     time.Duration // after the last renewal; departed < 0: before it
-		attempt           time.Duration // a renewal in flight since (0: none)
-		failed            bool
-		noDeparture, want bool
+		name string
+		// before the departure: renewedAt says a renewal began at the departure's moment; hungRenewal that a renewal
+		// is under way and does not return.
+		renewedAt, hungRenewal bool
+		api                    string // "up", "down" (fails at once), "hung" (never answers), "taken" (another pod holds it)
+		serving                bool
+		wantErr                string
 	}{
-		{name: "renewed lately, a member left", departed: time.Second, now: 2 * time.Second, want: false},
-		{name: "not renewed for long, nobody left (the API server is away)", noDeparture: true, now: time.Minute, want: false},
-		{name: "not renewed for long, a member left before the last renewal", departed: -time.Second, now: time.Minute, want: false},
-		{name: "not renewed for long, a member left since", departed: 5 * time.Second, now: 5 * time.Second, want: true},
-		{name: "a member left, one renewal late", departed: 3 * time.Second, now: 3 * time.Second, want: false},
-		{name: "a member left, then a renewal went missing", departed: 3 * time.Second, now: 5 * time.Second, want: true},
-		// Cut off just after a renewal: the members' registrations expire 3.3 to 5 s later, while the next renewal
-		// (begun 2 s after the last) hangs.
-		{name: "a member left while a renewal hangs", departed: 3500 * time.Millisecond, now: 3500 * time.Millisecond, attempt: 2 * time.Second, want: true},
-		{name: "a member left while a renewal is under way", departed: 2500 * time.Millisecond, now: 2500 * time.Millisecond, attempt: 2 * time.Second, want: false},
-		{name: "a member left after a renewal failed", departed: 3 * time.Second, now: 3 * time.Second, failed: true, want: true},
-		{name: "a renewal failed, nobody left", noDeparture: true, now: 3 * time.Second, failed: true, want: false},
+		{name: "the API server answers", api: "up", serving: true},
+		{name: "renewed at the departure already: no write needed", renewedAt: true, api: "down", serving: true},
+		{name: "the API server is away", api: "down", wantErr: "1 member(s) left (worker-2)"},
+		{name: "the API server does not answer (cut off)", api: "hung", wantErr: "no answer within"},
+		{name: "a renewal under way does not return", hungRenewal: true, api: "up", wantErr: "the renewal under way has not returned"},
+		{name: "another pod took the Lease", api: "taken", wantErr: "pod worker-1 holds the rendezvous lease now"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := standing{renewed: t0, departed: t0.Add(tc.departed), failed: tc.failed}
-			if tc.noDeparture {
-				s.departed = time.Time{}
+			m := &memAPI{down: map[string]bool{}, hang: make(chan struct{})}
+			defer close(m.hang)
+			clk := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+			c, err := New(Config{API: apiOf{m, "worker-0"}, Identity: "worker-0", Address: "10.0.0.1",
+				Duration: DefaultDuration, Retry: DefaultRetry, Confirm: 50 * time.Millisecond, Now: clk.Now})
+			require.NoError(t, err)
+			_, held, _, err := c.tryAcquire(t.Context(), nil)
+			require.NoError(t, err)
+			require.True(t, held)
+			if !tc.renewedAt {
+				clk.add(time.Second)
 			}
-			if tc.attempt != 0 {
-				s.attempt = t0.Add(tc.attempt)
+			if tc.hungRenewal {
+				m.setHung("worker-0", true)
+				go c.renew(t.Context()) //nolint:errcheck // never returns before the test's end
+				require.Eventually(t, func() bool { return m.waiting() == 1 }, 10*time.Second, time.Millisecond)
+				m.setHung("worker-0", false)
 			}
-			assert.Equal(t, tc.want, mustStepDown(s, t0.Add(tc.now), stale, slow))
+			version := m.rec.Version
+			switch tc.api {
+			case "down":
+				m.setDown("worker-0", true)
+			case "hung":
+				m.setHung("worker-0", true)
+			case "taken":
+				m.mu.Lock()
+				m.rec.Holder, m.rec.Version = "worker-1", "other"
+				m.mu.Unlock()
+				c.mu.Lock()
+				c.seen = Record{Version: "?"} // as after a conflict: it reads the Lease first
+				c.mu.Unlock()
+			}
+			c.MembersChanged(nil, []string{"worker-2"}) // returns: it waits at most Confirm
+			assert.Equal(t, tc.serving, c.Serving())
+			if tc.serving {
+				if tc.api == "up" {
+					assert.NotEqual(t, version, m.rec.Version, "the departure went through without a renewal")
+				}
+				return
+			}
+			c.mu.Lock()
+			down := c.down
+			c.mu.Unlock()
+			require.ErrorIs(t, down, ErrSteppedDown)
+			assert.ErrorContains(t, down, tc.wantErr)
+			// Lead returns the reason at once.
+			assert.ErrorIs(t, c.Lead(t.Context(), time.Time{}), ErrSteppedDown)
 		})
 	}
 }
@@ -81,6 +116,10 @@ type memAPI struct {
 	version int
 	addr    string
 	down    map[string]bool // by identity
+	// hung: UpdateLease of these identities does not answer until hang is closed or its context ends.
+	hung    map[string]bool
+	hang    chan struct{}
+	blocked int // requests waiting on hang
 }
 
 type apiOf struct {
@@ -99,8 +138,20 @@ func (a apiOf) GetLease(context.Context) (Record, error) {
 	return a.m.rec, nil
 }
 
-func (a apiOf) UpdateLease(_ context.Context, rec Record) (Record, error) {
+func (a apiOf) UpdateLease(ctx context.Context, rec Record) (Record, error) {
 	a.m.mu.Lock()
+	if a.m.hung[a.id] {
+		a.m.blocked++
+		a.m.mu.Unlock()
+		select {
+		case <-a.m.hang:
+		case <-ctx.Done():
+		}
+		a.m.mu.Lock()
+		a.m.blocked--
+		a.m.mu.Unlock()
+		return Record{}, errors.New("no answer")
+	}
 	defer a.m.mu.Unlock()
 	if a.m.down[a.id] {
 		return Record{}, errDown
@@ -139,6 +190,21 @@ func (m *memAPI) setDown(id string, down bool) {
 	m.down[id] = down
 }
 
+func (m *memAPI) setHung(id string, hung bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hung == nil {
+		m.hung = map[string]bool{}
+	}
+	m.hung[id] = hung
+}
+
+func (m *memAPI) waiting() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.blocked
+}
+
 // clock is a manual clock.
 type clock struct {
 	mu  sync.Mutex
@@ -151,7 +217,7 @@ func (c *clock) add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.U
 func candidate(t *testing.T, m *memAPI, clk *clock, id, addr string) *Candidate {
 	t.Helper()
 	c, err := New(Config{API: apiOf{m, id}, Identity: id, Address: addr, Duration: DefaultDuration,
-		Stale: DefaultStale, Retry: DefaultRetry, Now: clk.Now})
+		Retry: DefaultRetry, Confirm: DefaultConfirm, Now: clk.Now})
 	require.NoError(t, err)
 	return c
 }
@@ -197,7 +263,7 @@ func TestHandover(t *testing.T) {
 		assert.Error(t, a.renew(ctx))
 		_, held, _, _ := b.tryAcquire(ctx, mayB)
 		assert.False(t, held, "b is registered with a: it must not take over")
-		assert.False(t, a.stepDown(), "a serves on: no member left")
+		assert.True(t, a.Serving(), "a serves on: no member left")
 	}
 
 	// The API server comes back: a takes its own Lease back at once.
@@ -221,7 +287,7 @@ func TestHandover(t *testing.T) {
 		require.NoError(t, err)
 		if held {
 			takenAt = 5*time.Second + time.Duration(i)*time.Second
-			assert.True(t, a.stepDown(), "a must have stepped down before b holds the Lease")
+			assert.False(t, a.Serving(), "a must have stepped down before b holds the Lease")
 			assert.Equal(t, Handover{From: "worker-0", At: h.At}, h, "an expired Lease was not given up")
 		}
 	}
@@ -273,7 +339,7 @@ func (f *follower) Follow(ctx context.Context, registered func(bool), abandon <-
 func TestFollow(t *testing.T) {
 	m := &memAPI{down: map[string]bool{}, rec: Record{Holder: "worker-0", Duration: time.Second, Version: "1"}}
 	c, err := New(Config{API: apiOf{m, "worker-1"}, Identity: "worker-1", Address: "10.0.0.2",
-		Duration: time.Second, Stale: 200 * time.Millisecond, Retry: 100 * time.Millisecond})
+		Duration: time.Second, Retry: 100 * time.Millisecond, Confirm: 100 * time.Millisecond})
 	require.NoError(t, err)
 	f := &follower{abandoned: make(chan struct{})}
 	start := time.Now()

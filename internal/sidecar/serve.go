@@ -364,7 +364,7 @@ func candidate(cfg ServeConfig) (*servinglease.Candidate, error) {
 		return nil, fmt.Errorf("--lease %s needs the pod's API token: %w", l.Name, err)
 	}
 	return servinglease.New(servinglease.Config{API: servinglease.NewAPI(leases, slices, l.Name), Identity: l.Identity, Address: l.Address,
-		Duration: servinglease.DefaultDuration, Stale: servinglease.DefaultStale, Retry: servinglease.DefaultRetry,
+		Duration: servinglease.DefaultDuration, Retry: servinglease.DefaultRetry, Confirm: servinglease.DefaultConfirm,
 		Log: cfg.Log.With("component", "lease", "lease", l.Name)})
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"helm.sh/helm/v3/pkg/strvals"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
@@ -52,7 +53,7 @@ func TestRejected(t *testing.T) {
 		{"script file missing", []string{"scriptFiles.model\\.py=x"}, `scriptFiles has no file named "train.py" (scriptName)`},
 		{"bad script file name", []string{"scriptFiles.a/b=x"}, "at '/scriptFiles': additional properties 'a/b' not allowed"},
 		{"timeout not positive", []string{"rendezvous.joinTimeout=0"}, "at '/rendezvous/joinTimeout': minimum: got 0, want 1"},
-		{"lease TTL below etcd's", []string{"rendezvous.leaseTTL=1"}, "rendezvous.leaseTTL: 1 second is below etcd's shortest lease (2): set 2 to 60, or 0 for the default (5)"},
+		{"lease TTL below etcd's", []string{"rendezvous.leaseTTL=1"}, fmt.Sprintf("rendezvous.leaseTTL: 1 second is below etcd's shortest lease (2): set 2 to 60, or 0 for the sidecar's default (%d)", constants.DefaultLeaseTTL)},
 		{"lease TTL above a minute", []string{"rendezvous.leaseTTL=61"}, "leaseTTL"},
 		{"monitor interval below torch's", []string{"rendezvous.monitorInterval=0.05"}, "rendezvous.monitorInterval: 0.05 seconds is outside 0.1..3600"},
 		{"monitor interval not seconds", []string{"rendezvous.monitorInterval=1s"}, "at '/rendezvous/monitorInterval': '1s' does not match pattern"},

@@ -128,6 +128,11 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "start-method",
     "t",
     "tee"
-  ]
+  ],
+  "leaseTTL": {
+    "default": 3,
+    "max": 60,
+    "min": 2
+  }
 }
 {{- end -}}

@@ -23,7 +23,8 @@ Checks that need more than one value (the schema checks single values). Each mes
 {{- end -}}
 {{- end -}}
 {{- if eq (int $v.rendezvous.leaseTTL) 1 -}}
-{{- fail "rendezvous.leaseTTL: 1 second is below etcd's shortest lease (2): set 2 to 60, or 0 for the default (5)" -}}
+{{- $ttl := (include "elastic-training.contract" . | fromJson).leaseTTL -}}
+{{- fail (printf "rendezvous.leaseTTL: 1 second is below etcd's shortest lease (%d): set %d to %d, or 0 for the sidecar's default (%d)" (int $ttl.min) (int $ttl.min) (int $ttl.max) (int $ttl.default)) -}}
 {{- end -}}
 {{- $plan := include "elastic-training.plan" . | fromYaml -}}
 {{- $members := 0 -}}

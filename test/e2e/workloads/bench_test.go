@@ -190,7 +190,7 @@ func BenchmarkNodeLoss(b *testing.B) {
 	configs := []lossConfig{
 		{"chart defaults", lossRun{}},
 		{"defaults, lease 2 s", lossRun{rdzv: map[string]any{"leaseTTL": 2}}},
-		{"defaults, lease 3 s", lossRun{rdzv: map[string]any{"leaseTTL": 3}}},
+		{"defaults, lease 5 s", lossRun{rdzv: map[string]any{"leaseTTL": 5}}},
 		{"defaults, cold", lossRun{values: map[string]any{"warmStart": false}}},
 		{"c10d, chart's", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d}}},
 		{"torch's own", lossRun{rdzv: map[string]any{"backend": constants.BackendC10d, "restartSurvivors": false, "lastCallTimeout": 30, "closeTimeout": 30},

@@ -57,8 +57,10 @@ func TestNodeLossPyTorch(t *testing.T) {
 		fault nodeFault
 		jobs  []lossCase // in the order they are placed: store loss last (it keeps the victim cordoned)
 	}{
-		{"crash", crash, []lossCase{workerLossCase(def, lossRun{}), workerLossCase(def, c10d), storeLossCase(def, "dedicated"), storeLossCase(other, "auto")}},
-		{"partition", partition, []lossCase{workerLossCase(def, lossRun{}), storeLossCase(def, "auto")}},
+		{"crash", crash, []lossCase{workerLossCase(def, lossRun{}), workerLossCase(def, c10d), storeLossCase(def, "dedicated", nil), storeLossCase(other, "auto", nil)}},
+		// The store's partition at the chart's shortest lease: the cut-off serving pod sees every other member's
+		// lease end soonest, and must still not form a round of its own (split brain) before it steps down.
+		{"partition", partition, []lossCase{workerLossCase(def, lossRun{}), storeLossCase(def, "auto", map[string]any{"rendezvous.leaseTTL": constants.MinLeaseTTL})}},
 	}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) { sharedNodeLoss(t, f.fault, f.jobs) })
@@ -267,10 +269,11 @@ func (w *workerLoss) away(t testing.TB) awayState {
 // worker 0 has not renewed it for its duration, serves a fresh store and points Service <job>-rdzv at itself, and
 // the survivors train again at world 2 without waiting for Kubernetes and without their agents restarting; worker
 // 0's replacement joins later and the job grows back to 3. In a partition the cut-off worker 0 serves on until a
-// member leaves and must then step down: when its node comes back, its old pod never serves or joins again.
+// member leaves and must then step down without acting on the departure (it cannot renew its Lease): when its node comes back, its old pod never serves or joins again.
 // Placement dedicated: the one rendezvous pod, whose loss costs Kubernetes' replacement of it (a Deployment's pod)
-// and every worker on the other node survives. Placed last of a fault's jobs: it keeps the victim cordoned.
-func storeLossCase(img framework.Trainer, placement string) lossCase {
+// and every worker on the other node survives. Placed last of a fault's jobs: it keeps the victim cordoned. values
+// are more chart values, dotted keys.
+func storeLossCase(img framework.Trainer, placement string, values map[string]any) lossCase {
 	return lossCase{
 		name: func(fault nodeFault) string {
 			if placement == "dedicated" {
@@ -279,14 +282,14 @@ func storeLossCase(img framework.Trainer, placement string) lossCase {
 			return fmt.Sprintf("store/%s/torch-%s", fault, img.Torch)
 		},
 		place: func(t testing.TB, c *framework.Cluster, ns string) afterFault {
-			return placeStoreLoss(t, c, ns, img, placement)
+			return placeStoreLoss(t, c, ns, img, placement, values)
 		},
 	}
 }
 
 const storeLossJob = "storeloss"
 
-func placeStoreLoss(t testing.TB, c *framework.Cluster, ns string, img framework.Trainer, placement string) afterFault {
+func placeStoreLoss(t testing.TB, c *framework.Cluster, ns string, img framework.Trainer, placement string, values map[string]any) afterFault {
 	const job = storeLossJob
 	victim := framework.ExtraNodes[0]
 	v := jobValues(t, c, pytorchValues, trainScript)
@@ -294,6 +297,9 @@ func placeStoreLoss(t testing.TB, c *framework.Cluster, ns string, img framework
 	set(v, "args", []any{"--steps=100000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 1, "minReplicas": 1, "maxReplicas": 4})
 	set(v, "rendezvous.placement", placement)
+	for k, val := range values {
+		set(v, k, val)
+	}
 	sharedDir(t, v, ns)
 
 	var sel string
