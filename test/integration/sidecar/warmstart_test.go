@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -73,6 +74,32 @@ func TestWarmStart(t *testing.T) {
 				t.Logf("torch %s, %s: the workers' age at the script's first line: %s", tr.version, map[bool]string{false: "cold", true: "warm"}[warm], strings.Join(ready, ", "))
 			})
 		}
+	})
+}
+
+// TestForkServerAhead: warm, the agent starts its fork server, whose preload imports torch, while it waits for its
+// first round, not once that round has formed (elastic_training.rendezvous.create): the import would otherwise delay
+// a new pod's first workers, which a scale-up waits for. One agent of a job of at least two waits alone here, and its
+// fork server must run meanwhile, with torch's library loaded.
+func TestForkServerAhead(t *testing.T) {
+	script, err := filepath.Abs("testdata/warm/train.py") // never runs: no round forms
+	require.NoError(t, err)
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		files := t.TempDir()
+		s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
+		args := append(testenv.TorchrunArgs(trainerpy.Backend, s.C10d, "ahead", "2"), "--local_addr=127.0.0.1", script)
+		startJoin(t, s.URL, "127.0.0.1", 1, "", "--member-index=0")
+		agent := tr.startAgent(t, "agent", torchrunEnv(append([]string{"PYTHONPATH=" + filepath.Join(files, trainerpy.Dir)}, warmStartEnv()...)...), args...)
+		pid := agent.Cmd.Process.Pid
+		testenv.Eventually(t, time.Minute, "the agent's fork server runs with torch imported", func() error {
+			out, err := exec.Command("sh", "-c", fmt.Sprintf(
+				`for c in $(pgrep -P %d -f multiprocessing.forkserver); do grep -l libtorch /proc/$c/maps; done`, pid)).Output()
+			if err != nil || len(out) == 0 {
+				return fmt.Errorf("no fork server with torch loaded under agent %d yet (%v)", pid, err)
+			}
+			return nil
+		})
+		require.NotContains(t, agent.Output(), "WORKER", "a worker ran: a round of one formed")
 	})
 }
 

@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -310,6 +311,15 @@ def connect(dist, host, port, read_timeout, deadline):
             time.sleep(1)  # an error that comes at once (none should: torch's client retries until its timeout)
 
 
+def start_fork_server():
+    from multiprocessing import forkserver
+
+    try:
+        forkserver.ensure_running()
+    except Exception as e:  # the first worker's start tries again, and says why if it fails too
+        log.warning("elastic-training rendezvous: could not start the warm start's fork server ahead: %s", first_line(e))
+
+
 def create(params):
     """torch's creator: RendezvousParameters in, a RendezvousHandler out."""
     import torch.distributed as dist
@@ -320,6 +330,10 @@ def create(params):
         import multiprocessing
 
         multiprocessing.set_forkserver_preload(["elastic_training._warm"])
+        # Started now, beside this agent's wait for its first round: the fork server's import of torch (1 to 2 s)
+        # would otherwise come after the round, at the first worker's start, which a new pod's whole job waits for.
+        # The first worker's start waits for it (multiprocessing's lock), or starts it itself if this failed.
+        threading.Thread(target=start_fork_server, name="elastic-training-forkserver", daemon=True).start()
     from torch.distributed.elastic.rendezvous import api
 
     host, _, port = params.endpoint.rpartition(":")
