@@ -92,9 +92,10 @@ bench-hang: rootfs
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkHangRecovery -benchtime 1x ./test/integration/sidecar
 
 ## bench-lease: a member lease's TTL (2, 3, 5 s): leases lost while the machine is saturated by busy loops weighted as a
-## trainer (the sidecars in cgroups weighted as the webhook's requests), and a frozen member -> its key gone (root).
+## trainer (the sidecars in cgroups weighted as the webhook's requests), a frozen member -> its key gone, and the serving
+## sidecar's CPU while 1,024 members renew at each TTL (root).
 bench-lease:
-	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkLeaseTTL -benchtime 1x ./test/bench/sidecar
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench 'BenchmarkLeaseTTL|BenchmarkLeaseRenewals' -benchtime 1x ./test/bench/sidecar
 
 ## bench-e2e: elastic PyTorch on the local cluster (root): helm install -> first step, scale up/down -> every
 ## worker at the new world size, the chart's rendezvous defaults vs torch's defaults in the same run; and how long

@@ -1,18 +1,24 @@
 package sidecar_test
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/membership"
+	"github.com/elastic-training/elastic-training/internal/membership/etcdmembers"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/testenv/etcdtest"
 )
@@ -142,4 +148,104 @@ func leaseRun(b *testing.B, ttl, members int, window time.Duration, stops int) (
 		await(hosts[i:i+1], true, time.Duration(ttl)*time.Second+30*time.Second) // registered again
 	}
 	return lost, time.Duration(members) * time.Since(t0), detect
+}
+
+// BenchmarkLeaseRenewals answers what a short member lease costs the serving sidecar at the scale of real jobs
+// (issue 51): BENCH_SIDECAR_RENEWAL_MEMBERS (1,024) members, each with its own etcd client and registration as every
+// pod's join has (its lease renewed every TTL/3 on the client's 0.5 s ticks), are kept at each TTL in turn. The
+// serving sidecar runs in a CPU cgroup weighted as the webhook's request for it (50m). Its CPU over
+// BENCH_SIDECAR_RENEWAL_SECONDS (20) of steady state is printed against the 5 s lease's, same run; then, for as long
+// again, busy loops weighted as a trainer that requests every core saturate the machine, and every lease lost
+// meanwhile (a member registered again) is a false node loss. The members run in this process (a thousand join
+// processes would not fit here), outside those cgroups, so that what starves is the server, as on a node whose
+// trainer uses every core. Run it with `make bench-lease`.
+func BenchmarkLeaseRenewals(b *testing.B) {
+	n := knob(b, "RENEWAL_MEMBERS", 1024, count)
+	window := time.Duration(knob(b, "RENEWAL_SECONDS", 20, count)) * time.Second
+	raiseNoFile(b)
+	ttls := []int{2, 3, 5}
+	type result struct {
+		idle, loaded float64 // serve's CPU, cores
+		lost         int
+	}
+	got := map[int]result{}
+	for range b.N {
+		for _, ttl := range ttls {
+			idle, loaded, lost := renewalRun(b, n, time.Duration(ttl)*time.Second, window)
+			got[ttl] = result{idle, loaded, lost}
+		}
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nthe serving sidecar (50m) while %d members keep their leases (each its own client), %s each\n", n, window)
+	fmt.Fprintf(&out, "%-5s  %-18s  %-12s  %-26s  %s\n", "TTL", "serve CPU (cores)", "against 5 s", "saturated: serve got", "leases lost when saturated")
+	for _, ttl := range ttls {
+		r := got[ttl]
+		fmt.Fprintf(&out, "%-5s  %-18.3f  %-12s  %-26s  %d\n", fmt.Sprintf("%ds", ttl), r.idle, fmt.Sprintf("%.2fx", r.idle/got[5].idle),
+			fmt.Sprintf("%.3f cores", r.loaded), r.lost)
+		b.ReportMetric(r.idle, fmt.Sprintf("cores-ttl-%ds", ttl))
+		b.ReportMetric(float64(r.lost), fmt.Sprintf("lost-ttl-%ds", ttl))
+	}
+	fmt.Print(out.String())
+}
+
+// renewalRun starts a serving sidecar that watches the membership (as a serving pod's does), registers n members
+// at ttl, and returns the server's CPU (cores) over window once every member is registered, then its CPU over
+// window with the machine saturated, and the leases lost then.
+func renewalRun(b *testing.B, n int, ttl, window time.Duration) (idle, loaded float64, lost int) {
+	b.Helper()
+	s := startSidecarIn(b, testenv.CPUCgroup(b, 50), "--files-dir="+b.TempDir(), "--register=false")
+	defer s.Stop(grace)
+	ctx, cancel := context.WithCancel(b.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var registered atomic.Int64
+	for i := range n {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.clientURL}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		reg := &etcdmembers.Registration{Client: cli, Prefix: constants.MembersPrefix, TTL: ttl, Log: slog.New(slog.DiscardHandler),
+			Member:       membership.Member{Host: fmt.Sprintf("job-worker-%d.job.default.svc.cluster.local", i), Slots: 1, Group: "worker", Index: i},
+			OnRegistered: func() { registered.Add(1) }}
+		wg.Go(func() {
+			defer cli.Close()
+			if err := reg.Run(ctx); err != nil && ctx.Err() == nil {
+				b.Errorf("member %d: %v", i, err)
+			}
+		})
+	}
+	err := testenv.Poll(b.Context(), 5*time.Minute, 100*time.Millisecond, func(context.Context) (bool, error) {
+		return registered.Load() >= int64(n), nil
+	})
+	if err != nil {
+		b.Fatalf("%d of %d members registered at TTL %s: %v", registered.Load(), n, ttl, err)
+	}
+	time.Sleep(2 * ttl) // the registrations' own writes and the watchers' first listing are done: steady state
+	pid := s.Cmd.Process.Pid
+	cpu := func() float64 {
+		before, err := testenv.CPUSeconds(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		time.Sleep(window)
+		after, err := testenv.CPUSeconds(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return (after - before) / time.Since(t0).Seconds()
+	}
+	idle = cpu()
+	if got := registered.Load(); got != int64(n) {
+		b.Errorf("TTL %s: %d leases lost on an idle machine", ttl, got-int64(n))
+	}
+	cores := numCPU()
+	hogs := testenv.CPUCgroup(b, int64(cores)*1000)
+	for i := range 2 * cores {
+		p := testenv.Start(b, fmt.Sprintf("busy%d", i), inCgroup(hogs, "/bin/sh", "-c", "while :; do :; done"))
+		defer p.Stop(0)
+	}
+	before := registered.Load()
+	loaded = cpu()
+	return idle, loaded, int(registered.Load() - before)
 }

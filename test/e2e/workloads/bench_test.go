@@ -20,11 +20,11 @@ import (
 // the pods' log timestamps: from `helm install` or `helm upgrade` until the last worker finished its first step at
 // the new size (the poll that sees it lags by up to its interval and the log reads). joined ends at the last worker's first line at the
 // new size instead: the process group formed and the state agreed (the script's first collectives), before the
-// step's simulated compute (0.5 s). newAgent and workersStart split the scale-up: from `helm upgrade` until the
-// new pod's torchrun agent asks to join (pod start, Python and torch imports), and the workers' own start once
-// the rendezvous is complete (the training script's torch import and process group, the same with any
-// rendezvous).
-type scaling struct{ install, up, joined, down, newAgent, workersStart time.Duration }
+// step's simulated compute (0.5 s). newAgent, newWorkers and oldWorkers split the scale-up: from `helm upgrade` until
+// the new pod's torchrun agent asks to join (pod start, Python and torch imports), and the workers' own start once
+// the rendezvous is complete, in the new pod (its fork server's first start among them) and in the pods restarted
+// (the training script's torch import, warm or cold, and process group, the same with any rendezvous).
+type scaling struct{ install, up, joined, down, newAgent, newWorkers, oldWorkers time.Duration }
 
 func measureScaling(b *testing.B, c *framework.Cluster, vals map[string]any) scaling {
 	ns := c.Namespace(b)
@@ -41,15 +41,15 @@ func measureScaling(b *testing.B, c *framework.Cluster, vals map[string]any) sca
 	start := time.Now()
 	c.HelmInstall(b, ns, job, c.RepoPath(jobChart), v)
 	c.WaitWorld(b, ns, sel, trainer, 2, 1, 5*time.Minute)
-	s.install, _, _, _ = phases(b, c, ns, sel, 2, start)
+	s.install, _, _, _, _ = phases(b, c, ns, sel, 2, start)
 	start = time.Now()
 	c.HelmUpgrade(b, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 3}}, framework.ReuseValues())
 	c.WaitWorld(b, ns, sel, trainer, 3, 1, 5*time.Minute)
-	s.up, s.joined, s.newAgent, s.workersStart = phases(b, c, ns, sel, 3, start)
+	s.up, s.joined, s.newAgent, s.newWorkers, s.oldWorkers = phases(b, c, ns, sel, 3, start)
 	start = time.Now()
 	c.HelmUpgrade(b, ns, job, c.RepoPath(jobChart), map[string]any{"workers": map[string]any{"replicas": 2}}, framework.ReuseValues())
 	c.WaitWorld(b, ns, sel, trainer, 2, 1, 5*time.Minute)
-	s.down, _, _, _ = phases(b, c, ns, sel, 2, start)
+	s.down, _, _, _, _ = phases(b, c, ns, sel, 2, start)
 	c.HelmUninstall(b, ns, job, 2*time.Minute)
 	return s
 }
@@ -85,8 +85,8 @@ func BenchmarkScaling(b *testing.B) {
 		for j, cfg := range configs {
 			s := measureScaling(b, c, cfg.vals)
 			// Printed, not logged: a benchmark's log is cut short, and each run is a figure of the spread.
-			fmt.Printf("%s, run %d: install %.1fs, scale up %.1fs (joined %.1fs, new agent %.1fs, workers %.1fs), scale down %.1fs\n",
-				cfg.name, i+1, s.install.Seconds(), s.up.Seconds(), s.joined.Seconds(), s.newAgent.Seconds(), s.workersStart.Seconds(), s.down.Seconds())
+			fmt.Printf("%s, run %d: install %.1fs, scale up %.1fs (joined %.1fs, new agent %.1fs, workers new %.1fs, restarted %.1fs), scale down %.1fs\n",
+				cfg.name, i+1, s.install.Seconds(), s.up.Seconds(), s.joined.Seconds(), s.newAgent.Seconds(), s.newWorkers.Seconds(), s.oldWorkers.Seconds(), s.down.Seconds())
 			got[j] = append(got[j], s)
 		}
 	}
@@ -109,7 +109,8 @@ func BenchmarkScaling(b *testing.B) {
 		{"scale up 2->3 -> all at world 3", func(s scaling) time.Duration { return s.up }},
 		{"  all joined at world 3", func(s scaling) time.Duration { return s.joined }},
 		{"  of which: new pod's agent up", func(s scaling) time.Duration { return s.newAgent }},
-		{"  of which: workers' own start", func(s scaling) time.Duration { return s.workersStart }},
+		{"  workers' start: new pod", func(s scaling) time.Duration { return s.newWorkers }},
+		{"  workers' start: restarted", func(s scaling) time.Duration { return s.oldWorkers }},
 		{"scale down 3->2 -> all at world 2", func(s scaling) time.Duration { return s.down }},
 	} {
 		a, cold, c10d, t := pick(0, m.f), pick(1, m.f), pick(2, m.f), pick(torch, m.f)
@@ -123,50 +124,71 @@ func BenchmarkScaling(b *testing.B) {
 
 // phases reads the timestamped logs of the live pods after the install or upgrade begun at since: when the last worker
 // finished its first step at the new world size, when the last one printed its first line at that size, when the
-// new pod's agent started its rendezvous, and the longest time any worker took from torchrun's "Starting worker
-// group" to its first line at the new world size.
-func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since time.Time) (up, joined, newAgent, workersStart time.Duration) {
+// new pod's agent started its rendezvous, and the longest time a worker of the new pod (newWorkers) and of the pods
+// already there (oldWorkers: a restart, warm from a running fork server) took from torchrun's "Starting worker group"
+// to its first line at the new world size (each waits in its process group for the others: the slowest sets both).
+func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since time.Time) (up, joined, newAgent, newWorkers, oldWorkers time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pods, err := c.LivePods(ctx, ns, sel)
 	if err != nil {
 		b.Fatal(err)
 	}
-	want := fmt.Sprintf("world_size=%d ", world)
 	for _, p := range pods {
-		raw, err := c.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: trainer, Timestamps: true}).DoRaw(ctx)
+		l, err := readPodLog(ctx, c, ns, p.Name, world, since)
 		if err != nil {
 			b.Fatal(err)
 		}
-		var starting, first, step time.Time
-		for _, line := range strings.Split(string(raw), "\n") {
-			ts, text, ok := strings.Cut(line, " ")
-			t, err := time.Parse(time.RFC3339Nano, ts)
-			if !ok || err != nil || t.Before(since) {
-				continue
+		if p.CreationTimestamp.After(since.Add(-time.Second)) {
+			if newAgent == 0 && !l.rendezvous.IsZero() {
+				newAgent = l.rendezvous.Sub(since)
 			}
-			switch {
-			case strings.Contains(text, "Rendezvous'ing worker group") && p.CreationTimestamp.After(since.Add(-time.Second)) && newAgent == 0:
-				newAgent = t.Sub(since)
-			case strings.Contains(text, "Starting worker group"):
-				starting, first, step = t, time.Time{}, time.Time{}
-			case strings.Contains(text, want) && !starting.IsZero():
-				if first.IsZero() {
-					first = t
-				}
-				if _, w := framework.LastStep(text); w == world && step.IsZero() {
-					step = t
-				}
-			}
+			newWorkers = max(newWorkers, l.first.Sub(l.starting))
+		} else {
+			oldWorkers = max(oldWorkers, l.first.Sub(l.starting))
 		}
-		if starting.IsZero() || first.IsZero() || step.IsZero() {
-			b.Fatalf("%s: no \"Starting worker group\" followed by a step at world %d in its log", p.Name, world)
-		}
-		workersStart = max(workersStart, first.Sub(starting))
-		joined = max(joined, first.Sub(since))
-		up = max(up, step.Sub(since))
+		joined = max(joined, l.first.Sub(since))
+		up = max(up, l.step.Sub(since))
 	}
-	return up, joined, newAgent, workersStart
+	return up, joined, newAgent, newWorkers, oldWorkers
+}
+
+// podLog is what a trainer's log says after since: when its agent first began a rendezvous, and, of its last
+// "Starting worker group", when it was, when a worker printed its first line at the world size, and its first step
+// there.
+type podLog struct{ rendezvous, starting, first, step time.Time }
+
+func readPodLog(ctx context.Context, c *framework.Cluster, ns, pod string, world int, since time.Time) (podLog, error) {
+	raw, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: trainer, Timestamps: true}).DoRaw(ctx)
+	if err != nil {
+		return podLog{}, fmt.Errorf("%s's log: %w", pod, err)
+	}
+	want := fmt.Sprintf("world_size=%d ", world)
+	var l podLog
+	for _, line := range strings.Split(string(raw), "\n") {
+		ts, text, ok := strings.Cut(line, " ")
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		if !ok || err != nil || t.Before(since) {
+			continue
+		}
+		switch {
+		case strings.Contains(text, "Rendezvous'ing worker group") && l.rendezvous.IsZero():
+			l.rendezvous = t
+		case strings.Contains(text, "Starting worker group"):
+			l.starting, l.first, l.step = t, time.Time{}, time.Time{}
+		case strings.Contains(text, want) && !l.starting.IsZero():
+			if l.first.IsZero() {
+				l.first = t
+			}
+			if _, w := framework.LastStep(text); w == world && l.step.IsZero() {
+				l.step = t
+			}
+		}
+	}
+	if l.starting.IsZero() || l.first.IsZero() || l.step.IsZero() {
+		return l, fmt.Errorf("%s: no \"Starting worker group\" followed by a step at world %d in its log", pod, world)
+	}
+	return l, nil
 }
 
 // BenchmarkNodeLoss measures, on the two-node cluster and in one run, what a crashed worker node costs an elastic
@@ -226,6 +248,12 @@ func BenchmarkNodeLoss(b *testing.B) {
 	}
 	line("", func(j int) string { return configs[j].name })
 	line(fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors), func(j int) string { return secs(got[j].trainAgain) })
+	line("  of which: their workers' own start", func(j int) string {
+		if got[j].trainAgain == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", got[j].restart.Seconds())
+	})
 	line("all 3 train again (lost pods replaced)", func(j int) string { return secs(got[j].replaced) })
 	fmt.Print(out.String())
 	b.ReportMetric(got[0].trainAgain.Seconds(), "smaller-size-s")

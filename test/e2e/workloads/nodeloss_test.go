@@ -117,6 +117,7 @@ func sharedNodeLoss(t *testing.T, fault nodeFault, jobs []lossCase) {
 type nodeLoss struct {
 	survivors  int           // workers left on the other node
 	trainAgain time.Duration // loss -> every survivor's first step at the smaller world size; 0: not within the limit
+	restart    time.Duration // the survivors' workers' own start: "Starting worker group" -> first line at that size
 	replaced   time.Duration // loss -> every worker (replacements included) at the full world size again
 }
 
@@ -236,7 +237,14 @@ func (w *workerLoss) recover(t testing.TB, fault nodeFault, at time.Time) nodeLo
 	switch {
 	case err == nil:
 		m.trainAgain = d
-		t.Logf("%d survivors train at world %d %.1fs after the %s", len(w.survivors), len(w.survivors), d.Seconds(), fault)
+		for _, p := range w.survivors {
+			l, err := readPodLog(t.Context(), c, ns, p, len(w.survivors), at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.restart = max(m.restart, l.first.Sub(l.starting))
+		}
+		t.Logf("%d survivors train at world %d %.1fs after the %s (their workers' own start %.1fs)", len(w.survivors), len(w.survivors), d.Seconds(), fault, m.restart.Seconds())
 	case w.run.smallerLimit > 0:
 		t.Logf("the %d survivors did not train at world %d within %v of the %s: %v", len(w.survivors), len(w.survivors), limit, fault, err)
 	default:
