@@ -402,6 +402,10 @@ const (
 // fork server the workers start from (docs/warm-start.md); the webhook sets it with PET_RUN_PATH and PET_START_METHOD.
 const EnvWarmStart = "ET_WARM_START"
 
+// EnvFromProbePrefix + a torchrun setting's name (PET_START_METHOD) is the webhook's question to the kubelet whether a
+// warm-started trainer's envFrom sets it (mutate.EnvFromProbes); the elastic-training backend reads the answer.
+const EnvFromProbePrefix = "ET_ENV_FROM_"
+
 const (
 	EnvProgressAddr = "ET_PROGRESS_ADDR"
 	ProgressPort    = 2383

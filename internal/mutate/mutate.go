@@ -156,6 +156,11 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 		prependPath(e, path, c, constants.EnvPythonPath, constants.PythonDir)
 	}
 	if warm, why := warmStart(s, c); warm {
+		if len(c.EnvFrom) > 0 {
+			for _, v := range EnvFromProbes() {
+				setEnv(e, path, c, v)
+			}
+		}
 		for _, v := range WarmStartEnv() {
 			setEnv(e, path, c, v)
 		}

@@ -1,6 +1,7 @@
 package mutate
 
 import (
+	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,9 +47,27 @@ func warmStart(s *settings, c *corev1.Container) (bool, string) {
 		}
 	}
 	for _, v := range c.Env {
-		if slices.Contains([]string{"PET_MODULE", "PET_NO_PYTHON", "PET_RUN_PATH", "PET_START_METHOD"}, v.Name) {
+		if slices.Contains(torchrunChoices, v.Name) {
 			return false, "env " + v.Name + " is set"
 		}
 	}
 	return true, ""
+}
+
+// torchrunChoices are the settings of torchrun's through which a trainer's env chooses how its workers start; one
+// set keeps the trainer cold.
+var torchrunChoices = []string{"PET_MODULE", "PET_NO_PYTHON", "PET_RUN_PATH", "PET_START_METHOD"}
+
+// EnvFromProbes is what a warm-started container with envFrom gets before WarmStartEnv. The webhook cannot read
+// the ConfigMaps and Secrets of envFrom, where a user may set one of torchrunChoices, and WarmStartEnv's entries
+// would override it unseen (env wins over envFrom). So it asks the kubelet: each probe, ET_ENV_FROM_<name>, is
+// "$(<name>)", which the kubelet expands to envFrom's value, and leaves as it is where envFrom sets none (env
+// refers to envFrom and the env before it). The elastic-training backend, in the agent, reads the answers and
+// starts the agent again cold, with the user's settings, when one was expanded (docs/warm-start.md).
+func EnvFromProbes() []corev1.EnvVar {
+	var probes []corev1.EnvVar
+	for _, name := range torchrunChoices {
+		probes = append(probes, corev1.EnvVar{Name: constants.EnvFromProbePrefix + name, Value: fmt.Sprintf("$(%s)", name)})
+	}
+	return probes
 }

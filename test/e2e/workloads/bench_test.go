@@ -153,9 +153,10 @@ func phases(b *testing.B, c *framework.Cluster, ns, sel string, world int, since
 	return up, joined, newAgent, newWorkers, oldWorkers
 }
 
-// podLog is what a trainer's log says after since: when its agent first began a rendezvous, and, of its last
-// "Starting worker group", when it was, when a worker printed its first line at the world size, and its first step
-// there.
+// podLog is what a trainer's log says after since: when its agent first began a rendezvous, and, of the last start
+// of its workers ("Starting worker group" with torchrun's INFO log; otherwise the warning of the restart's stop of
+// the workers before, which adds the stop and the round), when it was, when a worker printed its first line at the
+// world size, and its first step there.
 type podLog struct{ rendezvous, starting, first, step time.Time }
 
 func readPodLog(ctx context.Context, c *framework.Cluster, ns, pod string, world int, since time.Time) (podLog, error) {
@@ -174,7 +175,10 @@ func readPodLog(ctx context.Context, c *framework.Cluster, ns, pod string, world
 		switch {
 		case strings.Contains(text, "Rendezvous'ing worker group") && l.rendezvous.IsZero():
 			l.rendezvous = t
-		case strings.Contains(text, "Starting worker group"):
+		case strings.Contains(text, "Starting worker group"), strings.Contains(text, "via signal SIGTERM"), strings.Contains(text, "closing signal SIGTERM"):
+			// A restart begins with the agent stopping its workers (torchrun's warning: "Closing process N via signal
+			// SIGTERM" warm, "Sending process N closing signal SIGTERM" cold), then "Starting worker group" (its INFO
+			// log, where LOGLEVEL shows it): the later counts.
 			l.starting, l.first, l.step = t, time.Time{}, time.Time{}
 		case strings.Contains(text, want) && !l.starting.IsZero():
 			if l.first.IsZero() {
@@ -186,7 +190,7 @@ func readPodLog(ctx context.Context, c *framework.Cluster, ns, pod string, world
 		}
 	}
 	if l.starting.IsZero() || l.first.IsZero() || l.step.IsZero() {
-		return l, fmt.Errorf("%s: no \"Starting worker group\" followed by a step at world %d in its log", pod, world)
+		return l, fmt.Errorf("%s: no start of its workers followed by a step at world %d in its log", pod, world)
 	}
 	return l, nil
 }
@@ -240,7 +244,7 @@ func BenchmarkNodeLoss(b *testing.B) {
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nworker node crash, elastic PyTorch 3 workers on 2 nodes (%s, torch %s), seconds after the crash\n", img.Image, img.Torch)
 	line := func(head string, cell func(j int) string) {
-		fmt.Fprintf(&out, "%-40s", head)
+		fmt.Fprintf(&out, "%-48s", head)
 		for j := range configs {
 			fmt.Fprintf(&out, " %20s", cell(j))
 		}
@@ -248,11 +252,11 @@ func BenchmarkNodeLoss(b *testing.B) {
 	}
 	line("", func(j int) string { return configs[j].name })
 	line(fmt.Sprintf("survivors (%d) train at the smaller size", got[0].survivors), func(j int) string { return secs(got[j].trainAgain) })
-	line("  of which: their workers' own start", func(j int) string {
+	line("  of which: their restart (stop, round, start)", func(j int) string {
 		if got[j].trainAgain == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.1f", got[j].restart.Seconds())
+		return fmt.Sprintf("%.2f", got[j].restart.Seconds())
 	})
 	line("all 3 train again (lost pods replaced)", func(j int) string { return secs(got[j].replaced) })
 	fmt.Print(out.String())

@@ -98,6 +98,13 @@ func TestFaults(t *testing.T) {
 	sharedDir(t, v, ns)
 	set(v, "args", []any{"--steps=5000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4})
+	// Settings from a ConfigMap, as users keep them: none of torchrun's, so the kubelet leaves the webhook's envFrom
+	// probes unexpanded and the workers start warm (mutate.EnvFromProbes; the expanded case: TestWarmStart).
+	settings := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job + "-settings"}, Data: map[string]string{"TRAIN_NOTE": "from a ConfigMap"}}
+	if _, err := c.Client.CoreV1().ConfigMaps(ns).Create(t.Context(), settings, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	set(v, "envFrom", []any{map[string]any{"configMapRef": map[string]any{"name": settings.Name}}})
 	sel := installTraining(t, c, ns, job, v, 3)
 	// Let every worker write a checkpoint before breaking things.
 	c.WaitFor(t, time.Minute, "a few training steps", func(ctx context.Context) (bool, error) {
@@ -125,6 +132,13 @@ func TestFaults(t *testing.T) {
 
 	t.Run("kill -9 of a training process", func(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(1)
+		ps, err := c.Kubectl(t.Context(), "-n", ns, "exec", p.Name, "-c", trainer, "--", "ps", "-eo", "pid=,ppid=,args=")
+		if err != nil {
+			t.Fatalf("ps: %v: %s", err, ps)
+		}
+		if !strings.Contains(string(ps), "multiprocessing.forkserver") {
+			t.Errorf("%s's workers started cold beside an envFrom that sets none of torchrun's choices:\n%s", p.Name, ps)
+		}
 		start := time.Now()
 		signalWorkers(t, c, ns, p.Name, "KILL")
 		t.Logf("recovered from kill -9 of the trainer in %s in %.1fs", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())

@@ -117,7 +117,7 @@ func sharedNodeLoss(t *testing.T, fault nodeFault, jobs []lossCase) {
 type nodeLoss struct {
 	survivors  int           // workers left on the other node
 	trainAgain time.Duration // loss -> every survivor's first step at the smaller world size; 0: not within the limit
-	restart    time.Duration // the survivors' workers' own start: "Starting worker group" -> first line at that size
+	restart    time.Duration // the survivors' restart: their agents stop the workers -> first line at that size
 	replaced   time.Duration // loss -> every worker (replacements included) at the full world size again
 }
 
@@ -244,7 +244,7 @@ func (w *workerLoss) recover(t testing.TB, fault nodeFault, at time.Time) nodeLo
 			}
 			m.restart = max(m.restart, l.first.Sub(l.starting))
 		}
-		t.Logf("%d survivors train at world %d %.1fs after the %s (their workers' own start %.1fs)", len(w.survivors), len(w.survivors), d.Seconds(), fault, m.restart.Seconds())
+		t.Logf("%d survivors train at world %d %.1fs after the %s (their restart, from stopping their workers, %.2fs)", len(w.survivors), len(w.survivors), d.Seconds(), fault, m.restart.Seconds())
 	case w.run.smallerLimit > 0:
 		t.Logf("the %d survivors did not train at world %d within %v of the %s: %v", len(w.survivors), len(w.survivors), limit, fault, err)
 	default:

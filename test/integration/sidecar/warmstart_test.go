@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
 	"github.com/elastic-training/elastic-training/internal/testenv"
 	"github.com/elastic-training/elastic-training/internal/torchrunargv"
@@ -28,19 +29,29 @@ var warmWorkerRe = regexp.MustCompile(`WORKER rank=(\d) restart=(\d) warm=(True|
 // both restarts, must import the module beside the script, find no start method set and set its own (a spawn
 // Pool), run a data loader with worker processes and os.fork, and print without flushing; a worker killed with
 // SIGKILL costs one restart, the agent stops the other with SIGTERM (whose handler exits 0: the worker ends then),
-// and a worker's exit code 3 is the failure it reports. Warm, each worker began with torch imported (its age at the script's first line is printed, cold and
-// warm). No GPU here: the check that the fork server never initialised CUDA (elastic_training._warm) is not
+// and a worker's exit code 3 is the failure it reports. Warm, each worker began with torch imported (its age at the
+// script's first line is printed, cold and warm), beside the webhook's envFrom probes as the kubelet leaves them
+// when envFrom sets none of torchrun's choices; with one set (PET_START_METHOD from a ConfigMap, which the warm
+// start's env overrides), the agent starts again cold, with the user's setting, and says so. No GPU here: the check that the fork server never initialised CUDA (elastic_training._warm) is not
 // exercised beyond torch's own answer on a CPU build (cuda=False badfork=False).
 func TestWarmStart(t *testing.T) {
 	script, err := filepath.Abs("testdata/warm/train.py")
 	require.NoError(t, err)
 	forEachTorch(t, func(t *testing.T, tr trainer) {
-		for _, warm := range []bool{false, true} {
-			t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
+		for _, mode := range []string{"cold", "warm", "envFrom"} {
+			t.Run(mode, func(t *testing.T) {
 				var env []string
-				if warm {
-					env = warmStartEnv()
+				switch mode {
+				case "warm":
+					// A container with envFrom that sets none of torchrun's choices: the kubelet leaves the webhook's
+					// probes as they are.
+					env = append(envFromProbes(nil), warmStartEnv()...)
+				case "envFrom":
+					// Its envFrom sets PET_START_METHOD, which the warm start's env overrides: the agent starts again,
+					// cold, with the user's setting.
+					env = append(envFromProbes(map[string]string{"PET_START_METHOD": "spawn"}), warmStartEnv()...)
 				}
+				warm := mode == "warm"
 				files := t.TempDir()
 				s := startServe(t, "--register=false", ownBackend, "--files-dir="+files)
 				args := testenv.TorchrunArgs(trainerpy.Backend, s.C10d, "warm", "1", "--max_restarts=1", "--rdzv_conf=last_call_timeout=1")
@@ -71,7 +82,12 @@ func TestWarmStart(t *testing.T) {
 				// Each worker that exits 0 on SIGTERM ends then: torch's worker of a function would wait for the
 				// agent to read its result, and the agent, stopping its workers, SIGKILLs it 30 s later.
 				require.NotContains(t, out, "forcefully exiting via SIGKILL", "a worker outlived its SIGTERM handler's exit")
-				t.Logf("torch %s, %s: the workers' age at the script's first line: %s", tr.version, map[bool]string{false: "cold", true: "warm"}[warm], strings.Join(ready, ", "))
+				if mode == "envFrom" {
+					require.Contains(t, out, "the warm start is off in this pod: the container's envFrom sets PET_START_METHOD=spawn")
+				} else {
+					require.NotContains(t, out, "the warm start is off in this pod")
+				}
+				t.Logf("torch %s, %s: the workers' age at the script's first line: %s", tr.version, mode, strings.Join(ready, ", "))
 			})
 		}
 	})
@@ -101,6 +117,20 @@ func TestForkServerAhead(t *testing.T) {
 		})
 		require.NotContains(t, agent.Output(), "WORKER", "a worker ran: a round of one formed")
 	})
+}
+
+// envFromProbes is the webhook's envFrom probes (mutate.EnvFromProbes) as the kubelet expands them for an envFrom
+// that sets set, as NAME=value.
+func envFromProbes(set map[string]string) []string {
+	var env []string
+	for _, v := range mutate.EnvFromProbes() {
+		value := v.Value
+		if x, ok := set[strings.TrimPrefix(v.Name, constants.EnvFromProbePrefix)]; ok {
+			value = x
+		}
+		env = append(env, v.Name+"="+value)
+	}
+	return env
 }
 
 // warmStartEnv is the warm start's env as the webhook sets it (mutate.WarmStartEnv), as NAME=value.

@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -311,6 +312,41 @@ def connect(dist, host, port, read_timeout, deadline):
             time.sleep(1)  # an error that comes at once (none should: torch's client retries until its timeout)
 
 
+# What the webhook sets for the warm start besides ET_WARM_START (mutate.WarmStartEnv).
+WARM_START_ENV = ("PET_RUN_PATH", "PET_START_METHOD")
+ENV_FROM_PROBE = "ET_ENV_FROM_"  # constants.EnvFromProbePrefix
+
+
+def env_from_choices():
+    """The torchrun settings that the container's envFrom chooses, which the warm start's env overrides (env wins over
+    envFrom): the webhook cannot read a ConfigMap or a Secret, so it sets ET_ENV_FROM_<name> to "$(<name>)", which
+    the kubelet expands to envFrom's value and leaves as it is where envFrom sets none (mutate.EnvFromProbes)."""
+    chosen = {}
+    for key, value in os.environ.items():
+        if key.startswith(ENV_FROM_PROBE):
+            name = key[len(ENV_FROM_PROBE):]
+            if value != f"$({name})":
+                chosen[name] = value
+    return chosen
+
+
+def start_cold(chosen):
+    """Runs this agent again as it would have run without the warm start: the webhook would not have set it, had it
+    seen what envFrom chooses. Nothing of the job has begun yet (torchrun creates its rendezvous first); the process
+    stays the same (its pid, its container)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_FROM_PROBE) and k not in WARM_START_ENV}
+    env.update(chosen)
+    env["ET_WARM_START"] = "0"
+    log.warning("elastic-training: the warm start is off in this pod: the container's envFrom sets %s; torchrun starts "
+                "again with them (docs/warm-start.md)", ", ".join(f"{k}={v}" for k, v in sorted(chosen.items())))
+    for handler in logging.getLogger().handlers + log.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv  # orig_argv keeps `-m torch.distributed.run`
+    os.execve(sys.executable, argv, env)
+
+
 def start_fork_server():
     from multiprocessing import forkserver
 
@@ -325,6 +361,9 @@ def create(params):
     import torch.distributed as dist
 
     if os.environ.get("ET_WARM_START") == "1":
+        chosen = env_from_choices()
+        if chosen:
+            start_cold(chosen)  # does not return
         # The warm start (elastic_training._warm, docs/warm-start.md): torchrun's agent creates its rendezvous
         # before it starts any worker, so the fork server it starts them from is not running yet.
         import multiprocessing
