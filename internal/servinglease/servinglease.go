@@ -246,7 +246,8 @@ func mayTake(rec Record, me string, seenAt, now time.Time, may func() bool) bool
 // MembersChanged tells the holder of the membership's changes. At a
 // departure it returns only once it has renewed the Lease since, or decided
 // to step down (Serving says so to the listeners after it): it blocks its
-// caller for at most Confirm.
+// caller for at most Confirm. (The membership's watch coalesces what queued
+// meanwhile: a burst of departures costs a write per wait, not per member.)
 func (c *Candidate) MembersChanged(_, left []string) {
 	if len(left) == 0 || !c.Serving() {
 		return
@@ -257,8 +258,12 @@ func (c *Candidate) MembersChanged(_, left []string) {
 		return
 	}
 	if !errors.Is(err, ErrSteppedDown) {
+		names := strings.Join(left[:min(len(left), 3)], ",")
+		if len(left) > 3 {
+			names += ",..."
+		}
 		err = fmt.Errorf("%w: %d member(s) left (%s) and the lease could not be renewed since (it may serve elsewhere now): %w",
-			ErrSteppedDown, len(left), strings.Join(left, ","), err)
+			ErrSteppedDown, len(left), names, err)
 	}
 	c.mu.Lock()
 	if c.down == nil {
