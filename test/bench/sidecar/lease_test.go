@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -193,7 +195,8 @@ func BenchmarkLeaseRenewals(b *testing.B) {
 // window with the machine saturated, and the leases lost then.
 func renewalRun(b *testing.B, n int, ttl, window time.Duration) (idle, loaded float64, lost int) {
 	b.Helper()
-	s := startSidecarIn(b, testenv.CPUCgroup(b, 50), "--files-dir="+b.TempDir(), "--register=false")
+	files := b.TempDir()
+	s := startSidecarIn(b, testenv.CPUCgroup(b, 50), "--files-dir="+files, "--register=false")
 	defer s.Stop(grace)
 	ctx, cancel := context.WithCancel(b.Context())
 	var wg sync.WaitGroup
@@ -220,7 +223,16 @@ func renewalRun(b *testing.B, n int, ttl, window time.Duration) (idle, loaded fl
 	if err != nil {
 		b.Fatalf("%d of %d members registered at TTL %s: %v", registered.Load(), n, ttl, err)
 	}
-	time.Sleep(2 * ttl) // the registrations' own writes and the watchers' first listing are done: steady state
+	// Steady state: the server's own membership watch has listed every member (its hostfile has them all), so what
+	// follows is renewals only.
+	hostfile := filepath.Join(files, constants.HostfileName)
+	err = testenv.Poll(b.Context(), time.Minute, 100*time.Millisecond, func(context.Context) (bool, error) {
+		c, _ := os.ReadFile(hostfile)
+		return strings.Count(string(c), "\n") == n, nil
+	})
+	if err != nil {
+		b.Fatalf("serve's hostfile never listed all %d members: %v", n, err)
+	}
 	pid := s.Cmd.Process.Pid
 	cpu := func() float64 {
 		before, err := testenv.CPUSeconds(pid)
