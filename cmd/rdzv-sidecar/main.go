@@ -201,6 +201,7 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 	cp := &o.Checkpoint
 	fs.StringVar(&cp.Dir, "checkpoint-dir", "", "the memory-backed directory this pod's trainer saves in-memory checkpoints into (elastic_training.checkpoint, $"+constants.EnvCheckpointDir+"): announce its saves in the job's store, keep copies of other pods' and serve them (empty: off; needs --register)")
 	fs.StringVar(&cp.Addr, "checkpoint-addr", fmt.Sprintf(":%d", constants.CheckpointPort), "address of the checkpoint server: the peers' copies, and on loopback the trainer's loads ($"+constants.EnvCheckpointURL+")")
+	fs.StringVar(&cp.Local, "checkpoint-local", "", "a Unix socket where the trainer's loads are served instead of --checkpoint-addr's loopback, which then serves the peers only (host networking: the node's loopback is every host-network pod's; $"+constants.EnvCheckpointURL+" is then unix:<path>)")
 	fs.IntVar(&cp.Replicas, "checkpoint-replicas", 1, "copies of each piece of a save on other pods, on other nodes first")
 	cp.Memory = 1 << 30
 	fs.Func("checkpoint-memory", "bytes --checkpoint-dir may hold, this pod's saves and the copies together (a quantity: 1Gi, 512Mi; default 1Gi)", func(v string) error {
@@ -211,7 +212,7 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 		cp.Memory = q.Value()
 		return nil
 	})
-	fs.StringVar(&o.Progress.Addr, "progress-addr", "", "loopback UDP address where this pod's ranks say their steps (elastic_training.progress, $"+constants.EnvProgressAddr+"; a line `et1 <rank> <step> [<total> [<pid>]]` from a shell): reported to the serving sidecar, which restarts a hung round (empty: off; needs --run-id)")
+	fs.StringVar(&o.Progress.Addr, "progress-addr", "", "loopback UDP address (or unix:<path> of a datagram socket: host networking) where this pod's ranks say their steps (elastic_training.progress, $"+constants.EnvProgressAddr+"; a line `et1 <rank> <step> [<total> [<pid>]]` from a shell): reported to the serving sidecar, which restarts a hung round (empty: off; needs --run-id)")
 	fs.StringVar(&o.Progress.RunID, "run-id", "", "the job's rendezvous run id (the agents' --rdzv-id), whose rounds the progress is of")
 	fs.DurationVar(&m.LeaseTTL, "lease-ttl", constants.DefaultLeaseTTL*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
 	return d

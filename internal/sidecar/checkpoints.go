@@ -1,11 +1,13 @@
 package sidecar
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"sync"
@@ -22,8 +24,11 @@ import (
 // CheckpointConfig: this pod's part of the job's in-memory checkpoints
 // (docs/checkpoints.md); off without Dir.
 type CheckpointConfig struct {
-	Dir      string // the memory-backed directory the trainer saves into ($ET_CHECKPOINT_DIR)
-	Addr     string // the holder's server: peers and, on loopback, the trainer ($ET_CHECKPOINT_URL)
+	Dir  string // the memory-backed directory the trainer saves into ($ET_CHECKPOINT_DIR)
+	Addr string // the holder's server: peers and, on loopback, the trainer ($ET_CHECKPOINT_URL)
+	// Local, when set, is a Unix socket where the trainer's routes are served instead, and Addr serves peers only
+	// (host networking: the node's loopback is not the pod's).
+	Local    string
 	Replicas int
 	Memory   int64 // bytes
 }
@@ -50,6 +55,9 @@ func (c CheckpointConfig) check(m MemberConfig) error {
 	if c.Memory <= 0 {
 		return fmt.Errorf("--checkpoint-memory: %d bytes", c.Memory)
 	}
+	if c.Local != "" {
+		return checkUnixPath("--checkpoint-local", c.Local)
+	}
 	return nil
 }
 
@@ -70,6 +78,13 @@ func startCheckpoints(ctx context.Context, wg *sync.WaitGroup, c CheckpointConfi
 	if err != nil {
 		return fmt.Errorf("--checkpoint-addr: %w", err)
 	}
+	var local net.Listener
+	if c.Local != "" {
+		if local, _, err = listenUnix("unix", c.Local); err != nil {
+			ln.Close()
+			return fmt.Errorf("--checkpoint-local: %w", err)
+		}
+	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	peerPort, _ := strconv.Atoi(port)
 	log = log.With("component", "checkpoints")
@@ -83,13 +98,21 @@ func startCheckpoints(ctx context.Context, wg *sync.WaitGroup, c CheckpointConfi
 			}
 			return out
 		}})
-	wg.Go(func() {
-		if err := h.ServeListener(ctx, ln); err != nil {
-			log.Error("checkpoint server stopped", "err", err)
-		}
-	})
+	serve := func(ln net.Listener, handler http.Handler) {
+		wg.Go(func() {
+			if err := h.ServeHandler(ctx, ln, handler); err != nil {
+				log.Error("checkpoint server stopped", "addr", ln.Addr().String(), "err", err)
+			}
+		})
+	}
+	if local == nil {
+		serve(ln, h.Handler())
+	} else {
+		serve(ln, h.PeerHandler())
+		serve(local, h.LocalHandler())
+	}
 	wg.Go(func() { h.Run(ctx) })
-	log.Info("in-memory checkpoints", "dir", c.Dir, "addr", ln.Addr().String(), "replicas", c.Replicas, "memory_bytes", c.Memory)
+	log.Info("in-memory checkpoints", "dir", c.Dir, "addr", ln.Addr().String(), "trainer", cmp.Or(c.Local, "loopback"), "replicas", c.Replicas, "memory_bytes", c.Memory)
 	return nil
 }
 

@@ -19,7 +19,8 @@ import (
 // ProgressConfig: this pod's ranks tell its sidecar of their steps (elastic_training.progress, or a datagram of
 // the shell's), which reports them to the serving sidecar through the job's store (docs/hangs.md).
 type ProgressConfig struct {
-	// Addr is the UDP address the trainer sends to (loopback: only the pod's own processes); "" = none.
+	// Addr is the UDP address the trainer sends to (loopback: only the pod's own processes), or "unix:" and the
+	// path of a Unix datagram socket (host networking, where the loopback is the node's); "" = none.
 	Addr string
 	// RunID is the job's rendezvous run (the agents' --rdzv-id): the reports' keys are the run's.
 	RunID string
@@ -33,6 +34,9 @@ func (c ProgressConfig) check() error {
 	}
 	if c.RunID == "" {
 		return errors.New("--progress-addr needs --run-id: the job's rendezvous run, whose round a report is of")
+	}
+	if path, ok := unixPath(c.Addr); ok {
+		return checkUnixPath("--progress-addr", path)
 	}
 	if host, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return fmt.Errorf("--progress-addr: %w", err)
@@ -48,11 +52,19 @@ func startProgress(ctx context.Context, wg *sync.WaitGroup, c ProgressConfig, st
 	if c.Addr == "" {
 		return nil
 	}
-	// A candidate that begins to serve binds the address its follow (a join) held until a moment ago.
-	pc, err := net.ListenPacket("udp", c.Addr)
+	// A candidate that begins to serve binds the address its follow (a join) held until a moment ago (a Unix
+	// socket: takes its place at once).
+	listen := func() (net.PacketConn, error) {
+		if path, ok := unixPath(c.Addr); ok {
+			_, pc, err := listenUnix("unixgram", path)
+			return pc, err
+		}
+		return net.ListenPacket("udp", c.Addr)
+	}
+	pc, err := listen()
 	for deadline := time.Now().Add(5 * time.Second); err != nil && time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(100 * time.Millisecond)
-		pc, err = net.ListenPacket("udp", c.Addr)
+		pc, err = listen()
 	}
 	if err != nil {
 		return fmt.Errorf("--progress-addr: %w", err)

@@ -59,6 +59,7 @@ const (
 type Holder struct {
 	cfg  Config
 	wake chan struct{}
+	sem  chan struct{} // the requests being answered (MaxConcurrent)
 
 	mu        sync.Mutex
 	ix        *checkpoint.Index
@@ -86,7 +87,7 @@ func New(cfg Config) *Holder {
 			MaxIdleConnsPerHost:   4,
 		}}
 	}
-	return &Holder{cfg: cfg, wake: make(chan struct{}, 1), ix: checkpoint.NewIndex(),
+	return &Holder{cfg: cfg, wake: make(chan struct{}, 1), sem: make(chan struct{}, MaxConcurrent), ix: checkpoint.NewIndex(),
 		local: map[checkpoint.Piece]local{}, announced: map[checkpoint.Piece]bool{}, refused: map[checkpoint.Piece]bool{}}
 }
 

@@ -408,3 +408,46 @@ func TestUsageCountsLinksOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1000), n)
 }
+
+// Host networking: the loopback is the node's, so the peers' handler answers no trainer route, not even from
+// loopback, and the trainer's routes answer on a Unix socket of the pod's (LocalHandler), to whoever reaches it.
+func TestHostNetworkRoutes(t *testing.T) {
+	j := newJob(t)
+	a := j.start(1, "n1", 1<<20)
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/checkpoint/newest"},
+		{"GET", "/checkpoint/files/" + checkpoint.SaveName(1, "aaaaaaaa") + "/__0_0.distcp"},
+		{"POST", "/checkpoint/saved"},
+		{"POST", "/checkpoint/refused"},
+	} {
+		req := httptest.NewRequest(r.method, r.path, strings.NewReader(""))
+		req.RemoteAddr = "127.0.0.1:40000" // another host-network pod of the node
+		rec := httptest.NewRecorder()
+		a.h.PeerHandler().ServeHTTP(rec, req)
+		assert.Equal(t, http.StatusNotFound, rec.Code, "%s %s on the peers' port", r.method, r.path)
+	}
+
+	sock := filepath.Join(t.TempDir(), "checkpoint.sock")
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.h.ServeHandler(ctx, ln, a.h.LocalHandler())
+	cli := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := cli.Post("http://localhost/checkpoint/refused", "application/json",
+		strings.NewReader(`{"kind":"save","step":3,"rank":1,"need":5000000,"free":1}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	in, ok := j.incident(a)
+	require.True(t, ok, "the trainer's refused save, told on the socket, is recorded")
+	assert.Equal(t, int64(3), in.Step)
+	resp, err = cli.Get("http://localhost/checkpoint/newest")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Contains(t, string(body), "no complete checkpoint in the job", "the route answers (no save yet)")
+}

@@ -23,33 +23,62 @@ const MaxConcurrent = 64
 // Handler serves
 //
 //	GET  /checkpoint/peer/{save}/{file}   a file of a piece this pod holds and has announced, to a peer (Range too)
-//	GET  /checkpoint/newest               the newest complete save, as its rank 0's manifest (404: none)    loopback
-//	GET  /checkpoint/files/{save}/{file}  a file of any held piece: from this pod, or through it from a peer  loopback
-//	POST /checkpoint/saved                the trainer finished a save: look now                          loopback
-//	POST /checkpoint/refused              a save of the trainer's did not fit (checkpoint.Incident)      loopback
+//	GET  /checkpoint/newest               the newest complete save, as its rank 0's manifest (404: none)    trainer
+//	GET  /checkpoint/files/{save}/{file}  a file of any held piece: from this pod, or through it from a peer  trainer
+//	POST /checkpoint/saved                the trainer finished a save: look now                          trainer
+//	POST /checkpoint/refused              a save of the trainer's did not fit (checkpoint.Incident)      trainer
 //
-// Who reaches the peer route is the job's NetworkPolicy's to say (its pods
-// only); what it serves is only the files of announced pieces, by name.
+// on one port, the trainer's routes to loopback only (pod networking, where the loopback is the pod's). Who reaches
+// the peer route is the job's NetworkPolicy's to say (its pods only); what it serves is only the files of announced
+// pieces, by name.
 func (h *Holder) Handler() http.Handler {
 	mux := http.NewServeMux()
+	h.peerRoutes(mux)
+	h.trainerRoutes(mux, loopback)
+	return h.bounded(mux)
+}
+
+// PeerHandler serves the peer route alone, and LocalHandler the trainer's routes to whoever reaches it: host
+// networking, where the loopback is the node's (every host-network pod's), serves the trainer's on a Unix socket in
+// the pod's own volume (constants.CheckpointSocket) and the peers' on the job's own port.
+func (h *Holder) PeerHandler() http.Handler {
+	mux := http.NewServeMux()
+	h.peerRoutes(mux)
+	return h.bounded(mux)
+}
+
+// LocalHandler: see PeerHandler.
+func (h *Holder) LocalHandler() http.Handler {
+	mux := http.NewServeMux()
+	h.trainerRoutes(mux, func(f http.HandlerFunc) http.HandlerFunc { return f })
+	return h.bounded(mux)
+}
+
+func (h *Holder) peerRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /checkpoint/peer/{save}/{file}", h.servePeer)
-	mux.HandleFunc("GET /checkpoint/newest", loopback(h.serveNewest))
-	mux.HandleFunc("GET /checkpoint/files/{save}/{file}", loopback(h.serveFile))
-	mux.HandleFunc("POST /checkpoint/saved", loopback(func(w http.ResponseWriter, _ *http.Request) {
+}
+
+func (h *Holder) trainerRoutes(mux *http.ServeMux, only func(http.HandlerFunc) http.HandlerFunc) {
+	mux.HandleFunc("GET /checkpoint/newest", only(h.serveNewest))
+	mux.HandleFunc("GET /checkpoint/files/{save}/{file}", only(h.serveFile))
+	mux.HandleFunc("POST /checkpoint/saved", only(func(w http.ResponseWriter, _ *http.Request) {
 		h.Wake()
 		w.WriteHeader(http.StatusNoContent)
 	}))
-	mux.HandleFunc("POST /checkpoint/refused", loopback(h.serveRefused))
-	sem := make(chan struct{}, MaxConcurrent)
+	mux.HandleFunc("POST /checkpoint/refused", only(h.serveRefused))
+}
+
+// bounded answers at most MaxConcurrent requests of the holder at once, whichever handler they reach.
+func (h *Holder) bounded(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
-		case sem <- struct{}{}:
-			defer func() { <-sem }()
+		case h.sem <- struct{}{}:
+			defer func() { <-h.sem }()
 		default:
 			http.Error(w, "busy: "+strconv.Itoa(MaxConcurrent)+" requests at once", http.StatusServiceUnavailable)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -64,7 +93,12 @@ func (h *Holder) Serve(ctx context.Context, addr string) error {
 
 // ServeListener serves Handler on ln until ctx ends.
 func (h *Holder) ServeListener(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 8 << 10,
+	return h.ServeHandler(ctx, ln, h.Handler())
+}
+
+// ServeHandler serves one of the holder's handlers on ln until ctx ends.
+func (h *Holder) ServeHandler(ctx context.Context, ln net.Listener, handler http.Handler) error {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 8 << 10,
 		// A reader that stops reading holds its request's slot at most this long: 1 GiB at 2 MiB/s.
 		WriteTimeout: 10 * time.Minute, IdleTimeout: time.Minute}
 	go func() {
