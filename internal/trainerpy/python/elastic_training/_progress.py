@@ -1,6 +1,7 @@
 """elastic_training.progress: a rank says it finished a step (docs/hangs.md).
 
-One UDP datagram to the pod's sidecar on loopback ($ET_PROGRESS_ADDR, which the webhook sets), never a wait: the
+One UDP datagram to the pod's sidecar on loopback ($ET_PROGRESS_ADDR, which the webhook sets; on host networking,
+whose loopback is the node's, unix:<path> of a datagram socket in the pod's own volume), never a wait: the
 sidecar reports the pod's ranks to the serving sidecar, which restarts a round whose ranks stopped advancing (a hung
 rank blocks every other in its next collective) and shows the job's step, rate and ETA. Outside a job (no
 $ET_PROGRESS_ADDR) it does nothing. Standard library only.
@@ -36,13 +37,17 @@ def _heartbeat():
 def _setup():
     global _sock, _addr, _rank
     spec = os.environ.get("ET_PROGRESS_ADDR", "")
-    host, sep, port = spec.rpartition(":")
-    if not sep or not port.isdigit():
-        _addr = False
-        return
-    _addr = (host.strip("[]") or "127.0.0.1", int(port))
+    if spec.startswith("unix:") and len(spec) > len("unix:"):
+        _addr, family = spec[len("unix:"):], socket.AF_UNIX
+    else:
+        host, sep, port = spec.rpartition(":")
+        if not sep or not port.isdigit():
+            _addr = False
+            return
+        _addr = (host.strip("[]") or "127.0.0.1", int(port))
+        family = socket.AF_INET6 if ":" in _addr[0] else socket.AF_INET
     _rank = int(os.environ.get("RANK", "0"))
-    _sock = socket.socket(socket.AF_INET6 if ":" in _addr[0] else socket.AF_INET, socket.SOCK_DGRAM)
+    _sock = socket.socket(family, socket.SOCK_DGRAM)
     _sock.setblocking(False)
 
 

@@ -23,11 +23,14 @@ Without a sidecar ($ET_CHECKPOINT_URL unset) it keeps the newest complete save i
 there: a one-node job, or a test. Standard library and torch only; importing this module imports neither.
 """
 
+import functools
+import http.client
 import io
 import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import threading
 import urllib.error
@@ -55,6 +58,57 @@ _persisted = None  # rank 0: the step last copied to the volume (or being copied
 
 class CheckpointError(RuntimeError):
     """A save or a load that cannot be done: the message says why, with the figures."""
+
+
+_UNIX = "unix:"
+_openers = {}
+
+
+def _open(path, data=None, method=None, headers=None, timeout=30):
+    """The response of this pod's sidecar to a request of path (/checkpoint/...), as urllib.request.urlopen's.
+    $ET_CHECKPOINT_URL is http://127.0.0.1:<port> on pod networking, and unix:<path> of a socket in the pod's own
+    volume on host networking, whose loopback is every host-network pod's. Never through a proxy: the trainer's
+    HTTP_PROXY is not for its own pod."""
+    url = os.environ.get(ENV_URL, "")
+    opener = _openers.get(url)
+    if opener is None:
+        handlers = [urllib.request.ProxyHandler({})]
+        if url.startswith(_UNIX):
+            handlers.append(_UnixHandler(url[len(_UNIX):]))
+        opener = _openers[url] = urllib.request.build_opener(*handlers)
+    base = "http://localhost" if url.startswith(_UNIX) else url.rstrip("/")
+    req = urllib.request.Request(base + path, data=data, method=method, headers=headers or {})
+    return opener.open(req, timeout=timeout)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP to a Unix socket at path (the host part of the URL is only the Host header)."""
+
+    def __init__(self, path, host, **kw):
+        super().__init__(host, **kw)
+        self._path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if self.timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:
+                s.settimeout(self.timeout)
+            s.connect(self._path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+class _UnixHandler(urllib.request.HTTPHandler):
+    """urllib's HTTP handler, to the sidecar's Unix socket (in place of the default one: a subclass of it)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self._path = path
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_UnixConnection, self._path), req)
 
 
 def _log(msg):
@@ -169,7 +223,7 @@ def _newest(root):
     url = os.environ.get(ENV_URL)
     if url:
         try:
-            with urllib.request.urlopen(url.rstrip("/") + "/checkpoint/newest", timeout=30) as resp:
+            with _open("/checkpoint/newest", timeout=30) as resp:
                 m = json.load(resp)
             return m["save"], m["step"]
         except urllib.error.HTTPError as e:
@@ -209,7 +263,7 @@ def _finished(fut, done, root, name, step, rank, world, persist):
         url = os.environ.get(ENV_URL)
         if url:
             try:
-                urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/checkpoint/saved", data=b"", method="POST"), timeout=2).close()
+                _open("/checkpoint/saved", data=b"", method="POST", timeout=2).close()
             except OSError as e:  # the sidecar looks every second anyway
                 _log("telling the sidecar of step %d: %s" % (step, e))
         if persist:
@@ -242,9 +296,8 @@ def _tell_refused(step, rank, need, free):
         return
     body = json.dumps({"kind": "save", "step": step, "rank": rank, "need": need, "free": free}).encode()
     try:
-        req = urllib.request.Request(url.rstrip("/") + "/checkpoint/refused", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        urllib.request.urlopen(req, timeout=2).close()
+        _open("/checkpoint/refused", data=body, method="POST", headers={"Content-Type": "application/json"},
+              timeout=2).close()
     except OSError as e:
         _log("telling the sidecar that step %d does not fit: %s" % (step, e))
 
@@ -486,9 +539,8 @@ def _reader(root, name):
     """DCP's FileSystemReader of root/name, whose files not in this pod are read through the sidecar."""
     _Reader, _PeerFileSystem = _reader_classes()
     reader = _Reader(os.path.join(root, name))
-    url = os.environ.get(ENV_URL)
-    if url:
-        reader.fs = _PeerFileSystem(url.rstrip("/") + "/checkpoint/files/" + name + "/")
+    if os.environ.get(ENV_URL):
+        reader.fs = _PeerFileSystem("/checkpoint/files/" + name + "/")
     return reader
 
 
@@ -520,17 +572,18 @@ def _reader_classes():
     return _Reader, _PeerFileSystem
 
 
-def _remote(url):
-    """A buffered, seekable reader of a file the sidecar serves (a context manager, as DCP's create_stream is)."""
-    return io.BufferedReader(_RangeReader(url), buffer_size=_RANGE)
+def _remote(path):
+    """A buffered, seekable reader of a file the sidecar serves at path (a context manager, as DCP's create_stream
+    is)."""
+    return io.BufferedReader(_RangeReader(path), buffer_size=_RANGE)
 
 
 class _RangeReader(io.RawIOBase):
-    """A raw, seekable reader of url: each readinto is one ranged GET."""
+    """A raw, seekable reader of the sidecar's path: each readinto is one ranged GET."""
 
-    def __init__(self, url):
+    def __init__(self, path):
         super().__init__()
-        self.url, self.pos, self.size = url, 0, None
+        self.path, self.pos, self.size = path, 0, None
 
     def readable(self):
         return True
@@ -540,7 +593,7 @@ class _RangeReader(io.RawIOBase):
 
     def _length(self):
         if self.size is None:
-            with urllib.request.urlopen(urllib.request.Request(self.url, method="HEAD"), timeout=60) as resp:
+            with _open(self.path, method="HEAD", timeout=60) as resp:
                 self.size = int(resp.headers["Content-Length"])
         return self.size
 
@@ -560,15 +613,14 @@ class _RangeReader(io.RawIOBase):
         n = len(b)
         if n == 0:
             return 0
-        req = urllib.request.Request(self.url, headers={"Range": "bytes=%d-%d" % (self.pos, self.pos + n - 1)})
         try:
-            resp = urllib.request.urlopen(req, timeout=60)
+            resp = _open(self.path, headers={"Range": "bytes=%d-%d" % (self.pos, self.pos + n - 1)}, timeout=60)
         except urllib.error.HTTPError as e:
             if e.code == 416:  # at or past the end
                 return 0
-            raise CheckpointError("reading %s: %s" % (self.url, e)) from e
+            raise CheckpointError("reading %s: %s" % (self.path, e)) from e
         except OSError as e:
-            raise CheckpointError("reading %s: %s" % (self.url, e)) from e
+            raise CheckpointError("reading %s: %s" % (self.path, e)) from e
         with resp:
             view, got = memoryview(b), 0
             while got < n:
