@@ -30,6 +30,7 @@ type contract struct {
 	HealthPort         int               `json:"healthPort"`    // the sidecar's /rendezvous (helm test)
 	Ports              map[string]int32  `json:"ports"`         // the sidecar's default ports, by use
 	PortBase           [2]int            `json:"portBase"`      // bounds of a host-network job's first port
+	PortSpan           int               `json:"portSpan"`      // how many ports from there the job takes
 	NodePortRange      [2]int            `json:"nodePortRange"` // where a host-network job's ports never go
 	MaxSlots           int               `json:"maxSlots"`
 	MaxRdzvStandbys    int               `json:"maxRdzvStandbys"`
@@ -57,8 +58,9 @@ func current() contract {
 		ReservedPorts:      reservedPorts(),
 		HealthPort:         constants.SidecarHealthPort,
 		Ports: map[string]int32{"client": constants.DefaultPorts.Client, "peer": constants.DefaultPorts.Peer,
-			"health": constants.DefaultPorts.Health, "c10d": constants.DefaultPorts.C10d},
+			"health": constants.DefaultPorts.Health, "c10d": constants.DefaultPorts.C10d, "checkpoint": constants.DefaultPorts.Checkpoint},
 		PortBase:            [2]int{constants.MinRdzvPortBase, constants.MaxRdzvPortBase},
+		PortSpan:            constants.PortSpan,
 		NodePortRange:       constants.NodePortRange,
 		MaxSlots:            constants.MaxSlots,
 		MaxRdzvStandbys:     constants.MaxRdzvStandbys,

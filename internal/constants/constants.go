@@ -247,20 +247,24 @@ const (
 	DefaultPSPort     = 9091  // MXNet scheduler
 )
 
-// Ports are one job's sidecar ports.
-type Ports struct{ Client, Peer, Health, C10d int32 }
+// Ports are one job's sidecar ports. Checkpoint is the in-memory checkpoints' server (peers' copies), only in a pod
+// with checkpoints.
+type Ports struct{ Client, Peer, Health, C10d, Checkpoint int32 }
 
 // DefaultPorts are a job's sidecar ports on pod networking.
-var DefaultPorts = Ports{RdzvClientPort, RdzvPeerPort, SidecarHealthPort, C10dPort}
+var DefaultPorts = Ports{RdzvClientPort, RdzvPeerPort, SidecarHealthPort, C10dPort, CheckpointPort}
 
-// PortsFrom are the ports of a job whose AnnotationRdzvPorts is base: base and the three after it.
-func PortsFrom(base int32) Ports { return Ports{base, base + 1, base + 2, base + 3} }
+// PortSpan is how many ports a job whose AnnotationRdzvPorts is base takes: base and the PortSpan-1 after it.
+const PortSpan = 5
+
+// PortsFrom are the ports of a job whose AnnotationRdzvPorts is base: base and the four after it.
+func PortsFrom(base int32) Ports { return Ports{base, base + 1, base + 2, base + 3, base + 4} }
 
 // Bounds of AnnotationRdzvPorts: above the privileged ports, below the kernel's ephemeral range (32768 on Linux),
 // from which a host's outgoing connections take their ports.
 const (
 	MinRdzvPortBase = 1024
-	MaxRdzvPortBase = 32764
+	MaxRdzvPortBase = 32768 - PortSpan
 )
 
 // NodePortRange is Kubernetes' default range of NodePort Services
@@ -409,6 +413,15 @@ const EnvFromProbePrefix = "ET_ENV_FROM_"
 const (
 	EnvProgressAddr = "ET_PROGRESS_ADDR"
 	ProgressPort    = 2383
+)
+
+// On host networking the node's loopback is every host-network pod's, so a trainer reaches its own sidecar's
+// checkpoint routes and progress not on loopback ports but on Unix sockets in the pod's own files volume, which no
+// other pod sees: EnvCheckpointURL and EnvProgressAddr are then UnixAddrPrefix + the socket's path.
+const (
+	UnixAddrPrefix   = "unix:"
+	CheckpointSocket = FilesDir + "/checkpoint.sock"
+	ProgressSocket   = FilesDir + "/progress.sock"
 )
 
 // Env vars the webhook sets in a candidate's sidecar (AnnotationRdzvStandbys), from the downward API: the Lease's

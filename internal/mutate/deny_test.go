@@ -110,7 +110,7 @@ func TestDenied(t *testing.T) {
 		{"force-delete-lost-pods not StatefulSet names", func(p *corev1.Pod) { p.Annotations[constants.AnnotationForceDeleteLostPods] = "hvd-worker,,Hvd" },
 			[]string{`annotation elastic-training.io/force-delete-lost-pods="hvd-worker,,Hvd" is invalid: want comma-separated names of the job's StatefulSets (DNS labels, at most 64): "" is not a StatefulSet name`}},
 		{"ports below the unprivileged", func(p *corev1.Pod) { p.Annotations[constants.AnnotationRdzvPorts] = "80" },
-			[]string{`annotation elastic-training.io/rdzv-ports="80" is invalid: want a whole number from 1024 to 32764 (the first of 4 ports)`}},
+			[]string{`annotation elastic-training.io/rdzv-ports="80" is invalid: want a whole number from 1024 to 32763 (the first of 5 ports)`}},
 		{"a trainer port on the job's own c10d port", func(p *corev1.Pod) {
 			p.Annotations[constants.AnnotationRdzvPorts] = "20340"
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 20343}}
@@ -184,10 +184,12 @@ func TestDenied(t *testing.T) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: constants.CheckpointVolumeName,
 				VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp"}}})
 		}, []string{"must be an emptyDir with a sizeLimit"}},
-		{"checkpoint volume on host networking", func(p *corev1.Pod) {
+		{"checkpoint port of a host-network job declared by the trainer", func(p *corev1.Pod) {
 			p.Spec.HostNetwork = true
+			p.Annotations[constants.AnnotationRdzvPorts] = "20340"
 			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
-		}, []string{"in-memory checkpoints do not run on host networking yet"}},
+			p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: 20344})
+		}, []string{"spec.containers[0].ports[0]", "port 20344 is the checkpoint server's"}},
 		{"checkpoint port declared by the trainer", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, checkpointVolume())
 			p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: constants.CheckpointPort})

@@ -84,7 +84,7 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
 	}
 	if s.progressOn() {
-		env = append(env, corev1.EnvVar{Name: constants.EnvProgressAddr, Value: progressAddr})
+		env = append(env, corev1.EnvVar{Name: constants.EnvProgressAddr, Value: s.progressAddr()})
 	}
 	return env
 }

@@ -181,7 +181,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 			return err
 		}
 		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointDir, Value: constants.CheckpointSavesDir})
-		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointURL, Value: "http://127.0.0.1:" + strconv.Itoa(constants.CheckpointPort)})
+		setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointURL, Value: s.checkpointURL()})
 		if s.persistDir != "" {
 			setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointPersistDir, Value: s.persistDir})
 			setEnv(e, path, c, corev1.EnvVar{Name: constants.EnvCheckpointPersistEvery, Value: strconv.Itoa(s.persistEvery)})

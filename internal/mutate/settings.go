@@ -50,6 +50,7 @@ type settings struct {
 	forceDeleteLostOf           string          // StatefulSets whose lost pods the serving sidecar force-deletes (AnnotationForceDeleteLostPods)
 	standbys                    int             // indices 1..standbys of the rdzv-host group stand by to serve (AnnotationRdzvStandbys)
 	ports                       constants.Ports // the sidecar's (AnnotationRdzvPorts; default constants.DefaultPorts)
+	hostNetwork                 bool            // the trainer reaches its sidecar on Unix sockets (constants.CheckpointSocket)
 	runID                       string
 	backend                     string
 	minNodes, maxNodes          int
@@ -151,6 +152,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	errs = append(errs, s.parseTLS(ann)...)
 	errs = append(errs, s.parseServeOptions(ann)...)
 	errs = append(errs, s.parseStandbysPorts(ann)...)
+	s.hostNetwork = pod.Spec.HostNetwork
 	errs = append(errs, s.parseAgent(ann, d)...)
 	errs = append(errs, s.parseMPI(ann, d)...)
 	errs = append(errs, s.parsePyTorch(ann)...)
@@ -371,7 +373,7 @@ func (s *settings) parseServeOptions(ann map[string]string) (errs field.ErrorLis
 func (s *settings) parseStandbysPorts(ann map[string]string) (errs field.ErrorList) {
 	s.standbys = parseInt(&errs, ann, constants.AnnotationRdzvStandbys, 0, 0, constants.MaxRdzvStandbys, "")
 	s.ports = constants.DefaultPorts
-	if base := parseInt(&errs, ann, constants.AnnotationRdzvPorts, 0, constants.MinRdzvPortBase, constants.MaxRdzvPortBase, "the first of 4 ports"); base != 0 {
+	if base := parseInt(&errs, ann, constants.AnnotationRdzvPorts, 0, constants.MinRdzvPortBase, constants.MaxRdzvPortBase, fmt.Sprintf("the first of %d ports", constants.PortSpan)); base != 0 {
 		s.ports = constants.PortsFrom(int32(base))
 	}
 	return errs
@@ -615,7 +617,7 @@ func truncate(v string, n int) string {
 }
 
 // parseCheckpoint reads the pod's checkpoint volume (constants.CheckpointVolumeName), if it has one: an emptyDir
-// with a sizeLimit, in a PyTorch worker's pod on the pod network (docs/checkpoints.md).
+// with a sizeLimit, in a PyTorch worker's pod (docs/checkpoints.md).
 func (s *settings) parseCheckpoint(pod *corev1.Pod) (errs field.ErrorList) {
 	i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == constants.CheckpointVolumeName })
 	if i < 0 {
@@ -637,16 +639,13 @@ func (s *settings) parseCheckpoint(pod *corev1.Pod) (errs field.ErrorList) {
 		return append(errs, field.Invalid(path, constants.CheckpointVolumeName, fmt.Sprintf(
 			"%s (volume %s) must be an emptyDir with a sizeLimit (medium: Memory): the bytes the pod's checkpoints may hold, its saves and its copies of other pods' together",
 			path, constants.CheckpointVolumeName)))
-	case pod.Spec.HostNetwork:
-		return append(errs, field.Forbidden(path, fmt.Sprintf("%s (volume %s): in-memory checkpoints do not run on host networking yet (their port %d would be the node's)",
-			path, constants.CheckpointVolumeName, constants.CheckpointPort)))
 	}
 	for ci, c := range pod.Spec.Containers {
 		for pi, p := range c.Ports {
-			if p.ContainerPort == constants.CheckpointPort {
+			if p.ContainerPort == s.ports.Checkpoint {
 				pp := containersPath.Index(ci).Child("ports").Index(pi)
 				errs = append(errs, field.Forbidden(pp, fmt.Sprintf("%s: port %d is the checkpoint server's (volume %s turns it on): use another",
-					pp, constants.CheckpointPort, constants.CheckpointVolumeName)))
+					pp, s.ports.Checkpoint, constants.CheckpointVolumeName)))
 			}
 		}
 	}

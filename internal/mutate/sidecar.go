@@ -75,24 +75,43 @@ func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvUR
 	args = append(args, memberArgs(s, register, fqdn)...)
 	if s.checkpointBytes > 0 {
 		args = append(args, "--checkpoint-dir="+constants.CheckpointSavesDir, "--checkpoint-memory="+strconv.FormatInt(s.checkpointBytes, 10))
+		if s.ports.Checkpoint != constants.CheckpointPort {
+			args = append(args, "--checkpoint-addr=:"+port(s.ports.Checkpoint))
+		}
+		if s.hostNetwork {
+			args = append(args, "--checkpoint-local="+constants.CheckpointSocket)
+		}
 		if s.checkpointReplicas != 1 {
 			args = append(args, "--checkpoint-replicas="+strconv.Itoa(s.checkpointReplicas))
 		}
 	}
 	if s.progressOn() {
-		args = append(args, "--progress-addr="+progressAddr, "--run-id="+s.runID)
+		args = append(args, "--progress-addr="+s.progressAddr(), "--run-id="+s.runID)
 	}
 	return args
 }
 
-// progressAddr is where a PyTorch pod's ranks say their steps (elastic_training.progress): its sidecar, on loopback.
-var progressAddr = "127.0.0.1:" + strconv.Itoa(constants.ProgressPort)
+// progressAddr is where a PyTorch pod's ranks say their steps (elastic_training.progress): its sidecar, on loopback,
+// or on host networking, whose loopback is the node's, a datagram socket in the pod's own files volume.
+func (s *settings) progressAddr() string {
+	if s.hostNetwork {
+		return constants.UnixAddrPrefix + constants.ProgressSocket
+	}
+	return "127.0.0.1:" + strconv.Itoa(constants.ProgressPort)
+}
+
+// checkpointURL is where the trainer asks its sidecar what to load (elastic_training.checkpoint): as progressAddr.
+func (s *settings) checkpointURL() string {
+	if s.hostNetwork {
+		return constants.UnixAddrPrefix + constants.CheckpointSocket
+	}
+	return "http://127.0.0.1:" + strconv.Itoa(constants.CheckpointPort)
+}
 
 // progressOn says whether the pod's ranks report progress to its sidecar (docs/hangs.md): PyTorch on the
-// elastic-training backend, whose rounds the serving sidecar can restart, and not with host networking (every
-// host-network pod of a node shares its loopback).
+// elastic-training backend, whose rounds the serving sidecar can restart.
 func (s *settings) progressOn() bool {
-	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining && s.ports == constants.DefaultPorts
+	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining
 }
 
 func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
@@ -207,7 +226,7 @@ func sidecarPorts(s *settings, mode string) []corev1.ContainerPort {
 			corev1.ContainerPort{Name: "c10d", ContainerPort: s.ports.C10d, Protocol: corev1.ProtocolTCP})
 	}
 	if s.checkpointBytes > 0 {
-		ports = append(ports, corev1.ContainerPort{Name: "checkpoints", ContainerPort: constants.CheckpointPort, Protocol: corev1.ProtocolTCP})
+		ports = append(ports, corev1.ContainerPort{Name: "checkpoints", ContainerPort: s.ports.Checkpoint, Protocol: corev1.ProtocolTCP})
 	}
 	// The health port stays plain HTTP with or without TLS (the sidecar serves
 	// it apart from the client URLs), so the kubelet's HTTP probes keep working.

@@ -256,7 +256,7 @@ func TestUpgradeWithoutReuseValuesSaysSo(t *testing.T) {
 	assert.Contains(t, err.Error(), "add --reuse-values")
 }
 
-// Host networking: the pods run on their node's network, and the sidecar of every pod listens on four ports of the
+// Host networking: the pods run on their node's network, and the sidecar of every pod listens on five ports of the
 // job's own (annotation rdzv-ports), which the rendezvous Service targets, so that two jobs' pods on one node do not
 // collide; the chart and the webhook agree on them.
 func TestHostNetwork(t *testing.T) {
@@ -311,7 +311,7 @@ func TestHostNetwork(t *testing.T) {
 	}{
 		{merge(pinned(t), map[string]any{"framework": "mpi", "hostNetwork": true, "mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}),
 			"hostNetwork: a mpi job's pods listen on fixed ports (MPI's sshd on 22"},
-		{pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 80}), "hostNetworkPortBase: 80 is outside 1024..32764"},
+		{pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 80}), "hostNetworkPortBase: 80 is outside 1024..32763"},
 	} {
 		_, err := render(ch, bad.vals, chartrender.Options{})
 		require.Error(t, err)

@@ -221,7 +221,7 @@ func findObjectIn(t *testing.T, r *chartrender.Rendered, key string) *chartrende
 	return nil
 }
 
-// A host-network job's four ports, picked from its namespace and name, stay below Kubernetes' NodePort range
+// A host-network job's five ports, picked from its namespace and name, stay below Kubernetes' NodePort range
 // (30000-32767) for every name; the pick is kept for the job's life (a job installed by a chart that picked from
 // 20000..30990 keeps its ports on upgrade); a base given in the range is refused at install.
 func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
@@ -240,7 +240,7 @@ func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
 		r, err := chartrender.Render(ch, vals, chartrender.Options{Release: job, Namespace: "train"})
 		require.NoError(t, err)
 		b := baseOf(t, r, job)
-		assert.True(t, b >= 20000 && b+3 < constants.NodePortRange[0], "job %s: base %d", job, b)
+		assert.True(t, b >= 20000 && b+constants.PortSpan-1 < constants.NodePortRange[0], "job %s: base %d", job, b)
 		seen[b] = true
 	}
 	assert.Greater(t, len(seen), 150, "names spread over the range")
@@ -251,7 +251,7 @@ func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
 	r1, err := chartrender.Render(ch, vals, chartrender.Options{Release: "llm18", Namespace: "train", Revision: 1})
 	require.NoError(t, err)
 	picked := baseOf(t, r1, "llm18")
-	assert.Less(t, picked+3, constants.NodePortRange[0])
+	assert.Less(t, picked+constants.PortSpan-1, constants.NodePortRange[0])
 	run := r1.Find("ConfigMap", "llm18-run")
 	require.NotNil(t, run)
 	recorded, _, _ := unstructured.NestedString(run.Object, "data", "rdzv-port-base")
@@ -269,13 +269,13 @@ func TestHostNetworkPortsOutsideNodePortRange(t *testing.T) {
 	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
 	assert.Equal(t, 30400, toInt(ports[0].(map[string]any)["targetPort"]), "an older chart's pick is kept: the Service targets the running pods' port")
 
-	for _, b := range []int{29997, 30000, 31000, 32764} {
+	for _, b := range []int{29996, 30000, 31000, 32763} {
 		_, err := render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": b}), chartrender.Options{})
 		require.Error(t, err, "base %d", b)
 		assert.Contains(t, err.Error(), "overlaps Kubernetes' NodePort range (30000-32767)")
-		assert.Contains(t, err.Error(), "choose a base below 29997")
+		assert.Contains(t, err.Error(), "choose a base below 29996")
 	}
-	_, err = render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 29996}), chartrender.Options{})
+	_, err = render(ch, pytorchJob(t, map[string]any{"hostNetwork": true, "hostNetworkPortBase": 29995}), chartrender.Options{})
 	assert.NoError(t, err)
 }
 

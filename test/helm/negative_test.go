@@ -134,7 +134,10 @@ func TestRejected(t *testing.T) {
 		{"hang.timeout negative", []string{"json:hang={\"timeout\":-1}"}, "at '/hang/timeout'"},
 		{"checkpoint.memory not a quantity", []string{"checkpoint.memory=lots"}, "at '/checkpoint/memory'"},
 		{"checkpoint.memory for MXNet", []string{"framework=mxnet", "checkpoint.memory=1Gi"}, "checkpoint.memory: in-memory checkpoints are for PyTorch jobs (elastic_training.checkpoint), not framework mxnet"},
-		{"checkpoint.memory on host networking", []string{"hostNetwork=true", "checkpoint.memory=1Gi"}, "checkpoint.memory with hostNetwork: in-memory checkpoints do not run on host networking yet"},
+		{"trainer port on a host-network job's checkpoint port", []string{"command={torchrun,t.py}", "hostNetwork=true", "hostNetworkPortBase=21000", "checkpoint.memory=1Gi", "json:ports=[{\"containerPort\":21004}]"},
+			"ports[0].containerPort: 21004 is the in-memory checkpoints' port (checkpoint.memory)"},
+		{"extra container on the checkpoint port", []string{"command={torchrun,t.py}", "checkpoint.memory=1Gi", "extraContainers[0].name=exporter", "extraContainers[0].image=busybox", "json:extraContainers[0].ports=[{\"containerPort\":2382}]"},
+			"extraContainers[0].ports[0].containerPort: 2382 is the in-memory checkpoints' port"},
 		{"a volume named as the checkpoints' own", []string{"command={torchrun,t.py}", "checkpoint.memory=1Gi", `json:volumes=[{"name":"elastic-training-checkpoints","emptyDir":{}}]`}, `volume name "elastic-training-checkpoints" is the chart's own volume (checkpoint.memory adds it)`},
 	}
 	if len(cases) < 20 {

@@ -112,7 +112,10 @@ after the install succeeded, or silently replaced. . = the podTemplate's dict. *
 {{- $ports := include "elastic-training.sidecarPorts" .root | fromYaml -}}
 {{- $taken := dict -}}
 {{- range $k, $default := $c.ports -}}
-{{- $_ := set $taken (toString (index $ports $k)) (index $c.reservedPorts (toString $default)) -}}
+{{- with index $c.reservedPorts (toString $default) -}}{{- $_ := set $taken (toString (index $ports $k)) . -}}{{- end -}}
+{{- end -}}
+{{- if $rv.checkpoint.memory -}}
+{{- $_ := set $taken (toString (index $ports "checkpoint")) "the in-memory checkpoints' port (checkpoint.memory)" -}}
 {{- end -}}
 {{- range $where := list (dict "path" "ports" "list" $rv.ports) (dict "path" (printf "%s.ports" $p) "list" $gv.ports) -}}
 {{- range $j, $port := ($where.list | default list) -}}

@@ -26,14 +26,16 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
   "healthPort": 2381,
   "ports": {
     "c10d": 29400,
+    "checkpoint": 2382,
     "client": 2379,
     "health": 2381,
     "peer": 2380
   },
   "portBase": [
     1024,
-    32764
+    32763
   ],
+  "portSpan": 5,
   "nodePortRange": [
     30000,
     32767

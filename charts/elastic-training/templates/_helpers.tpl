@@ -453,8 +453,8 @@ are the serving pod's (elastic-training.sidecarPorts; the dedicated pod is never
 {{- end }}
 
 {{/*
-The sidecar's ports in the job's pods (YAML: base client peer health c10d). On pod networking the defaults; on host
-networking (hostNetwork) four of the job's own, from hostNetworkPortBase or from the job's namespace and name, so
+The sidecar's ports in the job's pods (YAML: base client peer health c10d checkpoint). On pod networking the defaults;
+on host networking (hostNetwork) five of the job's own, from hostNetworkPortBase or from the job's namespace and name, so
 that two jobs' pods on one node do not share them (the webhook reads the base from annotation rdzv-ports). A pod
 declares its sidecar's ports: Kubernetes schedules at most one pod of a host-network job per node.
 */}}
@@ -466,6 +466,7 @@ client: {{ $base }}
 peer: {{ add $base 1 }}
 health: {{ add $base 2 }}
 c10d: {{ add $base 3 }}
+checkpoint: {{ add $base 4 }}
 {{- else -}}
 base: 0
 {{ (include "elastic-training.contract" . | fromJson).ports | toYaml }}

@@ -122,9 +122,6 @@ unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is 
 {{- if ne $v.framework "pytorch" -}}
 {{- fail (printf "checkpoint.memory: in-memory checkpoints are for PyTorch jobs (elastic_training.checkpoint), not framework %s: unset it" $v.framework) -}}
 {{- end -}}
-{{- if $v.hostNetwork -}}
-{{- fail "checkpoint.memory with hostNetwork: in-memory checkpoints do not run on host networking yet (their port 2382 would be the node's): unset one" -}}
-{{- end -}}
 {{- with $v.checkpoint.persistDir -}}
 {{- $dir := . -}}
 {{- $on := false -}}
@@ -145,12 +142,13 @@ unseen. Anything but values.yaml's defaults (.Files cannot read values.yaml) is 
 {{- fail (printf "hostNetwork: a %s job's pods listen on fixed ports (MPI's sshd on 22, MXNet's psPort), which two jobs on one node would share: host networking is for PyTorch jobs" $v.framework) -}}
 {{- end -}}
 {{- $b := int $v.hostNetworkPortBase -}}
+{{- $more := sub (int $c.portSpan) 1 -}}
 {{- if and $b (or (lt $b (index $c.portBase 0 | int)) (gt $b (index $c.portBase 1 | int))) -}}
-{{- fail (printf "hostNetworkPortBase: %d is outside %v..%v (above the privileged ports, below the kernel's ephemeral range; the sidecar takes it and the 3 after it)" $b (index $c.portBase 0) (index $c.portBase 1)) -}}
+{{- fail (printf "hostNetworkPortBase: %d is outside %v..%v (above the privileged ports, below the kernel's ephemeral range; the sidecar takes it and the %d after it)" $b (index $c.portBase 0) (index $c.portBase 1) $more) -}}
 {{- end -}}
 {{- $np := $c.nodePortRange -}}
-{{- if and $b (not $.Release.IsUpgrade) (ge (add $b 3) (int (index $np 0))) (le $b (int (index $np 1))) -}}
-{{- fail (printf "hostNetworkPortBase: %d..%d overlaps Kubernetes' NodePort range (%v-%v), whose ports kube-proxy holds on every node: choose a base below %d (or 0, which picks one)" $b (add $b 3) (index $np 0) (index $np 1) (sub (int (index $np 0)) 3)) -}}
+{{- if and $b (not $.Release.IsUpgrade) (ge (add $b $more) (int (index $np 0))) (le $b (int (index $np 1))) -}}
+{{- fail (printf "hostNetworkPortBase: %d..%d overlaps Kubernetes' NodePort range (%v-%v), whose ports kube-proxy holds on every node: choose a base below %d (or 0, which picks one)" $b (add $b $more) (index $np 0) (index $np 1) (sub (int (index $np 0)) $more)) -}}
 {{- end -}}
 {{- end -}}
 {{- /* Whoever runs as the serving pods' account can move the job's rendezvous (rbac.yaml): never the namespace's
