@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/jobstatus"
+	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/test/e2e/framework"
 )
 
@@ -99,10 +101,14 @@ func checkEscapeHatches(t *testing.T, c *framework.Cluster, ns, job string, pod 
 }
 
 // TestHostNetworkJobsShareANode: two PyTorch jobs on host networking (hostNetwork) train side by side on one node
-// (node2, whose network is its own namespace). Each pod's rendezvous sidecar listens on four ports of its job's own,
+// (node2, whose network is its own namespace). Each pod's rendezvous sidecar listens on five ports of its job's own,
 // the first from annotation rdzv-ports (the chart's pick for one job, a given hostNetworkPortBase for the other), so
 // nothing collides on the node's ports; both trainers train, each through its own rendezvous reached through its
-// Service, and each sidecar serves /readyz on its job's health port at the node's address.
+// Service, and each sidecar serves /readyz on its job's health port at the node's address. Both jobs keep in-memory
+// checkpoints and report progress, which on host networking go over Unix sockets in each pod's own volume (the
+// node's loopback is both pods'): each trainer loads (asks its sidecar for the newest save) and saves through its
+// socket, its sidecar serves the peers on the job's fifth port, and each job's status shows its ranks' step, which
+// only the progress datagrams on the pod's socket carry.
 func TestHostNetworkJobsShareANode(t *testing.T) {
 	t.Parallel() // no figure to keep honest: see main_test.go
 	c, ns := startTest(t)
@@ -114,6 +120,7 @@ func TestHostNetworkJobsShareANode(t *testing.T) {
 		set(v, "hostNetworkPortBase", base)
 		set(v, "nodeSelector", map[string]any{"kubernetes.io/hostname": node})
 		set(v, "args", []any{"--steps=100000", "--step-seconds=0.5"})
+		set(v, "checkpoint.memory", "256Mi")
 		return v
 	}
 	first := installTraining(t, c, ns, "hosta", values(0), 1)
@@ -147,6 +154,36 @@ func TestHostNetworkJobsShareANode(t *testing.T) {
 			fmt.Sprintf("import urllib.request; print(urllib.request.urlopen('http://%s:%d/readyz', timeout=5).read().decode())", x.pod.Status.HostIP, health))
 		if err != nil || !strings.HasPrefix(out, "ok") {
 			t.Errorf("%s: /readyz on %s:%d: %v %q", x.pod.Name, x.pod.Status.HostIP, health, err, out)
+		}
+	}
+	for _, x := range []struct {
+		job  string
+		pod  corev1.Pod
+		base int
+	}{{"hosta", a[0], baseA}, {"hostb", b[0], baseB}} {
+		workerJob := naming.Workload(x.job, "worker")
+		c.WaitFor(t, time.Minute, x.job+"'s status has a step and its sidecar a save", func(ctx context.Context) (bool, error) {
+			j, err := c.Client.BatchV1().Jobs(ns).Get(ctx, workerJob, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			step := j.Annotations[jobstatus.Step]
+			if step == "" || strings.HasPrefix(step, "-") {
+				return false, fmt.Errorf("Job %s: %s=%q", workerJob, jobstatus.Step, step)
+			}
+			if logs := c.PodLogs(t, ns, x.pod.Name, constants.SidecarContainerName); !strings.Contains(logs, "checkpoint saved") {
+				return false, fmt.Errorf("%s: no save announced by its sidecar yet", x.pod.Name)
+			}
+			t.Logf("%s: status step %s, a save announced, over the pod's sockets", x.job, step)
+			return true, nil
+		})
+		sidecarLogs, trainerLogs := c.PodLogs(t, ns, x.pod.Name, constants.SidecarContainerName), c.PodLogs(t, ns, x.pod.Name, trainer)
+		want := fmt.Sprintf(`msg="in-memory checkpoints" .*addr=\S*:%d trainer=%s `, constants.PortsFrom(int32(x.base)).Checkpoint, regexp.QuoteMeta(constants.CheckpointSocket))
+		if !regexp.MustCompile(want).MatchString(sidecarLogs) {
+			t.Errorf("%s: the sidecar's checkpoints are not on the job's fifth port and the pod's socket (want %s)", x.pod.Name, want)
+		}
+		if !strings.Contains(trainerLogs, "checkpoints=memory") || strings.Contains(trainerLogs, "telling the sidecar") {
+			t.Errorf("%s: the trainer did not load and save through its sidecar's socket:\n%s", x.pod.Name, trainerLogs[max(0, len(trainerLogs)-2000):])
 		}
 	}
 	c.HelmUninstall(t, ns, "hostb", 2*time.Minute)

@@ -21,11 +21,15 @@ var (
 	stepRe   = regexp.MustCompile(`STEP (\d+) rank=\d+ world=\d+`)
 )
 
-// startHung is agent i of o with its joining sidecar hearing its ranks' progress (as the webhook sets both up).
-func (o *ownRdzv) startHung(t testing.TB, i int, runID string, port int) node {
+// startHung is agent i of o with its joining sidecar hearing its ranks' progress (as the webhook sets both up): on
+// loopback, or with hostNet on a Unix socket of the pod's own, as on host networking.
+func (o *ownRdzv) startHung(t testing.TB, i int, runID string, port int, hostNet bool) node {
 	t.Helper()
 	host := fmt.Sprintf("127.0.0.%d", i+1)
 	addr := fmt.Sprintf("%s:%d", host, port)
+	if hostNet {
+		addr = constants.UnixAddrPrefix + filepath.Join(t.TempDir(), "progress.sock")
+	}
 	join := startJoin(t, o.s.URL, host, 1, "", fmt.Sprintf("--member-index=%d", i), "--progress-addr="+addr, "--run-id="+runID,
 		"--c10d-addr="+fmt.Sprintf("%s:%d", host, testenv.FreePort(t)), "--c10d-upstream="+o.s.C10d)
 	script, err := filepath.Abs("testdata/hang_train.py")
@@ -36,11 +40,12 @@ func (o *ownRdzv) startHung(t testing.TB, i int, runID string, port int) node {
 }
 
 // freezeOne starts two agents of run with their joining sidecars, waits until both train, and freezes the second's
-// worker (SIGSTOP; SIGCONT at the test's end): the agents, each one's output length at the freeze, and when.
+// worker (SIGSTOP; SIGCONT at the test's end): the agents, each one's output length at the freeze, and when. The
+// second pod is as on host networking (its ranks' progress on a Unix socket), so that both ways are heard.
 func (o *ownRdzv) freezeOne(t testing.TB, run string) (a, b node, before []int, frozen time.Time) {
 	t.Helper()
 	port := testenv.FreePort(t)
-	a, b = o.startHung(t, 0, run, port), o.startHung(t, 1, run, port)
+	a, b = o.startHung(t, 0, run, port, false), o.startHung(t, 1, run, port, true)
 	testenv.Eventually(t, 120*time.Second, "both train", func() error {
 		for _, n := range []node{a, b} {
 			if len(stepRe.FindAllString(n.agent.Output(), -1)) < 2 {
@@ -100,8 +105,9 @@ func TestHangRestartsTheRound(t *testing.T) {
 		})
 		t.Logf("torch %s: a frozen worker -> both agents train again %s after the freeze (hang timeout 10 s)", tr.version, time.Since(frozen).Round(100*time.Millisecond))
 		require.Regexp(t, `round 1 hung: no rank advanced for 1\ds \(timeout 10s\)`, o.s.Output())
-		// b's worker is named, frozen: its heartbeat stopped while a's, blocked in its all_reduce, went on. By the
-		// steps alone the two could not be told apart when b froze before its step's all_reduce (docs/hangs.md).
+		// b's worker is named, frozen: its heartbeat (on b's Unix socket) stopped while a's, blocked in its
+		// all_reduce, went on. By the steps alone the two could not be told apart when b froze before its step's
+		// all_reduce (docs/hangs.md).
 		require.Regexp(t, `stopped_first="rank 1 \(127\.0\.0\.2\) at step \d+, frozen \(silent 1\ds\)"`, o.s.Output())
 		t.Logf("b (frozen) is %s: %s", b.host, regexp.MustCompile(`stopped_first="[^"]*"`).FindString(o.s.Output()))
 		for _, n := range []node{a, b} {
