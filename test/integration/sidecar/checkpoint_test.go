@@ -209,7 +209,8 @@ func TestCheckpointPersistsToTheVolume(t *testing.T) {
 
 // A save holds the state as it was when save() returned, though the loop changes it in place while the write goes
 // on: on torch 2.6, whose own async_save would write the changed tensors (it stages a CPU tensor as itself), and
-// 2.14. Two ranks, no sidecar (the directory alone).
+// 2.14; the next save of the same layout is staged into the same memory with its own values, and one of another
+// layout anew. Two ranks, no sidecar (the directory alone).
 func TestCheckpointSaveIsASnapshot(t *testing.T) {
 	forEachTorch(t, func(t *testing.T, tr trainer) {
 		script, err := filepath.Abs("testdata/checkpoint_snapshot.py")
@@ -225,7 +226,9 @@ func TestCheckpointSaveIsASnapshot(t *testing.T) {
 		p := tr.startAgent(t, "torchrun", env, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
 			fmt.Sprintf("--rdzv-endpoint=127.0.0.1:%d", testenv.FreePort(t)), "--local-addr=127.0.0.1", script)
 		require.NoError(t, p.Wait(t, 180*time.Second), p.Output())
-		require.Contains(t, p.Output(), "SNAPSHOT min=0.0 max=0.0", "the saved step holds the state at save()")
+		require.Contains(t, p.Output(), "SNAPSHOT min=0.0 max=0.0 n=1", "the saved step holds the state at save()")
+		require.Contains(t, p.Output(), "REUSED True min=20.0 max=20.0 n=2", "the next save of the same layout, staged into the same memory, holds its own values")
+		require.Contains(t, p.Output(), "RESTAGED w=7.0..7.0 m=[5.0, 5.0, 5.0] n=3", "a save of another layout is staged anew")
 		heard := map[string]bool{}
 		buf := make([]byte, 64)
 		for len(heard) < 2 {
