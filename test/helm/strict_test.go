@@ -9,6 +9,8 @@ import (
 	"sigs.k8s.io/yaml"
 	volcanov1beta1 "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
@@ -25,6 +27,8 @@ func TestObjectsDecodeStrictly(t *testing.T) {
 		// Who serves the rendezvous (internal/servinglease): the chart makes them, the sidecars write them.
 		"Lease": true, "EndpointSlice": true,
 		"PodGroup": true, // queue.volcano: Volcano's gang of the job
+		// monitoring.*: the Prometheus Operator's, in the job's namespace.
+		"PodMonitor": true, "PrometheusRule": true,
 	}
 	for _, sc := range scenarios(t) {
 		t.Run(sc.name, func(t *testing.T) {
@@ -59,13 +63,18 @@ func decodeStrictly(t *testing.T, o chartrender.Object) {
 	t.Errorf("%s: unknown apiVersion %s", o.Key(), apiVersion)
 }
 
-// strictScheme knows Kubernetes' kinds and Volcano's PodGroup (volcano.sh/apis, Volcano's own Go types).
+// strictScheme knows Kubernetes' kinds, Volcano's PodGroup (volcano.sh/apis, Volcano's own Go types) and the
+// Prometheus Operator's PodMonitor and PrometheusRule (its own Go types; test/e2e/chart sends them to an API server
+// serving its CRDs of the same version).
 var strictScheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := scheme.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	if err := volcanov1beta1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := monitoringv1.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	return s

@@ -847,7 +847,8 @@ func TestWebhookChartHostNetwork(t *testing.T) {
 }
 
 // TestJobInstallerRights: the webhook chart gives namespace admins and editors what a job's objects need beyond the
-// built-in roles (writing EndpointSlices and Volcano PodGroups, aggregated into admin and edit) and lets the
+// built-in roles (writing EndpointSlices, Volcano PodGroups and the Prometheus Operator's PodMonitors and
+// PrometheusRules, aggregated into admin and edit) and lets the
 // authenticated read StorageClasses (the persistence check's lookup); both can be turned off. Proven on the cluster
 // by test/e2e/chart's TestServerSideDryRun (as a namespace admin) and test/e2e/workloads' chart-defaults job.
 func TestJobInstallerRights(t *testing.T) {
@@ -856,12 +857,14 @@ func TestJobInstallerRights(t *testing.T) {
 	role := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-job-installer"))
 	assert.Equal(t, "true", role.Labels["rbac.authorization.k8s.io/aggregate-to-admin"])
 	assert.Equal(t, "true", role.Labels["rbac.authorization.k8s.io/aggregate-to-edit"])
-	require.Len(t, role.Rules, 2)
+	require.Len(t, role.Rules, 3)
 	assert.Equal(t, []string{"discovery.k8s.io"}, role.Rules[0].APIGroups)
 	assert.Equal(t, []string{"endpointslices"}, role.Rules[0].Resources)
 	assert.Contains(t, role.Rules[0].Verbs, "create")
 	assert.Contains(t, role.Rules[0].Verbs, "patch")
 	assert.Equal(t, []string{"podgroups"}, role.Rules[1].Resources)
+	assert.Equal(t, []string{"monitoring.coreos.com"}, role.Rules[2].APIGroups)
+	assert.Equal(t, []string{"podmonitors", "prometheusrules"}, role.Rules[2].Resources, "the job chart's monitoring values")
 	reader := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-storageclass-reader"))
 	assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses"}, Verbs: []string{"get", "list"}}}, reader.Rules)
 	binding := convert[rbacv1.ClusterRoleBinding](t, r.Find("ClusterRoleBinding", name+"-storageclass-reader"))

@@ -59,13 +59,15 @@ func clients(t *testing.T, c *cluster) (dynamic.Interface, meta.RESTMapper, disc
 
 // TestServerSideDryRun sends every object of every scenario to the real kube-apiserver as a server-side dry-run
 // create with strict field validation, as a user bound to the built-in admin ClusterRole of the namespace alone:
-// the schema, defaulting and validation of Kubernetes accept it, every object is namespaced, and namespace rights,
+// the schema, defaulting and validation of Kubernetes (and of the Prometheus Operator's CRDs) accept it, every
+// object is namespaced, and namespace rights,
 // with what the webhook chart aggregates into them, are enough to create it (authorization and RBAC's escalation
 // check run on a dry-run too). Without the webhook chart's rights the same user may not, and its install with
 // persistence cannot read the StorageClass.
 func TestServerSideDryRun(t *testing.T) {
 	c := getCluster(t)
 	ch := chartrender.Load(t, chartDir)
+	installMonitoringCRDs(t, c) // ci/monitoring-values.yaml's PodMonitor and PrometheusRule
 	_, mapper, _ := clients(t, c)
 	ns := c.namespace(t)
 	user := c.AsNamespaceUser(t, ns, "admin")
