@@ -19,12 +19,29 @@ import (
 
 const calls = 200_000
 
+// BenchmarkProgressCall: on pod networking (UDP on loopback) and on host networking (a Unix datagram socket, as
+// the webhook sets ET_PROGRESS_ADDR=unix:<path> there).
 func BenchmarkProgressCall(b *testing.B) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pc.Close()
+	b.Run("udp", func(b *testing.B) {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pc.Close()
+		benchProgress(b, pc, pc.LocalAddr().String())
+	})
+	b.Run("unixgram", func(b *testing.B) {
+		path := filepath.Join(b.TempDir(), "progress.sock")
+		pc, err := net.ListenPacket("unixgram", path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pc.Close()
+		benchProgress(b, pc, "unix:"+path)
+	})
+}
+
+func benchProgress(b *testing.B, pc net.PacketConn, addr string) {
 	var heard, bad atomic.Int64
 	go func() {
 		buf := make([]byte, progress.MaxUpdate+1)
@@ -55,7 +72,7 @@ for name, f in (("noop", noop), ("progress", elastic_training.progress)):
     for i in range(%d):
         f(i, %d)
     print(name, (time.perf_counter() - t) / %d * 1e6)
-`, pkg, pc.LocalAddr().String(), calls, calls, calls)
+`, pkg, addr, calls, calls, calls)
 	for range b.N {
 		heard.Store(0)
 		out, err := exec.Command("python3", "-c", script).CombinedOutput()
@@ -71,7 +88,7 @@ for name, f in (("noop", noop), ("progress", elastic_training.progress)):
 		}
 		b.ReportMetric(us["progress"], "us/progress-call")
 		b.ReportMetric(us["noop"], "us/empty-call")
-		fmt.Printf("elastic_training.progress: %.1f us a call (an empty Python call: %.2f us, ratio %.0f); the reader heard %d of %d (%d refused)\n",
-			us["progress"], us["noop"], us["progress"]/max(us["noop"], 1e-9), heard.Load(), calls, bad.Load())
+		fmt.Printf("elastic_training.progress to %s: %.1f us a call (an empty Python call: %.2f us, ratio %.0f); the reader heard %d of %d (%d refused)\n",
+			pc.LocalAddr().Network(), us["progress"], us["noop"], us["progress"]/max(us["noop"], 1e-9), heard.Load(), calls, bad.Load())
 	}
 }
