@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -35,6 +36,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/membudget"
 	"github.com/elastic-training/elastic-training/internal/naming"
 	"github.com/elastic-training/elastic-training/internal/podcmd"
+	"github.com/elastic-training/elastic-training/internal/podreplace"
 	"github.com/elastic-training/elastic-training/internal/sidecar"
 	"github.com/elastic-training/elastic-training/internal/tcpstore"
 	"github.com/elastic-training/elastic-training/internal/torchbackends/v2api"
@@ -196,6 +198,7 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 	fs.IntVar(&m.Member.Slots, "member-slots", 1, "slots (processes/accelerators) of this member")
 	fs.StringVar(&m.Member.Group, "member-group", "worker", "worker group of this member")
 	fs.IntVar(&m.Member.Index, "member-index", 0, "index of this member within its group")
+	fs.StringVar(&m.Member.Pod, "member-pod", os.Getenv(constants.EnvPodName), "this pod's name (default $"+constants.EnvPodName+"): how the serving sidecar names it to the webhook when hangs are blamed on it")
 	fs.StringVar(&m.Member.Node, "member-node", os.Getenv(constants.EnvNodeName), "the node this pod runs on (default $"+constants.EnvNodeName+"): copies of in-memory checkpoints go to other nodes first")
 	fs.StringVar(&m.Prefix, "members-prefix", constants.MembersPrefix, "etcd v3 key prefix of the membership")
 	cp := &o.Checkpoint
@@ -308,6 +311,9 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.DurationVar(&cfg.Etcd.ReadyTimeout, "ready-timeout", time.Minute, "give up if etcd is not ready within this")
 	fs.BoolVar(&cfg.Hang.Enabled, "hang", true, "restart a round of the elastic-training backend whose ranks reported progress and then none advanced for --hang-timeout (a Warning Event TrainingHung names the rank that stopped first)")
 	fs.DurationVar(&cfg.Hang.Timeout, "hang-timeout", 0, "time without any rank's progress that is a hang (0: the larger of 60s and ten median steps)")
+	fs.IntVar(&cfg.Hang.Replace.After, "hang-replace-after", 2, "hangs blamed on one pod (its ranks frozen or absent) before the webhook at --replace-url is asked to replace it (0: never)")
+	fs.StringVar(&cfg.Hang.Replace.URL, "replace-url", "", "the webhook's URL for replacing a pod of the job (https://.../replace-pod; empty: hangs restart the round and nothing more), asked with this pod's token for the webhook in "+constants.TokenDir+"/"+podreplace.TokenPath)
+	replaceCA := fs.String("replace-ca", os.Getenv(constants.EnvWebhookCA), "the CA (PEM) of the webhook's serving certificate (default $"+constants.EnvWebhookCA+")")
 	fs.StringVar(&cfg.EventsJob, "events-job", "", "record each torch rendezvous round as an Event on this Job of the pod's namespace (needs the pod's token in "+constants.TokenDir+" and RBAC: create events, get the Job)")
 	fs.Func("backend", "the job's torchrun rendezvous backend ("+strings.Join(constants.Backends, ", ")+"): only its handlers see the stores' writes (the elastic-training backend's rounds; torch's c10d state for the view and the survivors' restarter; torch's etcd state for the view); empty: every backend's", func(v string) error {
 		if v != "" && !slices.Contains(constants.Backends, v) {
@@ -335,7 +341,11 @@ func serveCmd(args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.Lease.Identity, "pod-name", os.Getenv(constants.EnvPodName), "this pod's name, the Lease's holder (default $"+constants.EnvPodName+")")
 	fs.StringVar(&cfg.Lease.Address, "pod-ip", os.Getenv(constants.EnvPodIP), "this pod's IP, the rendezvous Service's endpoint while it holds the Lease (default $"+constants.EnvPodIP+")")
 	d := addDaemonFlags(fs, &cfg.Options)
-	return d.run(fs, args, stderr, func(ctx context.Context) error { return sidecar.Serve(ctx, cfg) })
+	return d.run(fs, args, stderr, func(ctx context.Context) error {
+		cfg.Hang.Replace.CA = []byte(*replaceCA)
+		cfg.Hang.Replace.TokenFile = filepath.Join(constants.TokenDir, podreplace.TokenPath)
+		return sidecar.Serve(ctx, cfg)
+	})
 }
 
 func joinCmd(args []string, _, stderr io.Writer) error {

@@ -98,6 +98,11 @@ const (
 	// the serving sidecar's rule (the larger of 60 s and ten median steps). The job chart renders it only when
 	// hang.enabled or hang.timeout is not the default, so a default job needs no newer webhook.
 	AnnotationHangTimeout = Domain + "/hang-timeout"
+	// AnnotationHangReplaceAfter: hangs blamed on one pod before the serving sidecar has the webhook replace it, 0 for
+	// never (internal/podreplace); absent: the sidecar's default, 2. Rendered only when hang.replaceAfter is not 2.
+	AnnotationHangReplaceAfter = Domain + "/hang-replace-after"
+	// MaxHangReplaceAfter bounds it: more hangs than this on one pod are a job to stop, not to wait out.
+	MaxHangReplaceAfter = 100
 	// AnnotationCheckpointReplicas: copies of each piece of an in-memory checkpoint on other pods (docs/checkpoints.md);
 	// absent: 1. Rendered by the job chart only when checkpoint.replicas is not 1.
 	AnnotationCheckpointReplicas = Domain + "/checkpoint-replicas"
@@ -174,7 +179,7 @@ var PodAnnotations = []string{AnnotationFramework, AnnotationMinNodes, Annotatio
 	AnnotationRdzvTLSSecret, AnnotationSlots, AnnotationContainer, AnnotationMPIFlavour, AnnotationNumServers,
 	AnnotationNumWorkers, AnnotationPSPort, AnnotationRdzvEvents, AnnotationRdzvRestartSurvivors,
 	AnnotationForceDeleteLostPods, AnnotationRdzvStandbys, AnnotationRdzvPorts, AnnotationContract,
-	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationCheckpointReplicas, AnnotationCheckpointPersist,
+	AnnotationSidecarResources, AnnotationHangTimeout, AnnotationHangReplaceAfter, AnnotationCheckpointReplicas, AnnotationCheckpointPersist,
 	AnnotationCheckpointPersistEvery, AnnotationWarmStart, AnnotationRdzvLeaseTTL}
 
 // MinLeaseTTL and MaxLeaseTTL bound AnnotationRdzvLeaseTTL, in seconds: etcd grants no shorter lease, and a member
@@ -429,4 +434,7 @@ const (
 const (
 	EnvPodName = "POD_NAME"
 	EnvPodIP   = "POD_IP"
+	// EnvWebhookCA is the CA (PEM) of the webhook's serving certificate, in a serving sidecar that may ask it to
+	// replace a pod (internal/podreplace).
+	EnvWebhookCA = "ET_WEBHOOK_CA"
 )

@@ -18,6 +18,9 @@ type Member struct {
 	// Node is the node the member's pod runs on, where its sidecar knows it (in-memory checkpoints place copies
 	// on other nodes first); members registered by an earlier sidecar have none.
 	Node string `json:"node,omitempty"`
+	// Pod is the member's pod name, where its sidecar knows it: the serving sidecar names a pod blamed for repeated
+	// hangs to the webhook by it (internal/podreplace).
+	Pod string `json:"pod,omitempty"`
 }
 
 // Validate refuses a member that real launchers choke on: slots ≤ 0 (Hydra

@@ -28,6 +28,16 @@ type Config struct {
 	Version string
 	// Defaults for settings a pod does not carry.
 	Defaults Defaults
+	// PodReplacement, when its URL is set, lets a serving sidecar ask the webhook to replace a pod of its job
+	// after repeated hangs blamed on it (internal/podreplace): the sidecar gets the URL, the CA and a token for it.
+	PodReplacement PodReplacement
+}
+
+// PodReplacement is where a serving sidecar asks for a replacement: the webhook's URL (https, podreplace.Path) and
+// the CA of its serving certificate (PEM). Without both, a pod's hangs restart its round and nothing more.
+type PodReplacement struct {
+	URL string
+	CA  []byte
 }
 
 // Defaults are the values used when a pod's annotations do not say otherwise.

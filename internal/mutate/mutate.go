@@ -137,7 +137,7 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 		}
 	}
 	if serving {
-		if err := setTokenVolume(e); err != nil {
+		if err := setTokenVolume(e, s); err != nil {
 			return err
 		}
 	}

@@ -30,6 +30,9 @@ func testConfig() Config {
 	cfg.ExtraAccelerators = []string{"example.com/tpu"}
 	cfg.WebhookNamespace = "elastic-training-system"
 	cfg.Version = "0.1.0"
+	// As the webhook chart installs it: serving sidecars of PyTorch on the own backend may ask for a replacement.
+	cfg.PodReplacement = PodReplacement{URL: "https://elastic-training-webhook.elastic-training-system.svc:443/replace-pod",
+		CA: []byte("-----BEGIN CERTIFICATE-----\nMIIBtestCA\n-----END CERTIFICATE-----\n")}
 	return cfg
 }
 

@@ -112,7 +112,7 @@ func setSecretVolume(e *editor, name, secret string) error {
 
 // setTokenVolume adds tokenVolume; a pod volume of that name that is not a
 // projected volume is a conflict.
-func setTokenVolume(e *editor) error {
+func setTokenVolume(e *editor, s *settings) error {
 	for _, v := range e.pod.Spec.Volumes {
 		if v.Name == constants.TokenVolumeName {
 			if v.Projected == nil {
@@ -121,7 +121,7 @@ func setTokenVolume(e *editor) error {
 			return nil
 		}
 	}
-	appendTo(e, "/spec/volumes", &e.pod.Spec.Volumes, tokenVolume())
+	appendTo(e, "/spec/volumes", &e.pod.Spec.Volumes, tokenVolume(s))
 	return nil
 }
 

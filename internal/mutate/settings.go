@@ -57,13 +57,15 @@ type settings struct {
 	joinTimeout, lastCall       int
 	closeTimeout                int
 	maxRestarts                 int
-	monitor                     float64 // seconds; the job's own, or the webhook's scaled to maxNodes (monitorInterval)
-	monitorSet                  bool    // the job set monitor (AnnotationMonitorInterval)
-	hangOff                     bool    // AnnotationHangTimeout "off": no round is restarted for a hang
-	warmStart                   string  // AnnotationWarmStart: "" (absent), "true" or "false"
-	hangTimeout                 int     // AnnotationHangTimeout in seconds; 0: the serving sidecar's rule
-	leaseTTL                    int     // AnnotationRdzvLeaseTTL in seconds; 0: the sidecar's default
-	checkpointReplicas          int     // AnnotationCheckpointReplicas, with the checkpoint volume
+	monitor                     float64        // seconds; the job's own, or the webhook's scaled to maxNodes (monitorInterval)
+	monitorSet                  bool           // the job set monitor (AnnotationMonitorInterval)
+	hangOff                     bool           // AnnotationHangTimeout "off": no round is restarted for a hang
+	warmStart                   string         // AnnotationWarmStart: "" (absent), "true" or "false"
+	hangTimeout                 int            // AnnotationHangTimeout in seconds; 0: the serving sidecar's rule
+	hangReplaceAfter            int            // AnnotationHangReplaceAfter; -1: absent (the sidecar's default), 0: never
+	replace                     PodReplacement // the webhook's, when this pod's serving sidecar may ask it (replaces)
+	leaseTTL                    int            // AnnotationRdzvLeaseTTL in seconds; 0: the sidecar's default
+	checkpointReplicas          int            // AnnotationCheckpointReplicas, with the checkpoint volume
 	keepAlive                   int
 	keepAliveAttempts           int
 	flavour                     string
@@ -158,6 +160,7 @@ func parseSettings(pod *corev1.Pod, cfg Config) (*settings, error) {
 	errs = append(errs, s.parsePyTorch(ann)...)
 	errs = append(errs, s.parseMXNet(ann)...)
 	errs = append(errs, s.parseCheckpoint(pod)...)
+	s.replace = cfg.PodReplacement
 	return s, denial(errs)
 }
 
@@ -397,6 +400,7 @@ func (s *settings) parseAgent(ann map[string]string, d Defaults) (errs field.Err
 	default:
 		s.hangTimeout = parseInt(&errs, ann, constants.AnnotationHangTimeout, 0, 1, 86400, `seconds, or "off"`)
 	}
+	s.hangReplaceAfter = parseInt(&errs, ann, constants.AnnotationHangReplaceAfter, -1, 0, constants.MaxHangReplaceAfter, "hangs, 0 for never")
 	return errs
 }
 

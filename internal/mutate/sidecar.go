@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/elastic-training/elastic-training/internal/constants"
+	"github.com/elastic-training/elastic-training/internal/podreplace"
 )
 
 // Sidecar modes (the first argument of rdzv-sidecar).
@@ -114,6 +115,13 @@ func (s *settings) progressOn() bool {
 	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining
 }
 
+// replaces says whether the pod's serving sidecar may have the webhook replace a pod of the job blamed for
+// repeated hangs (internal/podreplace): hangs are on, the job did not set hang.replaceAfter to 0, and the webhook
+// says where to ask and which CA signs its certificate.
+func (s *settings) replaces() bool {
+	return s.progressOn() && !s.hangOff && s.hangReplaceAfter != 0 && s.replace.URL != "" && len(s.replace.CA) > 0
+}
+
 func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
 	args := []string{modeServe,
 		"--data-dir=" + constants.DataDir,
@@ -154,6 +162,12 @@ func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {
 				args = append(args, "--hang=false")
 			case s.hangTimeout > 0:
 				args = append(args, "--hang-timeout="+strconv.Itoa(s.hangTimeout)+"s")
+			}
+			if s.replaces() {
+				args = append(args, "--replace-url="+s.replace.URL)
+				if s.hangReplaceAfter > 0 {
+					args = append(args, "--hang-replace-after="+strconv.Itoa(s.hangReplaceAfter))
+				}
 			}
 		}
 	}
@@ -211,6 +225,14 @@ func sidecarEnv(s *settings, mode string) []corev1.EnvVar {
 		env = append(env,
 			corev1.EnvVar{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
 			corev1.EnvVar{Name: constants.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
+	}
+	if s.replaces() {
+		if mode == modeServe {
+			env = append(env, corev1.EnvVar{Name: constants.EnvWebhookCA, Value: string(s.replace.CA)})
+		} else {
+			// A member names its pod (membership.Member.Pod), so that the serving sidecar can name it to the webhook.
+			env = append(env, corev1.EnvVar{Name: constants.EnvPodName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}})
+		}
 	}
 	if s.checkpointBytes > 0 {
 		env = append(env, corev1.EnvVar{Name: constants.EnvNodeName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"}}})
@@ -332,9 +354,10 @@ func sidecarSecurityContext() *corev1.SecurityContext {
 }
 
 // tokenVolume is the serving sidecar's API token (constants.TokenVolumeName):
-// what the kubelet mounts for automountServiceAccountToken, for one container.
-func tokenVolume() corev1.Volume {
-	return corev1.Volume{Name: constants.TokenVolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+// what the kubelet mounts for automountServiceAccountToken, for one container; and, where it may ask for a pod's
+// replacement, its token for the webhook (an audience of its own: the API token is never sent to the webhook).
+func tokenVolume(s *settings) corev1.Volume {
+	v := corev1.Volume{Name: constants.TokenVolumeName, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 		Sources: []corev1.VolumeProjection{
 			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To[int64](constants.TokenExpirationSeconds)}},
 			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
@@ -344,4 +367,9 @@ func tokenVolume() corev1.Volume {
 		},
 		DefaultMode: ptr.To[int32](0o644),
 	}}}
+	if s.replaces() {
+		v.Projected.Sources = append(v.Projected.Sources, corev1.VolumeProjection{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+			Audience: podreplace.Audience, Path: podreplace.TokenPath, ExpirationSeconds: ptr.To[int64](constants.TokenExpirationSeconds)}})
+	}
+	return v
 }

@@ -18,6 +18,7 @@ import (
 type HangConfig struct {
 	Enabled bool
 	Timeout time.Duration // 0: the larger of a minute and ten median steps (internal/progress)
+	Replace ReplaceConfig // a pod blamed for repeated hangs (replace.go)
 }
 
 // warner is a recorder of Warning Events (jobevents.Recorder).

@@ -293,6 +293,14 @@ func startC10d(ctx context.Context, wg *sync.WaitGroup, cfg ServeConfig, view *t
 		status := &jobStatus{now: time.Now}
 		hang := cfg.Hang.rounds(events, cfg.Metrics)
 		hang.OnHang = chainHang(hang.OnHang, status.onHang)
+		w, _ := events.(warner)
+		rep, err := newReplacer(ctx, cfg.Hang.Replace, st.listed, w, log.With("component", "replace"))
+		if err != nil {
+			return nil, err
+		}
+		if rep != nil {
+			hang.OnHang = chainHang(hang.OnHang, rep.onHang)
+		}
 		rounds := c10drounds.New(c10drounds.Config{Store: srv, Members: st.listed, Member: st.member, Log: log.With("component", "rendezvous"),
 			OnState: func(run string, s c10drounds.State) {
 				view.ElasticTrainingState(run, s.Round.Number, s.Round.Participants, s.Waiting, s.Ended, s.Closed)

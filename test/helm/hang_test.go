@@ -10,22 +10,28 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/podreplace"
 	"github.com/elastic-training/elastic-training/internal/testenv/chartrender"
 )
 
-// hang.enabled and hang.timeout, from the chart through the webhook to the serving sidecar's flags; the default
-// renders no annotation, so that a default job needs no newer webhook.
+// hang.enabled, hang.timeout and hang.replaceAfter, from the chart through the webhook to the serving sidecar's
+// flags; the defaults render no annotation, so that a default job needs no newer webhook.
 func TestHangValues(t *testing.T) {
 	ch := chartrender.Load(t, chartDir)
+	replace := "--replace-url=" + replaceURL
 	for _, tc := range []struct {
 		name       string
 		hang       map[string]any
 		annotation string
-		flag       string
+		replace    string // the hang-replace-after annotation
+		flags      []string
 	}{
-		{"the default: the sidecar's rule", nil, "", ""},
-		{"off", map[string]any{"enabled": false}, "off", "--hang=false"},
-		{"a timeout", map[string]any{"timeout": 30}, "30", "--hang-timeout=30s"},
+		{"the default: the sidecar's rule", nil, "", "", []string{replace}},
+		{"off", map[string]any{"enabled": false}, "off", "", []string{"--hang=false"}},
+		{"off, with a count that no longer matters", map[string]any{"enabled": false, "replaceAfter": 5}, "off", "", []string{"--hang=false"}},
+		{"a timeout", map[string]any{"timeout": 30}, "30", "", []string{"--hang-timeout=30s", replace}},
+		{"replaced after 3", map[string]any{"replaceAfter": 3}, "", "3", []string{replace, "--hang-replace-after=3"}},
+		{"never replaced", map[string]any{"replaceAfter": 0}, "", "0", []string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vals := map[string]any{"command": []any{"torchrun", "train.py"}, "workers": map[string]any{"replicas": 2}}
@@ -34,14 +40,29 @@ func TestHangValues(t *testing.T) {
 			}
 			pod := renderedServingPod(t, ch, vals)
 			require.Equal(t, tc.annotation, pod.Annotations[constants.AnnotationHangTimeout])
-			sc, _ := injectedSidecar(t, pod, naming.DefaultClusterDomain)
+			require.Equal(t, tc.replace, pod.Annotations[constants.AnnotationHangReplaceAfter])
+			sc, vols := injectedSidecar(t, pod, naming.DefaultClusterDomain)
 			args := sc.Args
 			require.NotEmpty(t, args)
-			got := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return !strings.HasPrefix(a, "--hang") })
-			if tc.flag == "" {
-				require.Empty(t, got)
+			got := slices.DeleteFunc(slices.Clone(args), func(a string) bool {
+				return !strings.HasPrefix(a, "--hang") && !strings.HasPrefix(a, "--replace")
+			})
+			require.Equal(t, tc.flags, got)
+			// The token for the webhook is there exactly where the sidecar may ask.
+			var audiences []string
+			for _, v := range vols {
+				if v.Name == constants.TokenVolumeName {
+					for _, src := range v.Projected.Sources {
+						if src.ServiceAccountToken != nil && src.ServiceAccountToken.Audience != "" {
+							audiences = append(audiences, src.ServiceAccountToken.Audience)
+						}
+					}
+				}
+			}
+			if slices.Contains(got, replace) {
+				require.Equal(t, []string{podreplace.Audience}, audiences)
 			} else {
-				require.Equal(t, []string{tc.flag}, got)
+				require.Empty(t, audiences)
 			}
 		})
 	}

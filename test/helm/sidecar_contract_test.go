@@ -122,7 +122,9 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 			if domain == "" {
 				domain = naming.DefaultClusterDomain
 			}
-			sc, volumes := injectedSidecar(t, member, domain)
+			// The dedicated pod has no CA of the webhook's to ask it with: it never asks for a replacement
+			// (hang.replaceAfter says so).
+			sc, volumes := injectedSidecar(t, member, domain, func(c *mutate.Config) { c.PodReplacement = mutate.PodReplacement{} })
 			want := viewOf(t, sc, volumes, restartBehaviour(sc, true, ""))
 
 			spec := rdzv.Spec.Template.Spec
@@ -156,9 +158,9 @@ func TestDedicatedRendezvousMatchesInjectedSidecar(t *testing.T) {
 
 // injectedSidecar is this test's one use of internal/mutate: it mutates pod as the webhook would in namespace (the
 // webhook's default configuration, cluster domain domain) and returns the injected sidecar and the pod's volumes.
-func injectedSidecar(t *testing.T, pod *corev1.Pod, domain string) (corev1.Container, []corev1.Volume) {
+func injectedSidecar(t *testing.T, pod *corev1.Pod, domain string, edits ...func(*mutate.Config)) (corev1.Container, []corev1.Volume) {
 	t.Helper()
-	res := webhookMutated(t, pod, domain)
+	res := webhookMutated(t, pod, domain, edits...)
 	for _, c := range res.Pod.Spec.InitContainers {
 		if c.Name == constants.SidecarContainerName {
 			return c, res.Pod.Spec.Volumes
@@ -282,11 +284,18 @@ func parseSidecarArgs(t *testing.T, args []string) (string, map[string]string) {
 }
 
 // webhookMutated is pod as the webhook (its defaults) mutates it.
-func webhookMutated(t *testing.T, pod *corev1.Pod, domain string) mutate.Result {
+const replaceURL = "https://elastic-training-webhook.elastic-training-system.svc:443/replace-pod"
+
+func webhookMutated(t *testing.T, pod *corev1.Pod, domain string, edits ...func(*mutate.Config)) mutate.Result {
 	t.Helper()
 	cfg := mutate.DefaultConfig()
 	cfg.SidecarImage = "example.com/rdzv-sidecar:contract"
 	cfg.ClusterDomain = domain
+	// As the webhook chart installs it (podReplacement.enabled).
+	cfg.PodReplacement = mutate.PodReplacement{URL: replaceURL, CA: []byte("-----BEGIN CERTIFICATE-----\nMIIBtestCA\n-----END CERTIFICATE-----\n")}
+	for _, e := range edits {
+		e(&cfg)
+	}
 	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: namespace, Config: cfg})
 	require.NoError(t, err)
 	return res

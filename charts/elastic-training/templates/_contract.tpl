@@ -72,6 +72,7 @@ The webhook's rules, for the chart's checks (_validate.tpl) and its scheduling g
     "elastic-training.io/contract",
     "elastic-training.io/sidecar-resources",
     "elastic-training.io/hang-timeout",
+    "elastic-training.io/hang-replace-after",
     "elastic-training.io/checkpoint-replicas",
     "elastic-training.io/checkpoint-persist",
     "elastic-training.io/checkpoint-persist-every",

@@ -205,6 +205,9 @@ elastic-training.io/hang-timeout: "off"
 {{- else if $v.hang.timeout }}
 elastic-training.io/hang-timeout: {{ $v.hang.timeout | int | toString | quote }}
 {{- end }}
+{{- if and $v.hang.enabled (ne (int $v.hang.replaceAfter) 2) }}
+elastic-training.io/hang-replace-after: {{ $v.hang.replaceAfter | int | toString | quote }}
+{{- end }}
 {{- if eq $v.warmStart false }}
 elastic-training.io/warm-start: "false"
 {{- end }}

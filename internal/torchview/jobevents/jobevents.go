@@ -43,6 +43,9 @@ const (
 	ReasonHang                 = "TrainingHung"
 	ReasonStragglers           = "Stragglers"
 	ReasonCheckpointDoesNotFit = "CheckpointDoesNotFit"
+	// ReasonPodNotReplaced: the serving sidecar asked the webhook to replace a pod blamed for repeated hangs, and
+	// it did not (the webhook's own Event on a replacement is PodReplaced).
+	ReasonPodNotReplaced = "PodNotReplaced"
 )
 
 // Recorder records each message as a Normal Event with reason ReasonRound on

@@ -98,6 +98,9 @@ func TestFaults(t *testing.T) {
 	sharedDir(t, v, ns)
 	set(v, "args", []any{"--steps=5000", "--step-seconds=0.5", "--checkpoint-dir=/data/checkpoints"})
 	set(v, "workers", map[string]any{"replicas": 3, "minReplicas": 1, "maxReplicas": 4})
+	// A pod blamed for one hang is replaced (the default waits for two): the frozen pod below goes, its Job makes
+	// a new one.
+	set(v, "hang", map[string]any{"replaceAfter": 1})
 	// Settings from a ConfigMap, as users keep them: none of torchrun's, so the kubelet leaves the webhook's envFrom
 	// probes unexpanded and the workers start warm (mutate.EnvFromProbes; the expanded case: TestWarmStart).
 	settings := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: job + "-settings"}, Data: map[string]string{"TRAIN_NOTE": "from a ConfigMap"}}
@@ -152,23 +155,44 @@ func TestFaults(t *testing.T) {
 		before, p := snapshot(t, c, ns, sel), podOf(1)
 		start := time.Now()
 		signalWorkers(t, c, ns, p.Name, "STOP")
-		t.Logf("recovered from a frozen trainer in %s in %.1fs (hang timeout 60 s)", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 		workerJob := naming.Workload(job, constants.GroupWorker)
-		c.WaitFor(t, time.Minute, "a TrainingHung Event on Job "+workerJob, func(ctx context.Context) (bool, error) {
-			evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=TrainingHung,involvedObject.name=" + workerJob})
-			if err != nil || len(evs.Items) == 0 {
-				return false, err
-			}
-			// The frozen pod is named: as frozen (its heartbeat stopped while the others' went on), or, frozen
-			// before its first step of the round (the kill -9 above just restarted it), as the rank that said
-			// nothing in it; not as the others, which wait for it in their next all_reduce.
-			if m := evs.Items[0].Message; !strings.Contains(m, "hung: no rank advanced") || !strings.Contains(m, "Stopped first: rank") ||
-				!strings.Contains(m, "("+job+"-worker-1.") || !(strings.Contains(m, ", frozen (silent ") || strings.Contains(m, ", no step said in this round")) {
-				return false, fmt.Errorf("the Event says %q", m)
-			}
-			t.Logf("Event %s: %s", evs.Items[0].Reason, evs.Items[0].Message)
-			return true, nil
+		event := func(reason string, ok func(string) bool) {
+			t.Helper()
+			c.WaitFor(t, 3*time.Minute, "a "+reason+" Event on Job "+workerJob, func(ctx context.Context) (bool, error) {
+				evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason + ",involvedObject.name=" + workerJob})
+				if err != nil || len(evs.Items) == 0 {
+					return false, err
+				}
+				if m := evs.Items[0].Message; !ok(m) {
+					return false, fmt.Errorf("the Event says %q", m)
+				}
+				t.Logf("Event %s after %.1fs: %s", reason, time.Since(start).Seconds(), evs.Items[0].Message)
+				return true, nil
+			})
+		}
+		// The frozen pod is named: as frozen (its heartbeat stopped while the others' went on), or, frozen before
+		// its first step of the round (the kill -9 above just restarted it), as the rank that said nothing in it;
+		// not as the others, which wait for it in their next all_reduce.
+		event("TrainingHung", func(m string) bool {
+			return strings.Contains(m, "hung: no rank advanced") && strings.Contains(m, "Stopped first: rank") &&
+				strings.Contains(m, "("+job+"-worker-1.") && (strings.Contains(m, ", frozen (silent ") || strings.Contains(m, ", no step said in this round"))
 		})
+		// The hang was blamed on it (hang.replaceAfter 1): the serving pod had the webhook delete it, as no Role of
+		// the job could, and the Job makes a new pod of its index, which joins the others.
+		event("PodReplaced", func(m string) bool {
+			return strings.Contains(m, "Deleted pod "+p.Name) && strings.Contains(m, "a hang blamed on it")
+		})
+		c.WaitFor(t, 2*time.Minute, "a new pod of worker 1", func(ctx context.Context) (bool, error) {
+			pods, err := c.LivePods(ctx, ns, sel)
+			for _, q := range pods {
+				if framework.PodIndex(q) == 1 && q.UID != p.UID {
+					t.Logf("worker 1 replaced: %s on %s -> %s on %s", p.Name, p.Spec.NodeName, q.Name, q.Spec.NodeName)
+					return true, nil
+				}
+			}
+			return false, err
+		})
+		t.Logf("recovered from a frozen trainer in %s, replaced, in %.1fs (hang timeout 60 s)", p.Name, waitRecovered(t, c, ns, sel, 3, before, start).Seconds())
 	})
 
 	t.Run("delete a worker pod", func(t *testing.T) {
