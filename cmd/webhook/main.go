@@ -1,7 +1,9 @@
 // Command webhook is the elastic-training mutating admission webhook. It only
 // parses flags and wires internal/webhook; see docs/contract.md for what it does
-// to pods. Its Kubernetes API access: creating Events (--events), and keeping its
-// TLS Secret and webhook configuration's CA bundle (--cert-rotation-secret).
+// to pods. Its Kubernetes API access: creating Events (--events), keeping its
+// TLS Secret and webhook configuration's CA bundle (--cert-rotation-secret), and
+// reviewing tokens and getting and deleting pods (--pod-replacement-url: a pod of
+// a job, for that job's serving pod; internal/podreplace).
 package main
 
 import (
@@ -11,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -29,6 +32,7 @@ import (
 	"github.com/elastic-training/elastic-training/internal/certrotation"
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/podreplace"
 	"github.com/elastic-training/elastic-training/internal/webhook"
 )
 
@@ -110,6 +114,7 @@ func main() {
 	flag.DurationVar(&rot.CertValidity, "cert-validity", 365*24*time.Hour, "validity of a rotated serving certificate")
 	flag.DurationVar(&rot.Lookahead, "cert-lookahead", 90*24*time.Hour, "renew a certificate this long before it expires")
 	flag.DurationVar(&rot.CheckInterval, "cert-check-interval", 12*time.Hour, "how often the certificates' expiry is checked")
+	flag.StringVar(&cfg.PodReplacement.URL, "pod-replacement-url", "", "serve "+podreplace.Path+" and give serving sidecars this URL of it (https://<service>.<namespace>.svc:443"+podreplace.Path+"), with --cert-dir's ca.crt, to have a pod of their job replaced after repeated hangs (needs the API and RBAC to create tokenreviews and get and delete pods); empty: off")
 	var events bool
 	flag.BoolVar(&events, "events", false, "record denials and warnings as Events on the pods' Jobs and StatefulSets (needs the API: in-cluster config or --kubeconfig, and RBAC to create events)")
 	zopts := zap.Options{}
@@ -135,6 +140,18 @@ func main() {
 			os.Exit(2)
 		}
 		defer stop()
+	}
+	if cfg.PodReplacement.URL != "" {
+		if err := checkReplaceURL(cfg.PodReplacement.URL); err != nil {
+			fmt.Fprintln(os.Stderr, "webhook:", err)
+			os.Exit(2)
+		}
+		h, err := replaceServer(o.Events, log, o.Metrics)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "webhook: --pod-replacement-url:", err)
+			os.Exit(2)
+		}
+		o.Replace = h
 	}
 	ctx := ctrl.SetupSignalHandler()
 	if rotSecret != "" {
@@ -223,4 +240,27 @@ func eventRecorder(o *webhook.Options) (stop func(), err error) {
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
 	o.Events = b.NewRecorder(clientgoscheme.Scheme, corev1.EventSource{Component: "elastic-training-webhook"})
 	return b.Shutdown, nil
+}
+
+// checkReplaceURL checks --pod-replacement-url as every serving sidecar would (podreplace.NewClient): a typo fails
+// the webhook's start, not each job's replacements at their first hang.
+func checkReplaceURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("--pod-replacement-url=%q: want https://<service>.<namespace>.svc:443%s", raw, podreplace.Path)
+	}
+	return nil
+}
+
+// replaceServer serves pod replacements through the API server (controller-runtime's config, as eventRecorder).
+func replaceServer(events record.EventRecorder, log logr.Logger, reg metrics.RegistererGatherer) (*podreplace.Server, error) {
+	rc, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("the API server's config: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("a client of the API server: %w", err)
+	}
+	return podreplace.NewServer(podreplace.NewAPI(cs), log.WithName("replace"), reg, events)
 }

@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -34,4 +38,52 @@ func TestCheckCmdUsage(t *testing.T) {
 	if rc := checkCmd([]string{"--url=https://127.0.0.1:1/mutate-pods", "--ca-file=/nonexistent"}, &out, &errOut); rc != 1 || !strings.Contains(errOut.String(), "the CA") {
 		t.Fatalf("check with a missing CA: rc %d, stderr %q", rc, errOut.String())
 	}
+}
+
+func TestCheckReplaceURL(t *testing.T) {
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"https://elastic-training-webhook.elastic-training-system.svc:443/replace-pod", true},
+		{"https://10.0.0.5:9443/replace-pod", true},
+		{"http://elastic-training-webhook.elastic-training-system.svc/replace-pod", false},
+		{"elastic-training-webhook.elastic-training-system.svc:443/replace-pod", false},
+		{"https:///replace-pod", false},
+		{"https://user:pw@host/replace-pod", false},
+		{"https://host/replace-pod?x=1", false},
+		{"https://host/replace-pod#x", false},
+		{"https://ho st/", false},
+	} {
+		err := checkReplaceURL(tc.url)
+		if tc.ok {
+			assert.NoError(t, err, tc.url)
+		} else {
+			assert.ErrorContains(t, err, "--pod-replacement-url=", tc.url)
+		}
+	}
+}
+
+// The replacement server is built from controller-runtime's config, as the event recorder is; its metric is
+// registered where the webhook's others are.
+func TestReplaceServer(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	t.Setenv("KUBECONFIG", kc)
+	reg := prometheus.NewRegistry()
+	s, err := replaceServer(nil, logr.Discard(), reg)
+	require.NoError(t, err)
+	require.NotNil(t, s)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	require.Len(t, mfs, 1)
+	assert.Equal(t, "elastic_training_webhook_pod_replacements_total", mfs[0].GetName())
+	_, err = replaceServer(nil, logr.Discard(), reg)
+	require.ErrorContains(t, err, "registering", "a second one in the same registry")
 }

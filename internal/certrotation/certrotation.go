@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
+	"github.com/elastic-training/elastic-training/internal/constants"
 )
 
 // Config says which Secret and webhook configuration the rotation keeps, for which Service, and how long
@@ -136,7 +137,7 @@ func Start(ctx context.Context, rc *rest.Config, c Config, log logr.Logger) (rea
 	return isReady, errs, nil
 }
 
-// WriteCerts writes the Secret data's tls.key and tls.crt into dir (key first: a server that reads the pair between
+// WriteCerts writes the Secret data's tls.key, tls.crt and ca.crt into dir (key first: a server that reads the pair between
 // the two writes keeps its old one), each atomically and only when it changed; data without both writes nothing (a Secret the
 // rotator has not filled yet).
 func WriteCerts(dir string, data map[string][]byte) error {
@@ -147,6 +148,15 @@ func WriteCerts(dir string, data map[string][]byte) error {
 	if _, err := atomicfile.Write(dir, corev1.TLSPrivateKeyKey, key, 0o600); err != nil {
 		return err
 	}
-	_, err := atomicfile.Write(dir, corev1.TLSCertKey, crt, 0o644)
-	return err
+	if _, err := atomicfile.Write(dir, corev1.TLSCertKey, crt, 0o644); err != nil {
+		return err
+	}
+	// The CA (never its key): what serving sidecars get to trust the webhook when they ask for a pod's replacement
+	// (internal/podreplace); the chart's and cert-manager's Secrets mount it beside the pair.
+	if ca := data[constants.TLSCAName]; len(ca) > 0 {
+		if _, err := atomicfile.Write(dir, constants.TLSCAName, ca, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -57,19 +57,19 @@ func TestWriteCerts(t *testing.T) {
 		t.Fatal("a certificate without its key was written")
 	}
 	for _, v := range []string{"1", "2"} {
-		data := map[string][]byte{"tls.crt": []byte("c" + v), "tls.key": []byte("k" + v), "ca.key": []byte("secret")}
+		data := map[string][]byte{"tls.crt": []byte("c" + v), "tls.key": []byte("k" + v), "ca.crt": []byte("ca" + v), "ca.key": []byte("secret")}
 		if err := WriteCerts(dir, data); err != nil {
 			t.Fatal(err)
 		}
-		if read("tls.crt") != "c"+v || read("tls.key") != "k"+v {
-			t.Fatalf("after Secret %s: tls.crt %q, tls.key %q", v, read("tls.crt"), read("tls.key"))
+		if read("tls.crt") != "c"+v || read("tls.key") != "k"+v || read("ca.crt") != "ca"+v {
+			t.Fatalf("after Secret %s: tls.crt %q, tls.key %q, ca.crt %q", v, read("tls.crt"), read("tls.key"), read("ca.crt"))
 		}
 	}
 	if st, err := os.Stat(filepath.Join(dir, "tls.key")); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("tls.key: %v %v, want mode 0600", st.Mode(), err)
 	}
 	entries, _ := os.ReadDir(dir)
-	if len(entries) != 2 {
-		t.Fatalf("dir holds %d files, want tls.crt and tls.key only (never the CA's key)", len(entries))
+	if len(entries) != 3 {
+		t.Fatalf("dir holds %d files, want tls.crt, tls.key and ca.crt only (never the CA's key)", len(entries))
 	}
 }

@@ -2,6 +2,7 @@ package mutate
 
 import (
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -116,6 +117,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("timeouts, intervals and attempts must be >= 1 and --default-max-restarts >= 0")
 	case !(d.MonitorInterval >= MinMonitorInterval && d.MonitorInterval <= MaxMonitorInterval):
 		return fmt.Errorf("--default-monitor-interval=%v: want seconds from %v to %v", d.MonitorInterval, MinMonitorInterval, MaxMonitorInterval)
+	}
+	if u := c.PodReplacement.URL; u != "" {
+		// The sidecar refuses anything else (podreplace.NewClient): fail here, not in every serving pod.
+		if p, err := url.Parse(u); err != nil || p.Scheme != "https" || p.Host == "" {
+			return fmt.Errorf("--pod-replacement-url=%q: want https://<service>.<namespace>.svc:443/replace-pod", u)
+		}
 	}
 	if err := oneOf("default-rdzv-backend", d.RdzvBackend, constants.Backends); err != nil {
 		return err

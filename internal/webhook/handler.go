@@ -33,6 +33,7 @@ type PodMutator struct {
 	decoder   admission.Decoder
 	decisions *prometheus.CounterVec
 	events    record.EventRecorder // nil: none
+	ca        *caFile              // with config.PodReplacement.URL: the CA serving sidecars get
 }
 
 // Event reasons on a pod's Job or StatefulSet.
@@ -75,12 +76,16 @@ func (h *PodMutator) Handle(ctx context.Context, req admission.Request) admissio
 		h.decisions.WithLabelValues("errored").Inc()
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if ok, why := mutate.ShouldMutate(pod, req.Namespace, h.config); !ok {
+	cfg := h.config
+	if cfg.PodReplacement.URL != "" && h.ca != nil {
+		cfg.PodReplacement.CA = h.ca.load()
+	}
+	if ok, why := mutate.ShouldMutate(pod, req.Namespace, cfg); !ok {
 		h.decisions.WithLabelValues("skipped").Inc()
 		log.V(1).Info("pod skipped", "reason", why)
 		return admission.Allowed(why)
 	}
-	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: req.Namespace, Config: h.config})
+	res, err := mutate.Mutate(mutate.Input{Pod: pod, Namespace: req.Namespace, Config: cfg})
 	if err != nil {
 		h.decisions.WithLabelValues("denied").Inc()
 		log.Info("pod denied", "job", pod.Labels[constants.LabelJob], "generateName", pod.GenerateName, "reason", err.Error())

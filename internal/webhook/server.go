@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -18,7 +19,9 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/mutate"
+	"github.com/elastic-training/elastic-training/internal/podreplace"
 )
 
 // Options configure Run.
@@ -47,6 +50,10 @@ type Options struct {
 	Ready chan<- struct{}
 	// BodyTimeout bounds reading one admission request's body; 0: DefaultBodyTimeout.
 	BodyTimeout time.Duration
+	// Replace, if not nil, serves podreplace.Path beside the admission route, on the same TLS port behind the same
+	// Service (a podreplace.Server). Config.PodReplacement.URL is what serving sidecars are told to call: with it,
+	// each admission gives them CertDir's ca.crt as it is then; without it, or without the file, they never ask.
+	Replace http.Handler
 }
 
 // DefaultBodyTimeout is how long the webhook waits for an admission request's body: the API server sends it at
@@ -89,7 +96,15 @@ func Run(ctx context.Context, o Options) error {
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
 	}
+	if o.Config.PodReplacement.URL != "" {
+		// Read per admission, not once: a rotation (ours, cert-manager's) rewrites it, and a pod given an old CA
+		// would distrust the webhook for its whole life.
+		mutator.ca = &caFile{path: filepath.Join(o.CertDir, constants.TLSCAName), log: o.Log.WithName("ca")}
+	}
 	srv.Register(PathMutatePods, withBodyDeadline(&admission.Webhook{Handler: mutator}, o.BodyTimeout))
+	if o.Replace != nil {
+		srv.Register(podreplace.Path, withBodyDeadline(o.Replace, o.BodyTimeout))
+	}
 
 	errs := make(chan error, 3)
 	go func() { errs <- srv.Start(ctx) }()

@@ -91,6 +91,17 @@ func TestWebhookChartDefaults(t *testing.T) {
 	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
 	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 	assert.Equal(t, "ALL", string(c.SecurityContext.Capabilities.Drop[0]))
+	// Pod replacement (docs/hangs.md): its URL behind the Service, which the serving certificate covers; tokens
+	// reviewed, pods read and deleted, nothing else.
+	assert.Contains(t, c.Args, "--pod-replacement-url=https://"+name+"."+webhookNS+".svc:443/replace-pod")
+	repl := convert[rbacv1.ClusterRole](t, r.Find("ClusterRole", name+"-pod-replacement"))
+	assert.Equal(t, []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "delete"}},
+	}, repl.Rules)
+	replBinding := convert[rbacv1.ClusterRoleBinding](t, r.Find("ClusterRoleBinding", name+"-pod-replacement"))
+	assert.Equal(t, name, replBinding.Subjects[0].Name)
+	assert.Equal(t, name+"-pod-replacement", replBinding.RoleRef.Name)
 	require.NotNil(t, r.Find("PodDisruptionBudget", name))
 	require.NotNil(t, r.Find("Service", name))
 	checkRotatorDefaults(t, r, name)
@@ -106,13 +117,22 @@ func TestWebhookChartDefaults(t *testing.T) {
 	assert.Equal(t, name, binding.Subjects[0].Name)
 
 	// Without Events and rotation: no RBAC at all, no token.
-	r = renderWebhook(t, merge(noRotator, map[string]any{"events": map[string]any{"enabled": false}}))
+	r = renderWebhook(t, merge(noRotator, map[string]any{"events": map[string]any{"enabled": false}, "podReplacement": map[string]any{"enabled": false}}))
 	dep = convert[appsv1.Deployment](t, r.Find("Deployment", name))
 	assert.False(t, *dep.Spec.Template.Spec.AutomountServiceAccountToken, "no API access without events")
 	assert.NotContains(t, dep.Spec.Template.Spec.Containers[0].Args, "--events")
 	assert.Nil(t, r.Find("ClusterRole", name+"-events"), "no RBAC of the webhook's own without events")
 	assert.Nil(t, r.Find("ClusterRoleBinding", name+"-events"))
 	assert.Nil(t, r.Find("ClusterRole", name+"-cert-rotation"))
+	assert.Nil(t, r.Find("ClusterRole", name+"-pod-replacement"))
+	assert.Nil(t, r.Find("ClusterRoleBinding", name+"-pod-replacement"))
+	assert.NotContains(t, strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " "), "--pod-replacement-url")
+	// Pod replacement alone needs the token (its TokenReviews and deletions), and no other right.
+	r = renderWebhook(t, merge(noRotator, map[string]any{"events": map[string]any{"enabled": false}}))
+	dep = convert[appsv1.Deployment](t, r.Find("Deployment", name))
+	assert.True(t, *dep.Spec.Template.Spec.AutomountServiceAccountToken, "a token to review tokens and delete pods")
+	assert.Nil(t, r.Find("ClusterRole", name+"-events"))
+	require.NotNil(t, r.Find("ClusterRole", name+"-pod-replacement"))
 	r = renderWebhook(t, noRotator)
 
 	mwc := convert[admissionregistrationv1.MutatingWebhookConfiguration](t, r.Find("MutatingWebhookConfiguration", name))
@@ -371,7 +391,8 @@ func TestWebhookChartDefaultSecurityIsRestricted(t *testing.T) {
 	require.NotNil(t, sa)
 	assert.Equal(t, false, sa.Object["automountServiceAccountToken"])
 	assert.Nil(t, r.Find("ServiceMonitor", ""), "no ServiceMonitor unless metrics.serviceMonitor.enabled")
-	assert.Equal(t, []string{"--zap-log-level=info", "--events"}, c.Args[len(c.Args)-2:], "the chart's own args end with the log level and --events")
+	assert.Equal(t, []string{"--zap-log-level=info", "--events", "--pod-replacement-url=https://elastic-training-webhook." + webhookNS + ".svc:443/replace-pod"},
+		c.Args[len(c.Args)-3:], "the chart's own args end with the log level, --events and --pod-replacement-url")
 }
 
 // TestWebhookChartValues: each value a cluster admin expects from cert-manager, ingress-nginx or Kueue charts
@@ -399,8 +420,13 @@ func TestWebhookChartValues(t *testing.T) {
 		{"extraArgs appended after the chart's args", []string{"extraArgs={--zap-encoder=console,--enable-http2}"}, func(t *testing.T, r *chartrender.Rendered) {
 			_, c := webhookPod(t, r)
 			n := len(c.Args)
-			require.Greater(t, n, 4)
-			assert.Equal(t, []string{"--zap-log-level=info", "--events", "--zap-encoder=console", "--enable-http2"}, c.Args[n-4:])
+			require.Greater(t, n, 5)
+			assert.Equal(t, []string{"--zap-log-level=info", "--events", "--pod-replacement-url=https://elastic-training-webhook." + webhookNS + ".svc:443/replace-pod",
+				"--zap-encoder=console", "--enable-http2"}, c.Args[n-5:])
+		}},
+		{"pod replacement at webhook.url's host when the webhook runs outside", []string{"webhook.url=https://10.0.0.5:9443/mutate-pods"}, func(t *testing.T, r *chartrender.Rendered) {
+			_, c := webhookPod(t, r)
+			assert.Contains(t, c.Args, "--pod-replacement-url=https://10.0.0.5:9443/replace-pod")
 		}},
 		{"extraArgs quoted", []string{`json:extraArgs=["--host=", "--zap-log-level=debug: yes"]`}, func(t *testing.T, r *chartrender.Rendered) {
 			_, c := webhookPod(t, r)
@@ -611,6 +637,14 @@ func TestWebhookChartFullnameOverride(t *testing.T) {
 			// References.
 			pod, _ := webhookPod(t, r)
 			assert.Equal(t, "et-hook", pod.ServiceAccountName)
+			// Serving sidecars call the Service by the name the serving certificate covers (checked below per source).
+			assert.Contains(t, pod.Containers[0].Args, "--pod-replacement-url=https://et-hook."+webhookNS+".svc:443/replace-pod")
+			if source == "rotator" {
+				assert.Contains(t, strings.Join(pod.Containers[0].Args, " "), "--cert-dns-names=et-hook."+webhookNS+".svc,")
+			}
+			repl := convert[rbacv1.ClusterRoleBinding](t, r.Find("ClusterRoleBinding", "et-hook-pod-replacement"))
+			assert.Equal(t, "et-hook-pod-replacement", repl.RoleRef.Name)
+			assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "et-hook", Namespace: webhookNS}}, repl.Subjects)
 			if source == "rotator" {
 				assert.Contains(t, pod.Containers[0].Args, "--cert-rotation-secret="+webhookNS+"/et-hook-serving-cert")
 				assert.Contains(t, pod.Containers[0].Args, "--cert-rotation-webhook=et-hook")
@@ -703,6 +737,8 @@ func TestWebhookChartRefuses(t *testing.T) {
 		{"extraArgs not strings (schema)", []string{`json:extraArgs=[{"a":1}]`}, "at '/extraArgs/0'"},
 		{"serviceAccount typo (schema)", []string{"serviceAccount.enabled=true"}, "additional properties 'enabled' not allowed"},
 		{"fullnameOverride not a DNS label (schema)", []string{"fullnameOverride=Webhook"}, "at '/fullnameOverride'"},
+		{"podReplacement.enabled not a bool (schema)", []string{`json:podReplacement.enabled="yes"`}, "at '/podReplacement/enabled'"},
+		{"podReplacement typo (schema)", []string{"podReplacement.enable=true"}, "additional properties 'enable' not allowed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -779,6 +815,7 @@ func TestWebhookChartSchemaDescribes(t *testing.T) {
 		"podSecurityContext", "securityContext", "extraArgs", "extraEnv", "extraVolumes", "extraVolumeMounts",
 		"priorityClassName", "logLevel", "podDisruptionBudget.minAvailable",
 		"metrics.serviceMonitor", "metrics.serviceMonitor.enabled", "metrics.serviceMonitor.interval", "metrics.serviceMonitor.labels",
+		"podReplacement", "podReplacement.enabled",
 	} {
 		node := root
 		for _, key := range strings.Split(path, ".") {
