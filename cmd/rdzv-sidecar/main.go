@@ -51,7 +51,7 @@ var commands = []command{
 	{"started", "[flags]", "wait until this sidecar's /startz answers (its postStart hook)", startedCmd},
 	{"wait", "[flags]", "wait until --members=N members are registered", waitCmd},
 	{"hosts", "[flags]", "print the registered hosts as a hostfile", hostsCmd},
-	{"supervise", "[flags] -- mpirun ...", "run an MPI launcher; stop it (exit status 75) when a member it started with leaves", superviseCmd},
+	{"supervise", "[flags] -- mpirun ...", "run an MPI launcher; stop it (exit status 75) when a member it started with leaves, or its ranks hang", superviseCmd},
 	{"launch", "[flags] -- mpirun ...", "the MPI launcher's default: wait for the workers, run mpirun, run it again when one is lost (with --rerun-on-join, also when one joins)", launchCmd},
 	{"progress", "[flags]", "wait until a torch round of --nodes=N holds (helm test of a PyTorch job)", progressCmd},
 }
@@ -215,8 +215,8 @@ func addDaemonFlags(fs *flag.FlagSet, o *sidecar.Options) *daemonFlags {
 		cp.Memory = q.Value()
 		return nil
 	})
-	fs.StringVar(&o.Progress.Addr, "progress-addr", "", "loopback UDP address (or unix:<path> of a datagram socket: host networking) where this pod's ranks say their steps (elastic_training.progress, $"+constants.EnvProgressAddr+"; a line `et1 <rank> <step> [<total> [<pid>]]` from a shell): reported to the serving sidecar, which restarts a hung round (empty: off; needs --run-id)")
-	fs.StringVar(&o.Progress.RunID, "run-id", "", "the job's rendezvous run id (the agents' --rdzv-id), whose rounds the progress is of")
+	fs.StringVar(&o.Progress.Addr, "progress-addr", "", "loopback UDP address (or unix:<path> of a datagram socket: host networking) where this pod's ranks say their steps (elastic_training.progress, $"+constants.EnvProgressAddr+"; a line `et1 <rank> <step> [<total> [<pid>]]` from a shell): reported to the serving sidecar, which restarts a hung round, or without --run-id into the job's etcd, where an MPI launcher's supervise stops a hung run (empty: off)")
+	fs.StringVar(&o.Progress.RunID, "run-id", "", "the job's rendezvous run id (the agents' --rdzv-id), whose rounds the progress is of (empty: no torchrun rendezvous; the reports go into the job's etcd)")
 	fs.DurationVar(&m.LeaseTTL, "lease-ttl", constants.DefaultLeaseTTL*time.Second, "lease TTL of the registration: a member killed without deregistering is dropped after this long (whole seconds)")
 	return d
 }
@@ -376,10 +376,11 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 func superviseCmd(args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), or within --loss-window after the command failed, stop the command's process group and exit with status "+fmt.Sprint(podcmd.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
+	fs := newFlagSet("supervise", "Run the command after -- (mpirun, mpiexec) and pass on its exit status; if a member registered when it started leaves first (its node lost, or scaled away), or within --loss-window after the command failed, or its ranks said their progress and none advanced for --hang-timeout, stop the command's process group and exit with status "+fmt.Sprint(podcmd.ExitMemberLost)+", so that a launcher script runs it again on the hosts that remain.", stderr)
 	var cfg podcmd.SuperviseConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 30*time.Second, "timeout of the first listing of the members")
 	addStopFlags(fs, &cfg.Grace, &cfg.LossWindow)
+	addHangFlags(fs, &cfg.Hang)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -398,6 +399,18 @@ func addStopFlags(fs *flag.FlagSet, grace, lossWindow *time.Duration) {
 	fs.DurationVar(lossWindow, "loss-window", 10*time.Second, "when the command fails, how long to wait for a member it started with to leave, which makes the status "+fmt.Sprint(podcmd.ExitMemberLost)+" after all (a scale-down stops a worker's sshd before its sidecar deregisters); 0: none")
 }
 
+// addHangFlags are supervise's and launch's: when the ranks' progress (reported by the workers' sidecars into the
+// job's etcd) is a hang.
+func addHangFlags(fs *flag.FlagSet, cfg *podcmd.HangConfig) {
+	fs.BoolFunc("hang", "stop the command (exit status "+fmt.Sprint(podcmd.ExitMemberLost)+": run it again) when its ranks said their progress (elastic_training.progress, or a line to $"+constants.EnvProgressAddr+") and none advanced for --hang-timeout; the log names the rank that stopped first (default true)",
+		func(v string) error {
+			on, err := strconv.ParseBool(v)
+			cfg.Off = !on
+			return err
+		})
+	fs.DurationVar(&cfg.Timeout, "hang-timeout", 0, "time without any rank's progress that is a hang (0: the larger of 60s and ten median steps)")
+}
+
 // exitWith passes a command's exit status on as this process's.
 func exitWith(code int, err error) error {
 	if err != nil {
@@ -410,17 +423,18 @@ func exitWith(code int, err error) error {
 }
 
 func launchCmd(args []string, _, stderr io.Writer) error {
-	fs := newFlagSet("launch", "Wait for at least --members members, registered unchanged for --settle, then run the command after -- (mpirun, mpiexec) under supervise once the hostfile lists every member and each answers on --ssh-port; when a member leaves during a run, run it again the same way, on the members there are then (up to --restarts times), and with --rerun-on-join when one joins. The MPI launcher's default (the job chart's mpi.launcher.waitForWorkers).", stderr)
+	fs := newFlagSet("launch", "Wait for at least --members members, registered unchanged for --settle, then run the command after -- (mpirun, mpiexec) under supervise once the hostfile lists every member and each answers on --ssh-port; when a member leaves during a run, or its ranks hang (--hang-timeout), run it again the same way, on the members there are then (up to --restarts times), and with --rerun-on-join when one joins. The MPI launcher's default (the job chart's mpi.launcher.waitForWorkers).", stderr)
 	var cfg podcmd.LaunchConfig
 	addQueryFlags(fs, &cfg.QueryConfig, 10*time.Minute, "how long to wait for the members, and then for the hostfile and their SSH ports before each run (exit status 1)")
 	fs.IntVar(&cfg.Members, "members", 1, "how many members a run needs (the job's minimum): each run waits for them")
 	fs.DurationVar(&cfg.Settle, "settle", 3*time.Second, "how long the membership must stay unchanged before a run (more members may be coming)")
 	fs.StringVar(&cfg.Hostfile, "hostfile", os.Getenv(constants.EnvHostfile), "the hostfile this pod's sidecar writes (default $"+constants.EnvHostfile+")")
 	fs.IntVar(&cfg.SSHPort, "ssh-port", 22, "port every member must answer on before a run (0: no check)")
-	fs.IntVar(&cfg.Restarts, "restarts", 10, "how many times the command runs again after a member left during a run")
+	fs.IntVar(&cfg.Restarts, "restarts", 10, "how many times the command runs again after a member left during a run, or a run hung")
 	fs.BoolVar(&cfg.RerunOnJoin, "rerun-on-join", false, "stop a run when a member joins and run the command again on every member (a scale-up; not counted against --restarts)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the command once, unsupervised (a launcher that follows the membership itself: horovodrun --host-discovery-script)")
 	addStopFlags(fs, &cfg.Grace, &cfg.LossWindow)
+	addHangFlags(fs, &cfg.Hang)
 	if err := parse(fs, args); err != nil {
 		return err
 	}

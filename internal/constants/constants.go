@@ -405,8 +405,6 @@ const (
 	EnvNodeName = "NODE_NAME"
 )
 
-// Progress and hangs (docs/hangs.md): the trainer's elastic_training.progress sends each rank's step to its pod's
-// sidecar at EnvProgressAddr (UDP on loopback, ProgressPort), which reports the pod's ranks to the serving sidecar.
 // EnvWarmStart "1" tells the elastic-training backend, in torchrun's agent, to preload elastic_training._warm in the
 // fork server the workers start from (docs/warm-start.md); the webhook sets it with PET_RUN_PATH and PET_START_METHOD.
 const EnvWarmStart = "ET_WARM_START"
@@ -415,9 +413,14 @@ const EnvWarmStart = "ET_WARM_START"
 // warm-started trainer's envFrom sets it (mutate.EnvFromProbes); the elastic-training backend reads the answer.
 const EnvFromProbePrefix = "ET_ENV_FROM_"
 
+// Progress and hangs (docs/hangs.md): the trainer's elastic_training.progress sends each rank's step to its pod's
+// sidecar at EnvProgressAddr (UDP on loopback, ProgressPort), which reports the pod's ranks to the serving sidecar
+// (PyTorch: through the c10d store) or, in an MPI job, into the job's etcd at ProgressPrefix + the member's host,
+// where the launcher's `rdzv-sidecar supervise` judges them.
 const (
 	EnvProgressAddr = "ET_PROGRESS_ADDR"
 	ProgressPort    = 2383
+	ProgressPrefix  = "/elastic-training/progress/"
 )
 
 // On host networking the node's loopback is every host-network pod's, so a trainer reaches its own sidecar's

@@ -50,6 +50,8 @@ type LaunchConfig struct {
 	Command    []string
 	// Poll is how often the hostfile and the members' ports are looked at (0: 250 ms).
 	Poll time.Duration
+	// Hang is supervise's: a run whose ranks stopped advancing runs again, counted against Restarts.
+	Hang HangConfig
 }
 
 // Launch waits for cfg.Members members and for the membership to settle, then runs cfg.Command under Supervise once
@@ -88,21 +90,25 @@ func Launch(ctx context.Context, cfg LaunchConfig, stderr io.Writer) (int, error
 		if cfg.Once {
 			return runOnce(ctx, cfg.Command, cfg.Grace)
 		}
-		code, joined, err := supervise(ctx, SuperviseConfig{QueryConfig: cfg.QueryConfig, Command: cfg.Command, Grace: cfg.Grace, StopOnJoin: cfg.RerunOnJoin, LossWindow: cfg.LossWindow}, stderr)
+		code, why, err := supervise(ctx, SuperviseConfig{QueryConfig: cfg.QueryConfig, Command: cfg.Command, Grace: cfg.Grace, StopOnJoin: cfg.RerunOnJoin, LossWindow: cfg.LossWindow, Hang: cfg.Hang}, stderr)
 		if err != nil || code != ExitMemberLost || ctx.Err() != nil {
 			return code, err
 		}
-		if joined {
+		if why == memberCame {
 			fmt.Fprintf(stderr, "rdzv-sidecar launch: a member joined during run %d; running %s again on every member\n", run, cfg.Command[0])
 			continue
 		}
+		what := "a member left during"
+		if why == ranksHung {
+			what = "a hang stopped"
+		}
 		if restarts >= cfg.Restarts {
-			fmt.Fprintf(stderr, "rdzv-sidecar launch: a member left during run %d; no restarts left (--restarts=%d)\n", run, cfg.Restarts)
+			fmt.Fprintf(stderr, "rdzv-sidecar launch: %s run %d; no restarts left (--restarts=%d)\n", what, run, cfg.Restarts)
 			return code, nil
 		}
 		restarts++
-		fmt.Fprintf(stderr, "rdzv-sidecar launch: a member left during run %d; running %s again (restart %d of %d) once at least %d members are there\n",
-			run, cfg.Command[0], restarts, cfg.Restarts, cfg.Members)
+		fmt.Fprintf(stderr, "rdzv-sidecar launch: %s run %d; running %s again (restart %d of %d) once at least %d members are there\n",
+			what, run, cfg.Command[0], restarts, cfg.Restarts, cfg.Members)
 	}
 }
 

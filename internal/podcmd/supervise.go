@@ -8,16 +8,29 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/elastic-training/elastic-training/internal/membership"
 	"github.com/elastic-training/elastic-training/internal/membership/etcdmembers"
+	"github.com/elastic-training/elastic-training/internal/progress"
 )
 
 // ExitMemberLost is supervise's exit status when it stopped its command
-// because a member left (EX_TEMPFAIL: run it again on the hosts that remain).
+// because a member left (EX_TEMPFAIL: run it again on the hosts that remain),
+// or because its ranks stopped advancing (a hang: run it again).
 const ExitMemberLost = 75
+
+// stopReason is why supervise stopped its command.
+type stopReason int
+
+const (
+	ranOut     stopReason = iota // it ended by itself, or supervise was stopped
+	memberLost                   // a member of its start left
+	memberCame                   // a member joined (SuperviseConfig.StopOnJoin)
+	ranksHung                    // its ranks said their progress and then none advanced (SuperviseConfig.Hang)
+)
 
 // SuperviseConfig configures supervise mode.
 type SuperviseConfig struct {
@@ -33,6 +46,8 @@ type SuperviseConfig struct {
 	// On a scale-down the worker's sshd stops before its sidecar deregisters,
 	// so mpirun sees the host go first.
 	LossWindow time.Duration
+	// Hang: how the ranks' progress is judged (hang.go).
+	Hang HangConfig
 }
 
 // Supervise runs cfg.Command (an MPI launcher: mpirun, mpiexec) in a process
@@ -41,42 +56,66 @@ type SuperviseConfig struct {
 // SIGKILL after cfg.Grace) and returns ExitMemberLost. mpirun has no way to
 // learn that a host is gone when its node vanishes (no FIN, no RST: its ranks
 // wait in a collective for ever); the membership knows within the lease TTL.
-// ctx ending (SIGTERM to supervise) stops the command the same way.
+// Likewise when the ranks said their progress and then none advanced for the
+// hang timeout (cfg.Hang). ctx ending (SIGTERM to supervise) stops the command
+// the same way.
 func Supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (int, error) {
 	code, _, err := supervise(ctx, cfg, stderr)
 	return code, err
 }
 
-// supervise is Supervise, and says whether it stopped the command because a
-// member joined.
-func supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (code int, joined bool, err error) {
+// supervise is Supervise, and says why it stopped the command.
+func supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (code int, why stopReason, err error) {
 	if len(cfg.Command) == 0 {
-		return 0, false, errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")
+		return 0, ranOut, errors.New("no command: rdzv-sidecar supervise [flags] -- mpirun ...")
 	}
 	cli, err := cfg.connect()
 	if err != nil {
-		return 0, false, err
+		return 0, ranOut, err
 	}
 	defer cli.Close()
 	lctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	start, _, err := etcdmembers.List(lctx, cli, cfg.Prefix)
+	var rev int64
+	if err == nil && !cfg.Hang.Off {
+		rev, err = progressRevision(lctx, cli)
+	}
 	cancel()
 	if err != nil {
-		return 0, false, fmt.Errorf("listing the members: %w", err)
+		return 0, ranOut, fmt.Errorf("listing the members: %w", err)
 	}
-	fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s; stops %s if one of them leaves\n", membership.Describe(start), cfg.Command[0])
+	var mu sync.Mutex // the watchers say things too
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(stderr, "rdzv-sidecar supervise: "+format+"\n", args...)
+	}
+	if cfg.Hang.Off {
+		say("%s; stops %s if one of them leaves", membership.Describe(start), cfg.Command[0])
+	} else {
+		say("%s; stops %s if one of them leaves, or if its ranks say their progress (elastic_training.progress) and none advances for %s",
+			membership.Describe(start), cfg.Command[0], hangTimeoutText(cfg.Hang.Timeout))
+	}
 
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return 0, false, err
+		return 0, ranOut, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	hung := make(chan progress.Verdict, 1)
+	if !cfg.Hang.Off {
+		hosts := make([]string, len(start))
+		for i, m := range start {
+			hosts[i] = m.Host
+		}
+		go newHangs(cfg.Hang, hosts, time.Now(), say).watch(wctx, cli, rev, hung)
+	}
 	lost := make(chan []string, 1)
 	came := make(chan []string, 1)
 	go etcdmembers.Watch(wctx, cli, cfg.Prefix, 2*time.Second, nil, func(ms []membership.Member) {
@@ -99,39 +138,53 @@ func supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (code
 	case err := <-exited:
 		code, err := exitStatus(err)
 		if err != nil || code == 0 || cfg.LossWindow <= 0 {
-			return code, false, err
+			return code, ranOut, err
 		}
 		select {
 		case left := <-lost:
-			fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s exited with status %d and %s left the membership; exit status %d: run it again on the hosts that remain\n",
+			say("%s exited with status %d and %s left the membership; exit status %d: run it again on the hosts that remain",
 				cfg.Command[0], code, strings.Join(left, ","), ExitMemberLost)
-			return ExitMemberLost, false, nil
+			return ExitMemberLost, memberLost, nil
 		case <-time.After(cfg.LossWindow):
 		case <-ctx.Done():
 		}
-		return code, false, nil
+		return code, ranOut, nil
 	case left := <-lost:
-		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s left the membership; stopping %s (exit status %d: run it again on the hosts that remain)\n",
+		say("%s left the membership; stopping %s (exit status %d: run it again on the hosts that remain)",
 			strings.Join(left, ","), cfg.Command[0], ExitMemberLost)
-		stopped = ExitMemberLost
+		stopped, why = ExitMemberLost, memberLost
 	case in := <-came:
-		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s joined the membership; stopping %s (exit status %d: run it again on every host)\n",
+		say("%s joined the membership; stopping %s (exit status %d: run it again on every host)",
 			strings.Join(in, ","), cfg.Command[0], ExitMemberLost)
-		stopped, joined = ExitMemberLost, true
+		stopped, why = ExitMemberLost, memberCame
+	case v := <-hung:
+		say("hung: no rank advanced for %s (at step %d); stopped first: %s; stopping %s (exit status %d: run it again)",
+			v.Idle.Round(time.Second), v.Step, progress.Join(v.Stopped), cfg.Command[0], ExitMemberLost)
+		stopped, why = ExitMemberLost, ranksHung
 	case <-ctx.Done():
 		stopped = 128 + int(syscall.SIGTERM)
 	}
 	pgid := -cmd.Process.Pid
+	// A rank frozen by SIGSTOP takes SIGTERM only once continued (mpirun's daemons send SIGCONT first too).
+	_ = syscall.Kill(pgid, syscall.SIGCONT)
 	_ = syscall.Kill(pgid, syscall.SIGTERM)
 	select {
 	case <-exited:
 	case <-time.After(cfg.Grace):
-		fmt.Fprintf(stderr, "rdzv-sidecar supervise: %s still runs %s after SIGTERM; SIGKILL\n", cfg.Command[0], cfg.Grace)
+		say("%s still runs %s after SIGTERM; SIGKILL", cfg.Command[0], cfg.Grace)
 		_ = syscall.Kill(pgid, syscall.SIGKILL)
 		<-exited
 	}
 	_ = syscall.Kill(pgid, syscall.SIGKILL) // whatever of the group outlived its leader
-	return stopped, joined, nil
+	return stopped, why, nil
+}
+
+// hangTimeoutText is the hang timeout as the logs say it.
+func hangTimeoutText(d time.Duration) string {
+	if d > 0 {
+		return d.String()
+	}
+	return fmt.Sprintf("the larger of %s and %d median step times", progress.MinTimeout, progress.StepFactor)
 }
 
 // exitStatus is the exit status a shell would report for the command.

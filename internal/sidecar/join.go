@@ -92,7 +92,7 @@ func Join(ctx context.Context, cfg JoinConfig) error {
 		return err
 	}
 	// The trainer's own way to the store: the proxy, which carries it only while this pod is a member.
-	if err := startProgress(ctx, &wg, cfg.Progress, cmp.Or(loopbackOf(cfg.C10d.Addr), cfg.C10d.Upstream), cfg.Member.Member.Host, cfg.Log); err != nil {
+	if err := startProgress(ctx, &wg, cfg.Progress, cmp.Or(loopbackOf(cfg.C10d.Addr), cfg.C10d.Upstream), cli, cfg.Member.Member.Host, cfg.Log); err != nil {
 		return err
 	}
 	// Only now that the files are installed and the proxy listens: /startz starts the trainer (health.go).

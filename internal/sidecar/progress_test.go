@@ -23,7 +23,9 @@ import (
 // to serve takes over from the one that ran before in the same pod.
 func TestProgressReports(t *testing.T) {
 	require.ErrorContains(t, ProgressConfig{Addr: "0.0.0.0:1", RunID: "r"}.check(), "loopback")
-	require.ErrorContains(t, ProgressConfig{Addr: "127.0.0.1:1"}.check(), "--run-id")
+	require.NoError(t, ProgressConfig{Addr: "127.0.0.1:1"}.check(), "no run id: into the job's etcd (an MPI job)")
+	require.ErrorContains(t, startProgress(t.Context(), &sync.WaitGroup{}, ProgressConfig{Addr: "127.0.0.1:1"}, "", nil, "pod-0", slog.New(slog.DiscardHandler)),
+		"no client of")
 	require.ErrorContains(t, ProgressConfig{Addr: "unix:relative.sock", RunID: "r"}.check(), "absolute path")
 
 	for _, network := range []string{"udp", "unixgram"} {
@@ -52,13 +54,13 @@ func TestProgressReports(t *testing.T) {
 				// The mode before (a follow) heard at the same socket; it ends after the next has taken the path.
 				before, stop := context.WithCancel(ctx)
 				var bwg sync.WaitGroup
-				require.NoError(t, startProgress(before, &bwg, ProgressConfig{Addr: addr, RunID: "run"}, ln.Addr().String(), "pod-0", slog.New(slog.DiscardHandler)))
+				require.NoError(t, startProgress(before, &bwg, ProgressConfig{Addr: addr, RunID: "run"}, ln.Addr().String(), nil, "pod-0", slog.New(slog.DiscardHandler)))
 				stopBefore = func() { stop(); bwg.Wait() }
 				t.Cleanup(stopBefore)
 			}
 			c := ProgressConfig{Addr: addr, RunID: "run", Every: 20 * time.Millisecond}
 			require.NoError(t, c.check())
-			require.NoError(t, startProgress(ctx, &wg, c, ln.Addr().String(), "pod-0", slog.New(slog.DiscardHandler)))
+			require.NoError(t, startProgress(ctx, &wg, c, ln.Addr().String(), nil, "pod-0", slog.New(slog.DiscardHandler)))
 			stopBefore()
 			if network == "unixgram" {
 				fi, err := os.Stat(dial)

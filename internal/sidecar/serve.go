@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/elastic-training/elastic-training/internal/atomicfile"
 	"github.com/elastic-training/elastic-training/internal/constants"
@@ -215,8 +216,13 @@ func serve(ctx context.Context, cfg ServeConfig, cand *servinglease.Candidate, p
 		cli := etcd.Client()
 		wg.Go(func() { defer cli.Close(); watchIncidents(rctx, cli, w, log.With("component", "checkpoints")) })
 	}
-	if cfg.C10dAddr != "" {
-		if err := startProgress(rctx, &wg, cfg.Progress, loopbackOf(cfg.C10dAddr), cfg.Member.Member.Host, log); err != nil {
+	if cfg.Progress.Addr != "" && (cfg.C10dAddr != "" || cfg.Progress.RunID == "") {
+		var cli *clientv3.Client
+		if cfg.Progress.RunID == "" {
+			cli = etcd.Client()
+			defer cli.Close()
+		}
+		if err := startProgress(rctx, &wg, cfg.Progress, loopbackOf(cfg.C10dAddr), cli, cfg.Member.Member.Host, log); err != nil {
 			return err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -337,4 +338,87 @@ func startLaunch(t *testing.T, flags ...string) (s *server, p launchProc, pids, 
 	args = append(args, "--", "/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
 		"--mca", "orte_keep_fqdn_hostnames", "true", "sh", "-c", "echo $$ >> "+pids+"; [ -e "+done+" ] || exec sleep 600")
 	return s, launchProc{testenv.Start(t, "launch", exec.Command(sidecarBin, args...)), hf}, pids, done
+}
+
+// A hung MPI job, as the chart runs it (`rdzv-sidecar launch`): two ranks of a real Open MPI mpirun train in
+// lockstep (an mpi4py allreduce per step) and say each step with elastic_training.progress to their own member's
+// sidecar, which reports them into the job's etcd. Rank 1 is frozen (SIGSTOP): rank 0 waits in its allreduce for
+// ever, as a real job would (mpirun sees nothing wrong). The launcher's supervise finds that no rank advanced for
+// --hang-timeout, names rank 1 frozen, stops mpirun, and launch runs it again (a restart), which trains to its end.
+func TestLaunchStopsAHungRun(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (unshare --uts for fake hosts); CI runs as root")
+	}
+	testenv.RequireBinary(t, "/usr/bin/mpirun.openmpi", "openmpi-bin")
+	testenv.RequireBinary(t, "/usr/bin/python3", "python3")
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import mpi4py").CombinedOutput(); err != nil {
+		t.Fatalf("mpi4py (Debian's python3-mpi4py, hack/deps.sh test): %v: %s", err, out)
+	}
+	s := startServe(t)
+	// Each member's sidecar hears its ranks on a port of its own (the fake hosts share the test's loopback; in a
+	// pod it is 127.0.0.1:2383).
+	ports := []int{testenv.FreePort(t), testenv.FreePort(t)}
+	for i, port := range ports {
+		startJoin(t, s.URL, fmt.Sprintf("job-worker-%d.job.ns.svc.cluster.local", i), 1, "", fmt.Sprintf("--member-index=%d", i),
+			fmt.Sprintf("--progress-addr=127.0.0.1:%d", port))
+	}
+	dir := t.TempDir()
+	startJoin(t, s.URL, "", 0, dir, "--register=false", "--hostfile-flavour=openmpi")
+	hf := filepath.Join(dir, "hostfile")
+	agent, err := filepath.Abs("testdata/fake-ssh.sh")
+	require.NoError(t, err)
+	script, err := filepath.Abs("testdata/mpi_progress.py")
+	require.NoError(t, err)
+	pids := filepath.Join(t.TempDir(), "pids")
+	const timeout = 8 * time.Second
+	rank := fmt.Sprintf("case $OMPI_COMM_WORLD_RANK in 0) port=%d;; *) port=%d;; esac; "+
+		"ET_PROGRESS_ADDR=127.0.0.1:$port PYTHONPATH=%s exec /usr/bin/python3 %s %s 20",
+		ports[0], ports[1], filepath.Join(dir, constants.PythonDirName), script, pids)
+	p := testenv.Start(t, "launch", exec.Command(sidecarBin, "launch", "--endpoints="+s.URL, "--members=2", "--settle=500ms",
+		"--hostfile="+hf, "--ssh-port=0", "--grace=2s", "--timeout=1m", "--restarts=1", "--hang-timeout="+timeout.String(), "--",
+		"/usr/bin/mpirun.openmpi", "--allow-run-as-root", "--hostfile", hf, "--mca", "plm_rsh_agent", agent,
+		"--mca", "orte_keep_fqdn_hostnames", "true", "-np", "2", "sh", "-c", rank))
+
+	first := map[string]string{} // rank -> pid of the first run
+	testenv.Eventually(t, 30*time.Second, "both ranks of the first run", func() error {
+		for line := range strings.Lines(readFile(pids)) {
+			if f := strings.Fields(line); len(f) == 2 {
+				first[f[0]] = f[1]
+			}
+		}
+		if len(first) != 2 {
+			return fmt.Errorf("%d ranks so far: %s", len(first), p.Output())
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // a few steps said
+	pid, err := strconv.Atoi(first["1"])
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	frozen := time.Now()
+	testenv.Eventually(t, timeout+30*time.Second, "supervise stops the hung run", func() error {
+		if !strings.Contains(p.Output(), "a hang stopped run 1; running /usr/bin/mpirun.openmpi again (restart 1 of 1)") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	found := time.Since(frozen)
+	out := p.Output()
+	require.Regexp(t, `rdzv-sidecar supervise: hung: no rank advanced for \d+s \(at step \d+\); stopped first: rank 1 \(job-worker-1\.job\.ns\.svc\.cluster\.local\) at step \d+, frozen \(silent \d+s\)`, out)
+	require.NotContains(t, out, "rank 0 (job-worker-0", "the rank waiting in its allreduce is not the one named")
+	t.Logf("rank 1 frozen → the run stopped as hung %s later (--hang-timeout %s): %s", found.Round(100*time.Millisecond), timeout,
+		regexp.MustCompile(`hung: .*`).FindString(out))
+	// The frozen rank and the one waiting for it are gone: mpirun's daemons stopped them.
+	testenv.Eventually(t, 15*time.Second, "the first run's ranks stopped", func() error {
+		for r, pid := range first {
+			if _, err := os.Stat("/proc/" + pid); err == nil {
+				return fmt.Errorf("rank %s (pid %s) still runs", r, pid)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, p.Wait(t, 60*time.Second), "the second run trains its 20 steps and ends with status 0:\n%s", p.Output())
+	require.Equal(t, 4, strings.Count(readFile(pids), "\n"), "two ranks in each of two runs:\n%s", p.Output())
+	require.Contains(t, p.Output(), "rank 0: 20 steps")
+	require.Contains(t, p.Output(), "rank 1: 20 steps")
 }

@@ -23,6 +23,7 @@ _last = None  # the last datagram, said again by the heartbeat
 _beating = None  # the pid whose heartbeat thread runs (a forked child has none)
 
 HEARTBEAT_SECONDS = 1.0
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
 def _heartbeat():
@@ -46,7 +47,9 @@ def _setup():
             return
         _addr = (host.strip("[]") or "127.0.0.1", int(port))
         family = socket.AF_INET6 if ":" in _addr[0] else socket.AF_INET
-    _rank = int(os.environ.get("RANK", "0"))
+    # torchrun's RANK, else the MPI rank of Open MPI, MPICH/Intel MPI's Hydra or PMIx (an MPI job's ranks, which its
+    # launcher's supervise judges).
+    _rank = int(next((os.environ[k] for k in _RANK_VARS if os.environ.get(k, "").isdigit()), "0"))
     _sock = socket.socket(family, socket.SOCK_DGRAM)
     _sock.setblocking(False)
 
