@@ -19,6 +19,10 @@ func trainerEnv(s *settings, fqdn, rdzvHost, rdzvURL, namespace, domain string) 
 		if s.role == constants.RoleLauncher {
 			env = append(env, mpiLauncherEnv()...)
 		}
+		if s.progressOn() {
+			// The chart's sshd gives the ranks mpirun starts over ssh the container's environment, this included.
+			env = append(env, corev1.EnvVar{Name: constants.EnvProgressAddr, Value: s.progressAddr()})
+		}
 	case constants.FrameworkMXNet:
 		env = append(env, mxnetEnv(s, namespace, domain)...)
 	}

@@ -151,8 +151,9 @@ func mutate(e *editor, s *settings, namespace string, cfg Config) error {
 	for _, v := range trainerEnv(s, fqdn, rdzvHost, rdzvURL, namespace, domain) {
 		setEnv(e, path, c, v)
 	}
-	if s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining {
-		// torchrun finds the elastic-training backend through its entry point, in the dist-info the sidecar installs there.
+	if s.progressOn() {
+		// torchrun finds the elastic-training backend through its entry point, in the dist-info the sidecar installs
+		// there; an MPI rank imports elastic_training (the chart's sshd gives it the container's environment).
 		prependPath(e, path, c, constants.EnvPythonPath, constants.PythonDir)
 	}
 	if warm, why := warmStart(s, c); warm {

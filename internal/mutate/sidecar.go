@@ -87,7 +87,10 @@ func sidecarArgs(s *settings, mode string, register bool, fqdn, rdzvHost, rdzvUR
 		}
 	}
 	if s.progressOn() {
-		args = append(args, "--progress-addr="+s.progressAddr(), "--run-id="+s.runID)
+		args = append(args, "--progress-addr="+s.progressAddr())
+		if s.framework == constants.FrameworkPyTorch {
+			args = append(args, "--run-id="+s.runID) // else into the job's etcd, for the MPI launcher's supervise
+		}
 	}
 	return args
 }
@@ -110,16 +113,23 @@ func (s *settings) checkpointURL() string {
 }
 
 // progressOn says whether the pod's ranks report progress to its sidecar (docs/hangs.md): PyTorch on the
-// elastic-training backend, whose rounds the serving sidecar can restart.
+// elastic-training backend, whose rounds the serving sidecar can restart, and an MPI job's workers, whose runs the
+// launcher's `rdzv-sidecar launch` (supervise) can stop and run again.
 func (s *settings) progressOn() bool {
-	return s.framework == constants.FrameworkPyTorch && s.backend == constants.BackendElasticTraining
+	switch s.framework {
+	case constants.FrameworkPyTorch:
+		return s.backend == constants.BackendElasticTraining
+	case constants.FrameworkMPI:
+		return s.role == constants.RoleWorker
+	}
+	return false
 }
 
 // replaces says whether the pod's serving sidecar may have the webhook replace a pod of the job blamed for
 // repeated hangs (internal/podreplace): hangs are on, the job did not set hang.replaceAfter to 0, and the webhook
 // says where to ask and which CA signs its certificate.
 func (s *settings) replaces() bool {
-	return s.progressOn() && !s.hangOff && s.hangReplaceAfter != 0 && s.replace.URL != "" && len(s.replace.CA) > 0
+	return s.framework == constants.FrameworkPyTorch && s.progressOn() && !s.hangOff && s.hangReplaceAfter != 0 && s.replace.URL != "" && len(s.replace.CA) > 0
 }
 
 func serveArgs(s *settings, rdzvHost, rdzvURL string) []string {

@@ -68,6 +68,55 @@ func TestHangValues(t *testing.T) {
 	}
 }
 
+// An MPI job's hangs: hang.enabled and hang.timeout become the launcher's `rdzv-sidecar launch` flags (its supervise
+// judges the runs), and the webhook gives every worker's trainer the progress address and the Python package (the
+// chart's sshd hands the container's environment to the ranks) and its sidecar --progress-addr without a run id
+// (the reports go into the job's etcd); the launcher, which runs no rank, hears none.
+func TestHangValuesMPI(t *testing.T) {
+	ch := chartrender.Load(t, chartDir)
+	for _, tc := range []struct {
+		name  string
+		hang  map[string]any
+		flags []string
+	}{
+		{"the default: supervise's rule", nil, []string{}},
+		{"off", map[string]any{"enabled": false}, []string{"--hang=false"}},
+		{"a timeout", map[string]any{"timeout": 30}, []string{"--hang-timeout=30s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals := map[string]any{"framework": "mpi", "mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun", "python3", "train.py"}}},
+				"workers": map[string]any{"replicas": 2}}
+			if tc.hang != nil {
+				vals["hang"] = tc.hang
+			}
+			r, err := render(ch, merge(pinned(t), vals), chartrender.Options{})
+			require.NoError(t, err)
+			launcher := servingPod(t, *findObject(t, r, "Job", release+"-launcher"))
+			cmd := launcher.Spec.Containers[0].Command
+			end := slices.Index(cmd, "--")
+			require.Positive(t, end, "the launcher runs through rdzv-sidecar launch: %q", cmd)
+			require.Equal(t, []string{"mpirun", "python3", "train.py"}, cmd[end+1:])
+			got := slices.DeleteFunc(slices.Clone(cmd[:end]), func(a string) bool { return !strings.HasPrefix(a, "--hang") })
+			require.Equal(t, tc.flags, got)
+
+			worker := webhookMutated(t, servingPod(t, *findObject(t, r, "StatefulSet", release+"-worker")), naming.DefaultClusterDomain).Pod
+			env := map[string]string{}
+			for _, e := range worker.Spec.Containers[0].Env {
+				env[e.Name] = e.Value
+			}
+			require.Equal(t, "127.0.0.1:"+strconv.Itoa(constants.ProgressPort), env[constants.EnvProgressAddr])
+			require.Equal(t, constants.PythonDir, env[constants.EnvPythonPath])
+			sc := worker.Spec.InitContainers[0]
+			require.Equal(t, constants.SidecarContainerName, sc.Name)
+			require.Contains(t, sc.Args, "--progress-addr=127.0.0.1:"+strconv.Itoa(constants.ProgressPort))
+			require.False(t, slices.ContainsFunc(sc.Args, func(a string) bool { return strings.HasPrefix(a, "--run-id") }), "%q", sc.Args)
+
+			sc, _ = injectedSidecar(t, launcher, naming.DefaultClusterDomain)
+			require.False(t, slices.ContainsFunc(sc.Args, func(a string) bool { return strings.HasPrefix(a, "--progress-addr") }), "%q", sc.Args)
+		})
+	}
+}
+
 // checkpoint.replicas, from the chart through the webhook to the sidecar's --checkpoint-replicas; the default (1)
 // renders no annotation.
 func TestCheckpointReplicas(t *testing.T) {

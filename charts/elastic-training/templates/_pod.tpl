@@ -56,6 +56,12 @@ workers is registered, settled, in the hostfile and answering ssh, and runs agai
 {{- if $rv.rendezvous.tls.secretName -}}
 {{- $launch = concat $launch (list "--cacert=/etc/elastic-training-tls/ca.crt" "--cert=/etc/elastic-training-tls/tls.crt" "--key=/etc/elastic-training-tls/tls.key") -}}
 {{- end -}}
+{{- /* A run whose ranks said their progress and then stopped is stopped and run again (docs/hangs.md, "MPI"). */ -}}
+{{- if not $rv.hang.enabled -}}
+{{- $launch = append $launch "--hang=false" -}}
+{{- else if $rv.hang.timeout -}}
+{{- $launch = append $launch (printf "--hang-timeout=%ds" (int $rv.hang.timeout)) -}}
+{{- end -}}
 {{- $command = concat $launch (list "--") $command -}}
 {{- end -}}
 {{- end -}}

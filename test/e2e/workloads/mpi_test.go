@@ -310,7 +310,8 @@ func hostfileLine(flavour, host string, slots int) string {
 // examples/local/mpich-allreduce.yaml for MPICH: image, flavour, the mpirun or mpiexec command, workers) and nothing
 // else: the workers run the chart's sshd, and the launcher's command, run through `rdzv-sidecar launch`, starts once
 // both workers answer and places a rank on each (a real allreduce across the two nodes). Then `helm upgrade` scales
-// the workers 2 -> 3 -> 2: launch stops the run at each change and runs it again on every worker there is.
+// the workers 2 -> 3 -> 2: launch stops the run at each change and runs it again on every worker there is. Last, a
+// rank frozen (SIGSTOP) hangs the run: launch stops it and runs it again (hang.timeout 15 s, the one value added).
 func TestMPIFromDefaults(t *testing.T) {
 	c := framework.Get(t)
 	c.ShapeAsGPUNode(t, framework.ExtraNodes[0]) // tainted as a managed cluster's GPU nodes are
@@ -328,6 +329,7 @@ func TestMPIFromDefaults(t *testing.T) {
 			set(v, "mpi.launcher.backoffLimit", 0) // a failed launcher is the answer
 			// Each run lasts (an allreduce every half second for 3 minutes): the scaling happens during one.
 			set(v, "env", append(envWithout(v, "ITERS"), map[string]any{"name": "ITERS", "value": "360"}))
+			set(v, "hang.timeout", 15) // what a user who wants a hang found sooner than the default minute sets
 			start := time.Now()
 			installJob(t, c, ns, job, v)
 			launcher := launcherPod(t, c, ns, job)
@@ -353,6 +355,24 @@ func TestMPIFromDefaults(t *testing.T) {
 				}
 				t.Logf("%d workers on nodes %v", n, slices.Sorted(maps.Keys(nodes)))
 			}
+
+			// A hang: one rank frozen (SIGSTOP), the other waits in its allreduce for ever, and mpirun sees nothing
+			// wrong. The ranks say each step (elastic_training.progress, which the ranks import through the webhook's
+			// PYTHONPATH that the chart's sshd hands them); launch's supervise finds none advancing for hang.timeout,
+			// names the frozen one, stops mpirun and runs it again.
+			pods := c.WaitPodsReady(t, ns, workers, 2, time.Minute)
+			frozen := pods[1]
+			if out, err := c.Kubectl(t.Context(), "-n", ns, "exec", frozen.Name, "-c", trainer, "--", "sh", "-c", "kill -STOP $(pgrep -x python3)"); err != nil {
+				t.Fatalf("freezing the rank in %s: %v: %s", frozen.Name, err, out)
+			}
+			froze := time.Now()
+			log = waitRun(t, c, ns, launcher, 4, 2, 2*time.Minute)
+			hung := regexp.MustCompile(`rdzv-sidecar supervise: hung: no rank advanced for \S+ \(at step \d+\); stopped first: rank \d+ \(` +
+				regexp.QuoteMeta(frozen.Spec.Hostname+".") + `[^)]*\) at step \d+, frozen`).FindString(log)
+			if hung == "" || !strings.Contains(log, "a hang stopped run 3") {
+				t.Errorf("the launcher did not stop run 3 as hung, naming %s's rank frozen:\n%s", frozen.Name, log)
+			}
+			t.Logf("a rank frozen in %s -> %s again at 2 ranks: %.1fs (hang.timeout 15 s): %s", frozen.Name, tc.command, time.Since(froze).Seconds(), hung)
 			t.Logf("launcher log:\n%s", log)
 			uninstallJob(t, c, ns, job)
 		})
