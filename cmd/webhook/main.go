@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -142,10 +141,6 @@ func main() {
 		defer stop()
 	}
 	if cfg.PodReplacement.URL != "" {
-		if err := checkReplaceURL(cfg.PodReplacement.URL); err != nil {
-			fmt.Fprintln(os.Stderr, "webhook:", err)
-			os.Exit(2)
-		}
 		h, err := replaceServer(o.Events, log, o.Metrics)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "webhook: --pod-replacement-url:", err)
@@ -240,16 +235,6 @@ func eventRecorder(o *webhook.Options) (stop func(), err error) {
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
 	o.Events = b.NewRecorder(clientgoscheme.Scheme, corev1.EventSource{Component: "elastic-training-webhook"})
 	return b.Shutdown, nil
-}
-
-// checkReplaceURL checks --pod-replacement-url as every serving sidecar would (podreplace.NewClient): a typo fails
-// the webhook's start, not each job's replacements at their first hang.
-func checkReplaceURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("--pod-replacement-url=%q: want https://<service>.<namespace>.svc:443%s", raw, podreplace.Path)
-	}
-	return nil
 }
 
 // replaceServer serves pod replacements through the API server (controller-runtime's config, as eventRecorder).

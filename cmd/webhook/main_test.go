@@ -40,30 +40,6 @@ func TestCheckCmdUsage(t *testing.T) {
 	}
 }
 
-func TestCheckReplaceURL(t *testing.T) {
-	for _, tc := range []struct {
-		url string
-		ok  bool
-	}{
-		{"https://elastic-training-webhook.elastic-training-system.svc:443/replace-pod", true},
-		{"https://10.0.0.5:9443/replace-pod", true},
-		{"http://elastic-training-webhook.elastic-training-system.svc/replace-pod", false},
-		{"elastic-training-webhook.elastic-training-system.svc:443/replace-pod", false},
-		{"https:///replace-pod", false},
-		{"https://user:pw@host/replace-pod", false},
-		{"https://host/replace-pod?x=1", false},
-		{"https://host/replace-pod#x", false},
-		{"https://ho st/", false},
-	} {
-		err := checkReplaceURL(tc.url)
-		if tc.ok {
-			assert.NoError(t, err, tc.url)
-		} else {
-			assert.ErrorContains(t, err, "--pod-replacement-url=", tc.url)
-		}
-	}
-}
-
 // The replacement server is built from controller-runtime's config, as the event recorder is; its metric is
 // registered where the webhook's others are.
 func TestReplaceServer(t *testing.T) {

@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/elastic-training/elastic-training/internal/constants"
 	"github.com/elastic-training/elastic-training/internal/naming"
+	"github.com/elastic-training/elastic-training/internal/podreplace"
 )
 
 // Config is the webhook's own configuration (its flags).
@@ -120,8 +120,8 @@ func (c Config) Validate() error {
 	}
 	if u := c.PodReplacement.URL; u != "" {
 		// The sidecar refuses anything else (podreplace.NewClient): fail here, not in every serving pod.
-		if p, err := url.Parse(u); err != nil || p.Scheme != "https" || p.Host == "" {
-			return fmt.Errorf("--pod-replacement-url=%q: want https://<service>.<namespace>.svc:443/replace-pod", u)
+		if err := podreplace.CheckURL(u); err != nil {
+			return fmt.Errorf("--pod-replacement-url=%w", err)
 		}
 	}
 	if err := oneOf("default-rdzv-backend", d.RdzvBackend, constants.Backends); err != nil {

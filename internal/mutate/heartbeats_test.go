@@ -64,3 +64,23 @@ func TestDefaultMonitorIntervalValidated(t *testing.T) {
 		}
 	}
 }
+
+// A --pod-replacement-url that no serving sidecar could ask at (podreplace.CheckURL) fails the webhook's start.
+func TestPodReplacementURLValidated(t *testing.T) {
+	for url, ok := range map[string]bool{
+		"": true, // off
+		"https://wh.elastic-training.svc:443/replace-pod": true,
+		"http://wh.elastic-training.svc/replace-pod":      false,
+		"https://user@wh/replace-pod":                     false,
+	} {
+		cfg := DefaultConfig()
+		cfg.SidecarImage = "rdzv-sidecar:test"
+		cfg.PodReplacement.URL = url
+		err := cfg.Validate()
+		if ok {
+			assert.NoError(t, err, url)
+		} else {
+			assert.ErrorContains(t, err, "--pod-replacement-url=", url)
+		}
+	}
+}

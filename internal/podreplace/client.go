@@ -26,15 +26,21 @@ type Client struct {
 // requestTimeout bounds one ask: the webhook reviews a token, reads two pods and deletes one.
 const requestTimeout = 15 * time.Second
 
+// CheckURL says whether raw is a URL a serving sidecar may ask at: https, a host, no user, query or fragment. The
+// webhook checks its --pod-replacement-url with it at start (a typo fails there, not in each job at its first hang).
+func CheckURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q: want https://<service>.<namespace>.svc:443%s", raw, Path)
+	}
+	return nil
+}
+
 // NewClient is a client of the webhook at rawURL (https, its Path), trusting the certificates signed by caPEM.
 // It never uses a proxy: the webhook is a Service of the cluster.
 func NewClient(rawURL string, caPEM []byte, tokenFile string) (*Client, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("webhook URL %q: %w", rawURL, err)
-	}
-	if u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("webhook URL %q: want https://host[:port]%s", rawURL, Path)
+	if err := CheckURL(rawURL); err != nil {
+		return nil, fmt.Errorf("webhook URL: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {

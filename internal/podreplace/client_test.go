@@ -67,3 +67,29 @@ func mustRead(t *testing.T, r *http.Request) []byte {
 	n, _ := r.Body.Read(b)
 	return b[:n]
 }
+
+// The one check of the URL a serving sidecar asks at: the webhook's start (mutate.Config.Validate) and the
+// sidecar's client both use it.
+func TestCheckURL(t *testing.T) {
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"https://elastic-training-webhook.elastic-training-system.svc:443/replace-pod", true},
+		{"https://10.0.0.5:9443/replace-pod", true},
+		{"http://elastic-training-webhook.elastic-training-system.svc/replace-pod", false},
+		{"elastic-training-webhook.elastic-training-system.svc:443/replace-pod", false},
+		{"https:///replace-pod", false},
+		{"https://user:pw@host/replace-pod", false},
+		{"https://host/replace-pod?x=1", false},
+		{"https://host/replace-pod#x", false},
+		{"https://ho st/", false},
+	} {
+		err := CheckURL(tc.url)
+		if tc.ok {
+			require.NoError(t, err, tc.url)
+		} else {
+			require.ErrorContains(t, err, "want https://", tc.url)
+		}
+	}
+}
