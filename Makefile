@@ -6,7 +6,7 @@ GO ?= go
 TESTTIMES = set -o pipefail; $(GO) test -json
 TIMES = | $(GO) run ./hack/testtimes
 
-.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint bench-progress bench-hang bench-lease demo cluster-build cluster-up cluster-down cluster-status images
+.PHONY: all help build generate lint-workflows test lint unit helm integration e2e rootfs torch-tests bench bench-sidecar bench-scale bench-webhook bench-e2e bench-node-loss bench-checkpoint bench-checkpoint-loss bench-progress bench-hang bench-lease demo cluster-build cluster-up cluster-down cluster-status images
 
 ## all: build (the default target).
 all: build
@@ -114,6 +114,12 @@ bench-node-loss:
 ## and torch.save to disk in the same run (root; the trainer root filesystems).
 bench-checkpoint: rootfs
 	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkCheckpointSave -benchtime 1x ./test/bench/checkpoint
+
+## bench-checkpoint-loss: what a node's loss costs a job's work (three agents of real torchrun, torch 2.14 and 2.6, one
+## node killed): seconds to training again, steps redone and the work lost, for elastic_training.checkpoint every
+## step against dcp.save to disk every step and every 100, same run (root; BENCH_CHECKPOINT_SIZES_MIB, default 64).
+bench-checkpoint-loss: rootfs
+	$(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkCheckpointNodeLoss -benchtime 1x ./test/integration/sidecar
 
 # Local two-node Kubernetes (test/e2e/cluster, README "Local cluster"). Root. Its settings, and where everything
 # built goes (ET_CACHE, default ~/.cache/elastic-training; `make ET_CACHE=DIR ...` moves it), are in

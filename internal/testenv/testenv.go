@@ -10,7 +10,7 @@
 // stopped in t.Cleanup (proc.go: Start, Proc, SyncBuffer), and torch from
 // the Debian root filesystems of hack/rootfs.sh (rootfs.go:
 // Rootfs, InRootfs, TorchEnv; torchrun.go: TorchrunArgs), and the Median of
-// measurements (stats.go). Helm charts are rendered client-side by its
+// measurements (stats.go), and benchmarks' settings from the environment (knob.go: Knob). Helm charts are rendered client-side by its
 // subpackage chartrender, and etcd v3 clients come from its subpackage
 // etcdtest: both keep their dependencies out of the tests that need none.
 //

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,17 +24,7 @@ import (
 var benchLine = regexp.MustCompile(`BENCH way=(\S+) bytes=(\d+) torch=(\S+) world=\d+ stall_ms_median=([\d.]+) stall_ms_max=([\d.]+)`)
 
 func BenchmarkCheckpointSave(b *testing.B) {
-	sizes := []int{64, 512}
-	if v := os.Getenv("BENCH_CHECKPOINT_SIZES_MIB"); v != "" {
-		sizes = nil
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil {
-				b.Fatalf("BENCH_CHECKPOINT_SIZES_MIB: %v", err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := testenv.Knob(b, "BENCH_CHECKPOINT_SIZES_MIB", []int{64, 512}, testenv.Ints)
 	script, err := filepath.Abs("testdata/save_bench.py")
 	if err != nil {
 		b.Fatal(err)

@@ -146,15 +146,7 @@ func numCPU() int {
 // unset or empty.
 func knob[T any](b *testing.B, name string, def T, parse func(string) (T, error)) T {
 	b.Helper()
-	v := os.Getenv("BENCH_SIDECAR_" + name)
-	if v == "" {
-		return def
-	}
-	x, err := parse(v)
-	if err != nil {
-		b.Fatalf("BENCH_SIDECAR_%s=%q: %v", name, v, err)
-	}
-	return x
+	return testenv.Knob(b, "BENCH_SIDECAR_"+name, def, parse)
 }
 
 // count parses a positive whole number.

@@ -362,6 +362,11 @@ func TestMPIFromDefaults(t *testing.T) {
 			// names the frozen one, stops mpirun and runs it again.
 			pods := c.WaitPodsReady(t, ns, workers, 2, time.Minute)
 			frozen := pods[1]
+			// Once the run's ranks have said steps: a run frozen before its first (every rank then waits in its
+			// first allreduce and none ever spoke in this run) is not judged (docs/hangs.md, "Not done").
+			c.WaitFor(t, time.Minute, "run 3 at step 10", func(context.Context) (bool, error) {
+				return strings.Contains(lastRun(waitLauncherLog(t, c, ns, launcher, "rdzv-sidecar launch: ", time.Minute)), "step 10/"), nil
+			})
 			if out, err := c.Kubectl(t.Context(), "-n", ns, "exec", frozen.Name, "-c", trainer, "--", "sh", "-c", "kill -STOP $(pgrep -x python3)"); err != nil {
 				t.Fatalf("freezing the rank in %s: %v: %s", frozen.Name, err, out)
 			}

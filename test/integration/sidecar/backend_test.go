@@ -32,6 +32,8 @@ type ownRdzv struct {
 	files string
 	args  []string // torchrun's, without --local_addr and the script
 	env   []string
+	// ckptMemory is each pod's --checkpoint-memory (startCkpt; "": 64Mi).
+	ckptMemory string
 }
 
 func newOwnRdzv(t testing.TB, tr trainer, runID, nnodes string, env ...string) *ownRdzv {

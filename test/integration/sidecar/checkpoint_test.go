@@ -1,6 +1,7 @@
 package sidecar_test
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -21,7 +22,7 @@ import (
 // ckptNode is a pod of a job with in-memory checkpoints: its joining sidecar holds the checkpoint directory its
 // trainer saves into and serves it at host:port (every pod at the same port, as in a cluster). With hostNet, as on
 // host networking, the trainer asks its sidecar on a Unix socket of the pod's own and host:port serves peers only.
-func (o *ownRdzv) startCkpt(t *testing.T, i int, port int, hostNet bool, env ...string) node {
+func (o *ownRdzv) startCkpt(t testing.TB, i int, port int, hostNet bool, env ...string) node {
 	t.Helper()
 	host := fmt.Sprintf("127.0.0.%d", i+1)
 	dir := filepath.Join(t.TempDir(), "checkpoints")
@@ -32,7 +33,7 @@ func (o *ownRdzv) startCkpt(t *testing.T, i int, port int, hostNet bool, env ...
 		url, local = constants.UnixAddrPrefix+sock, []string{"--checkpoint-local=" + sock}
 	}
 	join := startJoin(t, o.s.URL, host, 1, "", append([]string{fmt.Sprintf("--member-index=%d", i), fmt.Sprintf("--member-node=node-%d", i),
-		"--checkpoint-dir=" + dir, "--checkpoint-addr=" + addr, "--checkpoint-memory=64Mi"}, local...)...)
+		"--checkpoint-dir=" + dir, "--checkpoint-addr=" + addr, "--checkpoint-memory=" + cmp.Or(o.ckptMemory, "64Mi")}, local...)...)
 	script, err := filepath.Abs("testdata/checkpoint_train.py")
 	require.NoError(t, err)
 	args := append(append([]string{"--local_addr=" + host}, o.args...), script)
@@ -68,7 +69,7 @@ func maxSaved(n node) int {
 }
 
 // waitRestored waits for a restore at world in n's output after offset, and returns its step, digest and where.
-func waitRestored(t *testing.T, n node, world string, after int) (step int, digest string, at int) {
+func waitRestored(t testing.TB, n node, world string, after int) (step int, digest string, at int) {
 	t.Helper()
 	testenv.Eventually(t, 150*time.Second, n.agent.Name+" restores at world "+world, func() error {
 		out := n.agent.Output()

@@ -20,6 +20,11 @@ model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 sharded = distribute_tensor(torch.arange(24 * 8, dtype=torch.float32).reshape(24, 8), mesh, [Shard(0)])
 state = {"model": model.state_dict(), "sharded": {"w": sharded}, "progress": {"step": torch.zeros(1, dtype=torch.int64)}}
+# BENCH_STATE_MIB: a replicated tensor of that size besides (the bench's state size), updated every step.
+ballast = None
+if int(os.environ.get("BENCH_STATE_MIB", "0")) > 0:
+    ballast = torch.zeros(int(os.environ["BENCH_STATE_MIB"]) << 18)
+    state["ballast"] = {"w": ballast}
 
 
 class FSDPState(Stateful):
@@ -69,8 +74,40 @@ def digest():
     return h.hexdigest()[:16]
 
 
+# CKPT_WAY=dcp (the bench's torch's way, BenchmarkCheckpointNodeLoss): dcp.save every CKPT_EVERY steps to CKPT_DISK,
+# a directory all pods share (the job volume's stand-in), and dcp.load of the newest one whole at the start.
+way, disk, every = os.environ.get("CKPT_WAY", "memory"), os.environ.get("CKPT_DISK", ""), int(os.environ.get("CKPT_EVERY", "1"))
+if way == "dcp":
+    import torch.distributed.checkpoint as dcp
+
+    def load(state):
+        try:
+            with open(os.path.join(disk, "latest")) as f:
+                n = int(f.read())
+        except FileNotFoundError:
+            return None
+        dcp.load(state, checkpoint_id=os.path.join(disk, f"step-{n}"))
+        return n
+
+    def save(state, n):
+        if n % every:
+            return False
+        dcp.save(state, checkpoint_id=os.path.join(disk, f"step-{n}"))
+        dist.barrier()  # every rank's piece is written: the step is whole
+        if rank == 0:
+            with open(os.path.join(disk, "latest.tmp"), "w") as f:
+                f.write(str(n))
+            os.replace(os.path.join(disk, "latest.tmp"), os.path.join(disk, "latest"))
+        return True
+else:
+    load = ckpt.load
+
+    def save(state, n):
+        ckpt.save(state, n)
+        return True
+
 t0 = time.monotonic()
-step = ckpt.load(state)
+step = load(state)
 print(f"RESTORED step={step} world={world} rank={rank} digest={digest() if step is not None else '-'} seconds={time.monotonic() - t0:.2f}", flush=True)
 step = step or 0
 assert int(state["progress"]["step"].item()) == step
@@ -84,10 +121,14 @@ while step < int(os.environ.get("TRAIN_STEPS", "1000")):
         fsdp_opt.step(); fsdp_opt.zero_grad()
     with torch.no_grad():
         sharded.add_(1.0)
+        if ballast is not None:
+            ballast.add_(1.0)
     step += 1
     state["progress"]["step"].fill_(step)
-    ckpt.save(state, step)
-    print(f"SAVED step={step} world={world} rank={rank} digest={digest()}", flush=True)
+    if save(state, step):
+        print(f"SAVED step={step} world={world} rank={rank} digest={digest()}", flush=True)
+    print(f"STEP step={step} world={world} rank={rank} t={time.time():.3f}", flush=True)
     time.sleep(float(os.environ.get("STEP_SLEEP", "0.3")))
-ckpt.wait()
+if way != "dcp":
+    ckpt.wait()
 dist.destroy_process_group()
