@@ -221,6 +221,23 @@ func TestPlan(t *testing.T) {
 	assert.Equal(t, []string{s1}, plan.Drop)
 }
 
+// Copies that lag the saves: steps 2 and 3 are complete but not replicated, step 1 is. The holders keep step 3
+// (the newest) and step 1 (the last a node's loss leaves whole), not step 2, which a loss would take with step 3.
+func TestPlanKeepsTheLastReplicated(t *testing.T) {
+	members := []Holder{{"a", "n1"}, {"b", "n2"}}
+	ix := NewIndex()
+	for step := int64(1); step <= 3; step++ {
+		require.NoError(t, ix.Announce("a", true, manifest(step, "aaaaaaaa", 0, 2)))
+		require.NoError(t, ix.Announce("b", true, manifest(step, "aaaaaaaa", 1, 2)))
+	}
+	require.NoError(t, ix.Announce("a", false, manifest(1, "aaaaaaaa", 1, 2)))
+	require.NoError(t, ix.Announce("b", false, manifest(1, "aaaaaaaa", 0, 2)))
+	s1, s2, s3 := SaveName(1, "aaaaaaaa"), SaveName(2, "aaaaaaaa"), SaveName(3, "aaaaaaaa")
+	plan := ix.Plan("a", members, 1, []string{s1, s2, s3})
+	assert.Equal(t, []string{s2}, plan.Drop)
+	assert.Equal(t, []Piece{{s3, 1}}, plan.Fetch, "the newest's copies, and none of the dropped one's")
+}
+
 // A pod lost with its node keeps its announcements until their lease ends: a save only it held a piece of is not
 // complete among the members that are left.
 func TestNewestAmongMembers(t *testing.T) {

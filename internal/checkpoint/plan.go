@@ -76,9 +76,13 @@ type Plan struct {
 }
 
 // Plan says what self should fetch and drop: the saves to keep are the newest
-// one complete among the members and any newer (saves in progress), and the complete one before
-// it while the newest has fewer holders per piece than it should (a node lost
-// now would otherwise lose both); self fetches the pieces of those saves that
+// one complete among the members and any newer (saves in progress), and while
+// the newest has fewer holders per piece than it should, the newest complete
+// one that has them all (else the complete one before it): a node lost now
+// would otherwise lose every save it holds a piece of. Copies that lag the
+// saves (a step shorter than a copy takes) thus keep the last save a loss
+// leaves whole, not the one before the newest, which lags too. Self fetches
+// the pieces of those saves that
 // Desired gives it; it drops every other save it holds (held: the saves in its
 // directory, announced or not), except a save not announced yet that is not
 // older than the newest complete one (the trainer may be writing it). With no
@@ -94,12 +98,22 @@ func (ix *Index) Plan(self string, members []Holder, replicas int, held []string
 			break
 		}
 	}
-	if complete && !ix.replicated(newest.Save, min(copies, len(members))) {
+	if n := min(copies, len(members)); complete && !ix.replicated(newest.Save, n) {
+		fallback := ""
 		for _, name := range saves {
-			if !keep[name] && ix.CompleteAmong(name, MemberOf(members)) {
-				keep[name] = true
+			if keep[name] || !ix.CompleteAmong(name, MemberOf(members)) {
+				continue
+			}
+			if fallback == "" {
+				fallback = name
+			}
+			if ix.replicated(name, n) {
+				fallback = name
 				break
 			}
+		}
+		if fallback != "" {
+			keep[fallback] = true
 		}
 	}
 	var plan Plan

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // loss costs a job's work, for in-memory checkpoints against torch's documented way, side by side in one run. Three
 // agents of real torchrun (torch 2.14 and 2.6, the elastic-training backend, a joining sidecar each, as on three
 // nodes) train the integration test's model plus a replicated tensor of BENCH_CHECKPOINT_SIZES_MIB (default 64),
-// steps of BENCH_STEP_SECONDS (0.1 s of sleep) and at least BENCH_LOSS_STEP (150) steps before one node's agent and
+// steps of BENCH_STEP_SECONDS (0.3 s of sleep) and at least BENCH_LOSS_STEP (150) steps before one node's agent and
 // sidecar are killed (its node vanishes). Ways: elastic_training.checkpoint.save every step (memory, replicated by
 // the sidecars), and dcp.save every step and every 100 steps to a directory all three share (the job volume's
 // stand-in: local disk, faster than any network volume torch's way would use). The survivors form a round at world
@@ -24,7 +25,7 @@ import (
 // before the loss. Nothing fails on a figure: the goal (1 step redone) is printed PASS or MISS.
 func BenchmarkCheckpointNodeLoss(b *testing.B) {
 	sizes := testenv.Knob(b, "BENCH_CHECKPOINT_SIZES_MIB", []int{64}, testenv.Ints)
-	stepSleep := testenv.Knob(b, "BENCH_STEP_SECONDS", "0.1", testenv.Str)
+	stepSleep := testenv.Knob(b, "BENCH_STEP_SECONDS", "0.3", testenv.Str)
 	lossStep := testenv.Knob(b, "BENCH_LOSS_STEP", 150, strconv.Atoi)
 	ways := []struct {
 		name  string
@@ -117,6 +118,16 @@ func nodeLoss(b *testing.B, tr trainer, mib int, stepSleep string, lossStep int,
 	killed := time.Now()
 	done := max(last(a), last(ns[1]), last(c)) // the job's work at the loss (the ranks are a step apart at most)
 	restored, _, _ := waitRestored(b, a, "2", before)
+	if restored == 0 {
+		// Nothing restored: say why, from what the sidecars warned of.
+		for _, n := range ns {
+			for line := range strings.Lines(n.join.Output()) {
+				if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+					b.Logf("%s's sidecar: %s", n.agent.Name, strings.TrimSpace(line))
+				}
+			}
+		}
+	}
 	var again stepLine
 	testenv.Eventually(b, 5*time.Minute, "a step at world 2", func() error {
 		for _, l := range steps(a.agent.Output()[before:]) {
