@@ -1,11 +1,13 @@
 package sidecar_test
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -73,6 +75,54 @@ func workers(out string, after int) (pids []int, worlds, restarts []string) {
 		pids, worlds, restarts = append(pids, pid), append(worlds, out[loc[6]:loc[7]]), append(restarts, out[loc[8]:loc[9]])
 	}
 	return pids, worlds, restarts
+}
+
+// A slow rank that advances is a straggler: reported (the serving sidecar's log names it and how much slower it is
+// than the median; on a cluster a Warning Event Stragglers too), never restarted. Real torchrun, torch 2.14 and 2.6,
+// ranks that advance apart (no all_reduce per step: in synchronous training every rank waits for the slowest and the
+// step times are equal, docs/hangs.md), rank 1's steps three times as long as rank 0's.
+func TestStragglerIsReportedNotRestarted(t *testing.T) {
+	forEachTorch(t, func(t *testing.T, tr trainer) {
+		const run = "straggler"
+		o := newOwnRdzvServe(t, tr, run, "2", []string{"--hang-timeout=10s"}, "SYNC_EVERY=0", "STEP_SLEEP=0.1", "SLOW_RANK=1", "SLOW_SLEEP=0.2")
+		port := testenv.FreePort(t)
+		a, b := o.startHung(t, 0, run, port, false), o.startHung(t, 1, run, port, true)
+		slow := ""
+		testenv.Eventually(t, 120*time.Second, "a straggler named", func() error {
+			for _, n := range []node{a, b} {
+				for _, m := range workerRe.FindAllStringSubmatch(n.agent.Output(), -1) {
+					if m[2] == "1" {
+						slow = n.host
+					}
+				}
+			}
+			if slow == "" {
+				return errors.New("no worker of rank 1 yet")
+			}
+			if !strings.Contains(o.s.Output(), "stragglers: ranks that advance, slower than the median") {
+				return errors.New("no straggler named yet")
+			}
+			return nil
+		})
+		line := regexp.MustCompile(`stragglers: ranks that advance.*`).FindString(o.s.Output())
+		require.Regexp(t, `stragglers="rank 1 \(`+regexp.QuoteMeta(slow)+`\) [23]\.\dx"`, line)
+		t.Logf("torch %s: %s", tr.version, line)
+		// Named, not restarted: ten hang timeouts' worth of steps later, each agent still runs its first worker.
+		testenv.Eventually(t, 60*time.Second, "both ranks 100 steps on", func() error {
+			for _, n := range []node{a, b} {
+				if got := len(stepRe.FindAllString(n.agent.Output(), -1)); got < 10 {
+					return fmt.Errorf("%s: %d0 steps", n.agent.Name, got)
+				}
+			}
+			return nil
+		})
+		for _, n := range []node{a, b} {
+			pids, _, restarts := workers(n.agent.Output(), 0)
+			require.Len(t, pids, 1, "%s: one worker, never restarted", n.agent.Name)
+			require.Equal(t, "0", restarts[0])
+		}
+		require.NotContains(t, o.s.Output(), "hung:", "a straggler is not a hang")
+	})
 }
 
 // A frozen rank (SIGSTOP: alive, its pod's lease renewed, every other rank blocked in its next all_reduce) is found
