@@ -17,6 +17,9 @@ const (
 	LabelRole = Domain + "/role"
 	// LabelGroup is the worker group (a Job or StatefulSet of the chart).
 	LabelGroup = Domain + "/group"
+	// LabelStatus ("true") marks the one Job of a job that carries its status annotations (internal/jobstatus), so
+	// that one command lists every job of a namespace: `kubectl get jobs -l elastic-training.io/status ...`.
+	LabelStatus = Domain + "/status"
 )
 
 // SchedulingGate is in every pod template the chart renders for the webhook

@@ -175,3 +175,36 @@ func TestLeaseTTLValues(t *testing.T) {
 		})
 	}
 }
+
+// The one Job the serving sidecar writes the job's status on (the events Job, elastic-training backend) carries
+// constants.LabelStatus, so that NOTES' command lists every job of a namespace by it; no other object does, and a
+// job on torch's own c10d backend (no status written) has none.
+func TestStatusLabel(t *testing.T) {
+	ch := chartrender.Load(t, chartDir)
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+		want []string // the labelled objects, Kind/name
+	}{
+		{"elastic-training backend", map[string]any{}, []string{"Job/" + release + "-worker"}},
+		{"torch's c10d backend", map[string]any{"rendezvous": map[string]any{"backend": "c10d"}}, nil},
+		{"mpi", map[string]any{"framework": "mpi", "mpi": map[string]any{"launcher": map[string]any{"command": []any{"mpirun"}}}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals := merge(map[string]any{"command": []any{"torchrun", "train.py"}, "workers": map[string]any{"replicas": 2}}, tc.vals)
+			r, err := render(ch, merge(pinned(t), vals), chartrender.Options{})
+			require.NoError(t, err)
+			var got []string
+			for _, o := range r.Objects {
+				if v, ok := o.Unstructured().GetLabels()[constants.LabelStatus]; ok {
+					require.Equal(t, "true", v)
+					got = append(got, o.Key())
+				}
+			}
+			require.Equal(t, tc.want, got)
+			if tc.want != nil {
+				require.Contains(t, r.Notes, "get jobs -l "+constants.LabelStatus+" -o custom-columns=")
+			}
+		})
+	}
+}

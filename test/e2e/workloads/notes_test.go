@@ -48,7 +48,8 @@ func TestNotesCommands(t *testing.T) {
 		"MUTATED:": func(out string) bool {
 			return strings.Contains(out, "MUTATED") && strings.Contains(out, job+"-worker-0") && !strings.Contains(out, constants.SchedulingGate)
 		},
-		// The job's status on its Job, which the serving sidecar writes within 5 s (the test waits below).
+		// The job's status on its Job, which the serving sidecar writes within 5 s (the test waits below), for every
+		// job of the namespace (this one alone here), by the Job's label.
 		// Both pods may form round 1 together or worker-0 alone first (min 1), so the round is 1 or 2 and the last
 		// incident is <none> or that scale; the columns before LAST-INCIDENT are one word each.
 		"world-size": func(out string) bool {
@@ -57,7 +58,7 @@ func TestNotesCommands(t *testing.T) {
 				return false
 			}
 			f := strings.Fields(lines[1])
-			return len(f) >= 8 && f[0] == job+"-worker" && (f[1] == "Running" || f[1] == "Training") && f[2] == "2" &&
+			return len(f) >= 8 && f[0] == job && (f[1] == "Running" || f[1] == "Training") && f[2] == "2" &&
 				(f[3] == "1" || f[3] == "2") && strings.Contains(f[4], "/")
 		},
 		"--prefix": func(out string) bool {
