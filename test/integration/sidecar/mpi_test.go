@@ -391,7 +391,12 @@ func TestLaunchStopsAHungRun(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second) // a few steps said
+	testenv.Eventually(t, 30*time.Second, "the first run's ranks said steps", func() error {
+		if !strings.Contains(p.Output(), "rank 1: step 10") {
+			return errors.New("not at step 10 yet")
+		}
+		return nil
+	})
 	pid, err := strconv.Atoi(first["1"])
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))

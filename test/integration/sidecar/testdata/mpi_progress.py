@@ -26,5 +26,7 @@ while not later or step < later_steps:
     comm.allreduce(step)
     step += 1
     elastic_training.progress(step)
+    if step % 10 == 0:
+        print("rank %d: step %d" % (rank, step), flush=True)
     time.sleep(0.1)
 print("rank %d: %d steps" % (rank, step), flush=True)
