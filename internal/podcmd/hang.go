@@ -124,11 +124,8 @@ func (h *hangs) watch(ctx context.Context, cli *clientv3.Client, rev int64, hung
 			return
 		case <-time.After(time.Second):
 		}
-		gctx, gcancel := context.WithTimeout(wctx, 5*time.Second)
-		resp, err := cli.Get(gctx, constants.ProgressPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		gcancel()
-		if err == nil {
-			rev = resp.Header.Revision // the reports come again within a second while the ranks say anything
+		if r, err := progressRevision(wctx, cli); err == nil {
+			rev = r // the reports come again within a second while the ranks say anything
 		}
 	}
 }

@@ -76,14 +76,18 @@ func supervise(ctx context.Context, cfg SuperviseConfig, stderr io.Writer) (code
 	defer cli.Close()
 	lctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	start, _, err := etcdmembers.List(lctx, cli, cfg.Prefix)
-	var rev int64
-	if err == nil && !cfg.Hang.Off {
-		rev, err = progressRevision(lctx, cli)
-	}
-	cancel()
 	if err != nil {
+		cancel()
 		return 0, ranOut, fmt.Errorf("listing the members: %w", err)
 	}
+	var rev int64
+	if !cfg.Hang.Off {
+		if rev, err = progressRevision(lctx, cli); err != nil {
+			cancel()
+			return 0, ranOut, fmt.Errorf("reading the progress reports' revision: %w", err)
+		}
+	}
+	cancel()
 	var mu sync.Mutex // the watchers say things too
 	say := func(format string, args ...any) {
 		mu.Lock()
