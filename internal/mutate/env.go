@@ -19,12 +19,13 @@ func trainerEnv(s *settings, fqdn, rdzvHost, rdzvURL, namespace, domain string) 
 		if s.role == constants.RoleLauncher {
 			env = append(env, mpiLauncherEnv()...)
 		}
-		if s.progressOn() {
-			// The chart's sshd gives the ranks mpirun starts over ssh the container's environment, this included.
-			env = append(env, corev1.EnvVar{Name: constants.EnvProgressAddr, Value: s.progressAddr()})
-		}
 	case constants.FrameworkMXNet:
 		env = append(env, mxnetEnv(s, namespace, domain)...)
+	}
+	if s.progressOn() {
+		// Where the ranks say their steps (docs/hangs.md); an MPI job's ranks, which mpirun starts over ssh, get it
+		// from the chart's sshd, which hands them the container's environment.
+		env = append(env, corev1.EnvVar{Name: constants.EnvProgressAddr, Value: s.progressAddr()})
 	}
 	return env
 }

@@ -83,9 +83,6 @@ func pytorchEnv(s *settings, rdzvHost, fqdn string) []corev1.EnvVar {
 		env = append(env, corev1.EnvVar{Name: constants.EnvMemberIP, ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}})
 	}
-	if s.progressOn() {
-		env = append(env, corev1.EnvVar{Name: constants.EnvProgressAddr, Value: s.progressAddr()})
-	}
 	return env
 }
 
